@@ -1,0 +1,31 @@
+# The two front-door commands (README quickstart): `make run` and `make test`.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+# A node with a working NVIDIA driver runs on it; anywhere else the simulated 8-GPU node.
+BACKEND ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo auto || echo sim)
+ARGS    ?=
+
+.PHONY: run test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(VENV)/bin/gpu-triage serve --backend $(BACKEND) --state.dir .state $(ARGS)
+
+test: $(VENV)/.installed lint
+	$(VENV)/bin/pytest $(ARGS)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: $(VENV)/.installed
+	$(PY) -m bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) .state build *.egg-info

@@ -1,0 +1,64 @@
+"""Diagnosis result shapes shared by the XID and training-log classifiers (DESIGN.md, "Diagnosis JSON")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnosis.actions import Action, Severity
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One input line that supports a finding. `line` counts from 1 within its input."""
+
+    line: int
+    text: str
+    source: str | None = None  # the file it came from, when several were read
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"line": self.line, "text": self.text}
+        if self.source is not None:
+            out["source"] = self.source
+        return out
+
+
+@dataclass(slots=True)
+class Finding:
+    """A diagnosed problem: what it is, where, how bad, what to do, and the lines that show it.
+
+    `class_id` is `xid_<code>` for XID findings and a class id of the training-log rules otherwise.
+    Repeated lines of the same problem collapse into one finding: `count` says how many, `evidence`
+    keeps the first and the last.
+    """
+
+    id: str
+    class_id: str
+    severity: Severity
+    action: Action
+    title: str
+    playbook: str
+    gpu: str | None = None  # canonical PCI bus id
+    rank: int | None = None
+    host: str | None = None
+    evidence: list[Evidence] = field(default_factory=list)
+    count: int = 1
+    steps: list[str] = field(default_factory=list)  # the immediate next steps, in order
+    details: dict[str, str | int] = field(default_factory=dict)  # fields extracted from the lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "class": self.class_id,
+            "severity": self.severity.value,
+            "action": self.action.value,
+            "title": self.title,
+            "playbook": self.playbook,
+            "gpu": self.gpu,
+            "rank": self.rank,
+            "host": self.host,
+            "count": self.count,
+            "evidence": [e.to_json() for e in self.evidence],
+            "steps": list(self.steps),
+            "details": dict(self.details),
+        }
