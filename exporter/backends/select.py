@@ -1,0 +1,41 @@
+"""Choosing a backend by name: the backends are imported only once chosen."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from exporter.backends.base import BackendError, GpuBackend
+
+log = logging.getLogger(__name__)
+
+BackendName = Literal["auto", "nvml", "dcgm", "sim"]
+BACKENDS: tuple[BackendName, ...] = ("auto", "nvml", "dcgm", "sim")
+
+
+def open_backend(
+    name: BackendName, *, scenario: str = "h100-training", clock: Callable[[], float] = time.time
+) -> GpuBackend:
+    """The backend called `name`, ready to `discover()`. Raises BackendError with a message for the user."""
+    if name == "sim":
+        from exporter.backends.sim import ScenarioError, SimBackend, load_scenario
+
+        try:
+            return SimBackend(load_scenario(scenario), clock=clock)
+        except ScenarioError as e:
+            raise BackendError(str(e)) from e
+    if name == "dcgm":
+        raise BackendError(
+            "the DCGM backend is not part of this version yet; --backend nvml reads the same GPUs"
+        )
+    from exporter.backends.nvml import NvmlBackend
+
+    if name == "nvml":
+        return NvmlBackend()
+    # auto: DCGM would come first once it exists; NVML is the backend every driver install has.
+    try:
+        return NvmlBackend()
+    except BackendError as e:
+        raise BackendError(f"no GPU backend could start: {e}") from e

@@ -1,0 +1,290 @@
+"""The simulator backend: the scenario's GPUs behind the same contract as NVML.
+
+It fails the way NVML fails: a lost GPU raises GpuLostError from every call, a hung call blocks
+until its fault is cleared or runs out, and an injected XID arrives through `wait_xids`, the
+same path as NVML's XID events.
+"""
+
+from __future__ import annotations
+
+import bisect
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from diagnosis.pci import canonical_bus_id
+from exporter.backends.base import ClockDomain as Domain
+from exporter.backends.base import (
+    Clocks,
+    Collector,
+    DriverXid,
+    Ecc,
+    GpuIdentity,
+    GpuLostError,
+    Inventory,
+    LinkReading,
+    Memory,
+    NvLink,
+    Pcie,
+    Power,
+    Processes,
+    ProcessReading,
+    Reading,
+    Recovery,
+    Remapping,
+    Result,
+    Thermal,
+    Utilization,
+)
+from exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
+from exporter.backends.sim.model import NodeModel, clock_reasons, noise
+from exporter.backends.sim.scenario import Scenario
+
+MHZ = 1e6
+# Where the eight GPUs of an HGX H100 baseboard usually sit on the PCI bus.
+_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+
+class FaultError(ValueError):
+    """A fault that does not fit this node (no such GPU or link)."""
+
+
+class SimBackend:
+    name = "sim"
+
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] = time.time) -> None:
+        self.scenario = scenario
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._book = FaultBook()
+        self._xids: queue.SimpleQueue[DriverXid] = queue.SimpleQueue()
+        start = clock()
+        self._model = NodeModel(scenario, start)
+        self._pending = sorted(scenario.faults, key=lambda f: f.at_seconds)  # not yet started
+        self._pending_times = [start + f.at_seconds for f in self._pending]
+        self._gpus = [self._identity(i) for i in range(scenario.node.gpus.count)]
+
+    # -- the GpuBackend contract ------------------------------------------------------------
+
+    def discover(self) -> list[GpuIdentity]:
+        return list(self._gpus)
+
+    def read(self, gpu: GpuIdentity, collector: Collector) -> Result:
+        now = self._clock()
+        self._advance(now)
+        faults = self._book.on(gpu.index, now)
+        if any(f.spec.kind is FaultKind.GPU_LOST for f in faults):
+            raise GpuLostError(f"GPU {gpu.index} is lost (simulated)")
+        hung = [
+            f for f in faults if f.spec.kind is FaultKind.HUNG_CALL and f.spec.collector in (None, collector)
+        ]
+        if hung:
+            self._hang(hung)
+        with self._lock:
+            return Result(self._reading(gpu.index, collector, {f.spec.kind for f in faults}, faults))
+
+    def close(self) -> None:
+        self._book.clear()  # releases any simulated hung call
+
+    def wait_xids(self, timeout_seconds: float) -> list[DriverXid]:
+        self._advance(self._clock())
+        out: list[DriverXid] = []
+        try:
+            out.append(self._xids.get(timeout=timeout_seconds))
+            while True:
+                out.append(self._xids.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    # -- fault injection ----------------------------------------------------------------------
+
+    def inject(self, spec: FaultSpec, source: str = "api") -> ActiveFault:
+        count, links = self.scenario.node.gpus.count, self.scenario.node.gpus.nvlink_links
+        if spec.gpu >= count:
+            raise FaultError(f"no GPU {spec.gpu}: this node has GPUs 0..{count - 1}")
+        if spec.link is not None and spec.link >= links:
+            raise FaultError(f"no NVLink link {spec.link}: GPUs of this node have links 0..{links - 1}")
+        now = self._clock()
+        self._advance(now)
+        return self._start(spec, now, source)
+
+    def faults(self) -> list[ActiveFault]:
+        self._book.expire(self._clock())
+        return self._book.all()
+
+    def clear_fault(self, fault_id: str) -> bool:
+        return self._book.remove(fault_id)
+
+    def clear_faults(self) -> int:
+        return self._book.clear()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _start(self, spec: FaultSpec, at: float, source: str) -> ActiveFault:
+        fault = self._book.add(spec, at, source)
+        with self._lock:
+            self._model.apply_instantaneous(spec)
+        if spec.kind is FaultKind.XID and spec.xid is not None:
+            self._xids.put(DriverXid(spec.gpu, spec.xid, at, spec.message))
+        return fault
+
+    def _advance(self, now: float) -> None:
+        due = bisect.bisect_right(self._pending_times, now)
+        if due:
+            with self._lock:
+                started, self._pending = self._pending[:due], self._pending[due:]
+                times, self._pending_times = self._pending_times[:due], self._pending_times[due:]
+            for fault, at in zip(started, times, strict=True):
+                self._start(
+                    FaultSpec.model_validate(fault.model_dump(exclude={"at_seconds"})), at, "scenario"
+                )
+        tick = int(now - self._model.start)
+        with self._lock:
+            for i, state in enumerate(self._model.gpus):
+                if state.tick < tick:
+                    self._model.advance(i, tick, self._book.lasting(i))
+        # Only now: a fault that ran out since the last tick still shaped the ticks it covered.
+        self._book.expire(now)
+
+    def _hang(self, hung: list[ActiveFault]) -> None:
+        """Block like a driver call stuck in the kernel, until the fault is cleared or runs out."""
+        self._book.wait_until_gone({f.id for f in hung}, self._clock)
+
+    def _identity(self, index: int) -> GpuIdentity:
+        gpus = self.scenario.node.gpus
+        if gpus.pci_bus_ids is not None:
+            bus_id = canonical_bus_id(gpus.pci_bus_ids[index]) or gpus.pci_bus_ids[index]
+        else:
+            # Past eight GPUs (scale tests), each further baseboard gets its own PCI domain.
+            domain, slot = divmod(index, len(_HGX_BUSES))
+            bus_id = f"{domain:04x}:{_HGX_BUSES[slot]:02x}:00.0"
+        seed = self.scenario.seed
+        gpu_uuid = uuid.UUID(
+            int=(hash_pair(seed, index) << 64) | hash_pair(seed, index + 1_000_003), version=4
+        )
+        return GpuIdentity(index=index, uuid=f"GPU-{gpu_uuid}", pci_bus_id=bus_id)
+
+    def _reading(
+        self, gpu: int, collector: Collector, kinds: set[FaultKind], faults: list[ActiveFault]
+    ) -> Reading:
+        shape, node = self.scenario.node.gpus, self.scenario.node
+        s = self._model.gpus[gpu]
+        busy = s.utilization >= 0.01
+        slow = 1.0
+        if FaultKind.THERMAL_SLOWDOWN in kinds:
+            slow *= 0.6
+        if FaultKind.POWER_SLOWDOWN in kinds:
+            slow *= 0.75
+        seed, tick = self.scenario.seed, s.tick
+        match collector:
+            case Collector.INVENTORY:
+                return Inventory(
+                    name=shape.model,
+                    serial=f"{1650923000000 + hash_pair(seed, gpu) % 1000000:013d}",
+                    vbios_version=node.vbios_version,
+                    driver_version=node.driver_version,
+                    cuda_driver_version=node.cuda_driver_version,
+                    mig_enabled=shape.mig,
+                )
+            case Collector.UTILIZATION:
+                mem_ratio = min(1.0, s.utilization * 0.55 * (1 + 0.1 * noise(seed, gpu, tick, 2)))
+                return Utilization(
+                    gpu_ratio=round(s.utilization, 2), memory_controller_ratio=round(mem_ratio, 2)
+                )
+            case Collector.MEMORY:
+                usable = shape.memory_bytes - shape.reserved_memory_bytes
+                used = int(usable * s.memory_used_ratio) if busy else 0
+                return Memory(
+                    used_bytes=used,
+                    total_bytes=shape.memory_bytes,
+                    reserved_bytes=shape.reserved_memory_bytes,
+                )
+            case Collector.POWER:
+                return Power(
+                    usage_watts=round(s.power_watts, 3),
+                    limit_watts=shape.power_limit_watts,
+                    energy_joules=round(s.energy_joules, 3),
+                )
+            case Collector.THERMAL:
+                return Thermal(
+                    gpu_celsius=float(round(s.temperature_celsius)),
+                    memory_celsius=float(round(s.memory_temperature_celsius)),
+                    fan_ratio=round(0.3 + 0.5 * s.utilization, 2) if shape.fan else None,
+                )
+            case Collector.CLOCKS:
+                sm = (shape.max_sm_clock_mhz if busy else shape.idle_sm_clock_mhz) * slow
+                video = shape.max_video_clock_mhz if busy else 765.0
+                current = {
+                    Domain.SM: round(sm) * MHZ,
+                    Domain.GRAPHICS: round(sm) * MHZ,
+                    Domain.MEMORY: shape.max_memory_clock_mhz * MHZ,
+                    Domain.VIDEO: video * MHZ,
+                }
+                maximum = {
+                    Domain.SM: shape.max_sm_clock_mhz * MHZ,
+                    Domain.GRAPHICS: shape.max_sm_clock_mhz * MHZ,
+                    Domain.MEMORY: shape.max_memory_clock_mhz * MHZ,
+                    Domain.VIDEO: shape.max_video_clock_mhz * MHZ,
+                }
+                return Clocks(current, maximum, clock_reasons(s.utilization, kinds), performance_state=0)
+            case Collector.PCIE:
+                tx = s.utilization * 2.4e9 * (1 + 0.2 * noise(seed, gpu, tick, 3))
+                rx = s.utilization * 3.1e9 * (1 + 0.2 * noise(seed, gpu, tick, 4))
+                return Pcie(
+                    link_generation=shape.pcie_generation,
+                    max_link_generation=shape.pcie_generation,
+                    link_width=shape.pcie_width,
+                    max_link_width=shape.pcie_width,
+                    replay_errors=s.pcie_replays,
+                    tx_bytes_per_second=round(tx, -3),
+                    rx_bytes_per_second=round(rx, -3),
+                )
+            case Collector.NVLINK:
+                down = {f.spec.link for f in faults if f.spec.kind is FaultKind.NVLINK_DOWN}
+                return NvLink(
+                    tuple(
+                        LinkReading(
+                            link=i,
+                            active=i not in down,
+                            replay_errors=s.nvlink_replays[i],
+                            recovery_errors=s.nvlink_recoveries[i],
+                            crc_errors=s.nvlink_crcs[i],
+                        )
+                        for i in range(shape.nvlink_links)
+                    )
+                )
+            case Collector.PROCESSES:
+                if not busy:
+                    return Processes(())
+                usable = shape.memory_bytes - shape.reserved_memory_bytes
+                used = int(usable * s.memory_used_ratio)
+                return Processes((ProcessReading(pid=41000 + 17 * gpu, name="python3", used_bytes=used),))
+            case Collector.RECOVERY:
+                return Recovery(action=0)
+            case Collector.ECC:
+                # Hopper reports row remapping; the pre-Ampere page-retirement calls are "not supported".
+                return Ecc(
+                    enabled=True,
+                    corrected_volatile=s.ecc_corrected,
+                    uncorrected_volatile=s.ecc_uncorrected,
+                    corrected_aggregate=s.ecc_corrected_aggregate,
+                    uncorrected_aggregate=s.ecc_uncorrected_aggregate,
+                    retired_pages_single_bit=None,
+                    retired_pages_double_bit=None,
+                    retired_pages_pending=None,
+                )
+            case Collector.REMAPPING:
+                return Remapping(
+                    correctable_rows=s.remapped_correctable,
+                    uncorrectable_rows=s.remapped_uncorrectable,
+                    pending=FaultKind.ROW_REMAP_PENDING in kinds,
+                    failure=FaultKind.ROW_REMAP_FAILURE in kinds,
+                )
+
+
+def hash_pair(seed: int, n: int) -> int:
+    """A deterministic 64-bit value for (seed, n): the simulated GPUs' serials and UUIDs."""
+    return int((noise(seed, n, 0, 99) + 1.0) * 2**63) & ((1 << 64) - 1)

@@ -1,0 +1,159 @@
+"""The simulated GPUs' physics: how their values move over time.
+
+The model advances in whole-second ticks from the scenario start, so its state at a given time
+depends only on the scenario, its seed and the faults, never on how often it was sampled: the
+same clock readings give the same values. What moves, and why it moves that way:
+- utilization follows the workload phase, with per-GPU noise;
+- power follows utilization between idle and (nearly) the limit, capped by a power slowdown;
+- temperature approaches ambient + power x celsius_per_watt with a first-order lag;
+- energy integrates power;
+- ECC and remapped-row counters grow only when a fault says so;
+- clocks drop, and clock-event reasons appear, under a thermal or power slowdown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from exporter.backends.base import ClockEventReason as Reason
+from exporter.backends.sim.faults import ActiveFault, FaultKind, FaultSpec
+from exporter.backends.sim.scenario import Phase, Scenario
+
+# Catching up longer than this after a pause is pointless: the thermal state has long settled.
+_MAX_CATCH_UP_TICKS = 900
+_MASK64 = (1 << 64) - 1
+
+
+def noise(seed: int, gpu: int, tick: int, channel: int = 0) -> float:
+    """A deterministic pseudo-random value in [-1, 1) for (seed, gpu, tick, channel): splitmix64."""
+    z = (seed * 0x9E3779B97F4A7C15 + gpu * 0xBF58476D1CE4E5B9 + tick * 0x94D049BB133111EB + channel) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return (z / 2**63) - 1.0
+
+
+@dataclass
+class GpuState:
+    """One simulated GPU's state at `tick` seconds after the scenario start."""
+
+    tick: int
+    utilization: float
+    memory_used_ratio: float
+    power_watts: float
+    temperature_celsius: float
+    memory_temperature_celsius: float
+    energy_joules: float = 0.0
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    ecc_corrected_aggregate: int = 0
+    ecc_uncorrected_aggregate: int = 0
+    remapped_correctable: int = 0
+    remapped_uncorrectable: int = 0
+    pcie_replays: int = 0
+    nvlink_replays: list[int] = field(default_factory=list)
+    nvlink_recoveries: list[int] = field(default_factory=list)
+    nvlink_crcs: list[int] = field(default_factory=list)
+
+
+class NodeModel:
+    """All GPUs of the simulated node. Not thread-safe: the backend serialises access."""
+
+    def __init__(self, scenario: Scenario, start: float) -> None:
+        self.scenario = scenario
+        self.start = start  # wall-clock time of tick 0
+        shape = scenario.node.gpus
+        links = shape.nvlink_links
+        self.gpus = [
+            GpuState(
+                tick=0,
+                utilization=0.0,
+                memory_used_ratio=0.0,
+                power_watts=shape.idle_power_watts,
+                temperature_celsius=shape.ambient_celsius + shape.idle_power_watts * shape.celsius_per_watt,
+                memory_temperature_celsius=shape.ambient_celsius
+                + shape.idle_power_watts * shape.celsius_per_watt * 1.1,
+                nvlink_replays=[0] * links,
+                nvlink_recoveries=[0] * links,
+                nvlink_crcs=[0] * links,
+            )
+            for _ in range(shape.count)
+        ]
+
+    def phase_at(self, tick: int) -> Phase:
+        t = float(tick)
+        cycle = self.scenario.cycle_seconds
+        if t >= cycle:
+            if not self.scenario.repeat:
+                return self.scenario.workload[-1]
+            t = math.fmod(t, cycle)
+        for phase in self.scenario.workload:
+            if t < phase.duration_seconds:
+                return phase
+            t -= phase.duration_seconds
+        return self.scenario.workload[-1]
+
+    def advance(self, gpu: int, tick: int, faults: list[ActiveFault]) -> None:
+        """Step `gpu` forward to `tick`; `faults` are its lasting faults (with their start times)."""
+        state = self.gpus[gpu]
+        if tick - state.tick > _MAX_CATCH_UP_TICKS:
+            state.tick = tick - _MAX_CATCH_UP_TICKS
+        shape = self.scenario.node.gpus
+        alpha = 1.0 - math.exp(-1.0 / shape.thermal_time_constant_seconds)
+        while state.tick < tick:
+            state.tick += 1
+            k = state.tick
+            phase = self.phase_at(k)
+            kinds = {f.spec.kind for f in faults if f.active_at(self.time_of(k))}
+            busy = phase.utilization if gpu not in phase.idle_gpus else 0.0
+            util = (
+                min(1.0, max(0.0, busy + phase.jitter * noise(self.scenario.seed, gpu, k))) if busy else 0.0
+            )
+            power = shape.idle_power_watts + (shape.power_limit_watts * 0.96 - shape.idle_power_watts) * util
+            power *= 1.0 + 0.01 * noise(self.scenario.seed, gpu, k, 1)
+            if FaultKind.THERMAL_SLOWDOWN in kinds:
+                power *= 0.75  # the clocks are down, so is the draw
+            if FaultKind.POWER_SLOWDOWN in kinds:
+                power = min(power, shape.power_limit_watts * 0.55)
+            heat = shape.ambient_celsius + power * shape.celsius_per_watt
+            if FaultKind.THERMAL_SLOWDOWN in kinds:
+                heat += 32.0  # a cooling failure: the same draw runs much hotter
+            state.utilization = util
+            state.memory_used_ratio = phase.memory_used_ratio if busy else 0.0
+            state.power_watts = power
+            state.energy_joules += power
+            state.temperature_celsius += (heat - state.temperature_celsius) * alpha
+            state.memory_temperature_celsius += (heat * 1.1 - state.memory_temperature_celsius) * alpha
+
+    def time_of(self, tick: int) -> float:
+        return self.start + tick
+
+    def apply_instantaneous(self, spec: FaultSpec) -> None:
+        """What a fault does once, at injection: the counters it bumps stay bumped."""
+        state = self.gpus[spec.gpu]
+        match spec.kind:
+            case FaultKind.ECC_CORRECTABLE:
+                state.ecc_corrected += spec.count
+                state.ecc_corrected_aggregate += spec.count
+            case FaultKind.ECC_UNCORRECTABLE:
+                state.ecc_uncorrected += 1
+                state.ecc_uncorrected_aggregate += 1
+            case FaultKind.ROW_REMAP_PENDING:
+                state.remapped_uncorrectable += 1
+            case FaultKind.NVLINK_DOWN if spec.link is not None:
+                state.nvlink_recoveries[spec.link] += 1
+                state.nvlink_replays[spec.link] += 7
+                state.nvlink_crcs[spec.link] += 3
+            case _:
+                pass
+
+
+def clock_reasons(utilization: float, kinds: set[FaultKind]) -> int:
+    """The clocks-event reason bitmask a GPU in this condition reports."""
+    bits = Reason.GPU_IDLE.bit if utilization < 0.01 else 0
+    if FaultKind.THERMAL_SLOWDOWN in kinds:
+        bits |= Reason.HW_THERMAL_SLOWDOWN.bit | Reason.SW_THERMAL_SLOWDOWN.bit | Reason.HW_SLOWDOWN.bit
+    if FaultKind.POWER_SLOWDOWN in kinds:
+        bits |= Reason.SW_POWER_CAP.bit | Reason.HW_POWER_BRAKE_SLOWDOWN.bit | Reason.HW_SLOWDOWN.bit
+    return bits

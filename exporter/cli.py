@@ -1,0 +1,89 @@
+"""The `gpu-triage` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from exporter import __version__
+from exporter.logs import setup_logging
+from exporter.settings import OPTIONS, SettingsError, load_settings
+
+
+def _serve_parser(sub: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve",
+        help="run the daemon",
+        description="Run the gpu-triage daemon. Every flag can also be set in the --config file "
+        "(key = flag name) or by an environment variable (GPU_TRIAGE_ + flag, e.g. GPU_TRIAGE_STATE_DIR).",
+    )
+    p.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (env GPU_TRIAGE_CONFIG)")
+    for option in OPTIONS:
+        kwargs: dict[str, Any] = {"dest": option.field, "default": argparse.SUPPRESS, "help": option.help}
+        if option.field == "web_disable_exporter_metrics":
+            kwargs["action"] = "store_true"
+        elif option.field == "web_listen_address":
+            kwargs.update(action="append", metavar=option.metavar)
+        else:
+            kwargs["metavar"] = option.metavar
+        p.add_argument(f"--{option.flag}", **kwargs)
+    return p
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-triage",
+        description="GPU fault diagnosis for NVIDIA nodes: telemetry for Prometheus, XID and "
+        "training-log diagnosis, remediation playbooks.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpu-triage {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _serve_parser(sub)
+    return parser
+
+
+def _serve(args: argparse.Namespace, unknown: list[str]) -> int:
+    cli = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    config = args.config
+    if config is None and (env_config := os.environ.get("GPU_TRIAGE_CONFIG")):
+        config = Path(env_config)
+    problems = [
+        f"unknown flag {flag!r} (see gpu-triage serve --help)" for flag in unknown if flag.startswith("-")
+    ]
+    problems += [f"unexpected argument {arg!r}" for arg in unknown if not arg.startswith("-")]
+    try:
+        settings = load_settings(cli, config)
+    except SettingsError as e:
+        problems += e.problems
+    if problems:
+        print("gpu-triage: cannot start, fix these first:", file=sys.stderr)
+        for problem in problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level, settings.log_format)
+    from exporter.server import StartupError, serve  # the server stack loads only when serving
+
+    try:
+        serve(settings)
+    except StartupError as e:
+        print(f"gpu-triage: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "serve":
+        return _serve(args, unknown)
+    if unknown:
+        parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+    parser.print_help(sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Rendering metric families once per change into cached bytes, and serving those bytes.
+
+A scrape picks a cached body by its Accept header (classic text or OpenMetrics) and, when the
+client takes gzip, a compressed copy made once per render. It never builds metrics itself.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from prometheus_client.core import Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+
+class _Families(Collector):
+    """Hands already-built families to prometheus_client's encoders (used to check ours)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+# Text and OpenMetrics differ only in their metadata lines for the families we expose (gauges,
+# counters, info, statesets; no timestamps, exemplars or _created samples), so each sample line is
+# formatted once and shared. The bytes are the same as prometheus_client's encoders give (tested);
+# building them by hand makes a render several times cheaper.
+_TEXT_TYPES = {"gauge": "gauge", "counter": "counter", "info": "gauge", "stateset": "gauge"}
+_TEXT_SUFFIX = {"counter": "_total", "info": "_info"}
+_COMMON_VALUES = {0.0: "0.0", 1.0: "1.0"}
+
+
+def _label_value(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
+def _sample_lines(metric: Metric) -> str:
+    lines = []
+    for s in metric.samples:
+        value = _COMMON_VALUES.get(s.value) or floatToGoString(s.value)  # type: ignore[no-untyped-call]
+        if s.labels:
+            labels = ",".join([f'{k}="{_label_value(v)}"' for k, v in sorted(s.labels.items())])
+            lines.append(f"{s.name}{{{labels}}} {value}\n")
+        else:
+            lines.append(f"{s.name} {value}\n")
+    return "".join(lines)
+
+
+def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
+    """(classic text 0.0.4, OpenMetrics 1.0.0) for `families`."""
+    text: list[str] = []
+    openmetrics: list[str] = []
+    for metric in families:
+        if metric.type not in _TEXT_TYPES:
+            raise ValueError(f"{metric.name}: metric type {metric.type} is not supported by this encoder")
+        samples = _sample_lines(metric)
+        name = metric.name + _TEXT_SUFFIX.get(metric.type, "")
+        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        text.append(f"# HELP {name} {doc}\n# TYPE {name} {_TEXT_TYPES[metric.type]}\n{samples}")
+        om_doc = doc.replace('"', r"\"")
+        unit = f"# UNIT {metric.name} {metric.unit}\n" if metric.unit else ""
+        openmetrics.append(
+            f"# HELP {metric.name} {om_doc}\n# TYPE {metric.name} {metric.type}\n{unit}{samples}"
+        )
+    openmetrics.append("# EOF\n")
+    return "".join(text).encode(), "".join(openmetrics).encode()
+
+
+def reference_encode(families: list[Metric]) -> tuple[bytes, bytes]:
+    """The same bodies through prometheus_client's own encoders: the yardstick for `encode`."""
+    source = _Families(families)
+    return generate_latest(source), generate_openmetrics(source)  # type: ignore[no-untyped-call]
+
+
+@dataclass
+class _Body:
+    data: bytes
+    _gzipped: bytes | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def gzipped(self) -> bytes:
+        # Made on the first scrape that asks for it, once per render.
+        if self._gzipped is None:
+            with self._lock:
+                if self._gzipped is None:
+                    self._gzipped = gzip.compress(self.data, compresslevel=1, mtime=0)
+        return self._gzipped
+
+
+@lru_cache(maxsize=64)
+def _openmetrics_wanted(accept: str) -> bool:
+    # Prometheus sends the same Accept header on every scrape: decide once per distinct header.
+    return choose_encoder(accept)[1].startswith("application/openmetrics-text")
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    body: bytes
+    content_type: str
+    gzipped: bool
+
+
+class MetricsCache:
+    def __init__(self) -> None:
+        self._text = _Body(b"")
+        self._openmetrics = _Body(b"# EOF\n")
+        self._lock = threading.Lock()
+
+    def update(self, families: list[Metric]) -> None:
+        """Render `families` in both formats and swap them in."""
+        text, openmetrics = encode(families)
+        with self._lock:
+            self._text, self._openmetrics = _Body(text), _Body(openmetrics)
+
+    def get(self, accept: str | None, accept_encoding: str | None) -> Scrape:
+        if accept and _openmetrics_wanted(accept):
+            body, content_type = self._openmetrics, OPENMETRICS_CONTENT_TYPE
+        else:
+            body, content_type = self._text, CONTENT_TYPE_PLAIN_0_0_4
+        if accept_encoding and "gzip" in accept_encoding:
+            return Scrape(body.gzipped(), content_type, True)
+        return Scrape(body.data, content_type, False)
+
+    @property
+    def text(self) -> bytes:
+        return self._text.data

@@ -1,0 +1,231 @@
+"""The daemon's settings: every flag, also settable in the YAML config file and by environment variable.
+
+Precedence, highest first: command-line flag, environment variable (`GPU_TRIAGE_` + the flag
+upper-cased with `.` and `-` as `_`), the YAML file given by `--config` (keys are the flag names
+without `--`), the default. Problems are collected and reported together, naming the flag.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings import SettingsError as PydanticSettingsError
+
+from exporter.backends.select import BackendName
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> Any:
+    """'500ms', '5s', '1m30s', '2h' or a plain number of seconds -> seconds."""
+    if isinstance(value, int | float):
+        return float(value)
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{value!r} is not a duration (examples: 500ms, 5s, 1m30s, 2h)")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+LogLevel = Literal["debug", "info", "warn", "error"]
+LogFormat = Literal["logfmt", "json"]
+
+
+class SettingsError(Exception):
+    """Bad flags, environment or config file; `problems` lists every one of them."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPU_TRIAGE_", extra="forbid", frozen=True)
+
+    web_listen_address: Annotated[list[str], NoDecode] = [":9481"]
+    web_telemetry_path: str = "/metrics"
+    web_disable_exporter_metrics: bool = False
+    backend: BackendName = "auto"
+    sim_scenario: str = "h100-training"
+    collector_interval: Duration = 5.0
+    collector_slow_interval: Duration = 60.0
+    collector_timeout: Duration | None = None
+    state_dir: Path = Path("/var/lib/gpu-triage")
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "logfmt"
+
+    @field_validator("web_listen_address", mode="before")
+    @classmethod
+    def _split_addresses(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [a.strip() for a in value.split(",") if a.strip()]
+        return value
+
+    @field_validator("web_listen_address")
+    @classmethod
+    def _valid_addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            parse_listen_address(address)
+        return value
+
+    @field_validator("web_telemetry_path")
+    @classmethod
+    def _absolute_path(cls, value: str) -> str:
+        if not value.startswith("/") or value == "/":
+            raise ValueError("must start with / and not be / itself (the landing page)")
+        return value
+
+    @property
+    def read_timeout(self) -> float:
+        """How long a driver call may take before it counts as hung."""
+        if self.collector_timeout is not None:
+            return self.collector_timeout
+        return min(0.8 * self.collector_interval, 10.0)
+
+
+def parse_listen_address(address: str) -> tuple[str, int]:
+    """':9481' -> ('0.0.0.0', 9481); '127.0.0.1:0'; '[::1]:9481'."""
+    m = re.fullmatch(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", address)
+    if m is None or int(m["port"]) > 65535:
+        raise ValueError(f"{address!r} is not host:port (examples: :9481, 127.0.0.1:9481, [::1]:9481)")
+    return m["v6"] or m["host"] or "0.0.0.0", int(m["port"])
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str  # without the leading --
+    field: str
+    help: str
+    metavar: str | None = None
+
+
+OPTIONS = (
+    Option(
+        "web.listen-address",
+        "web_listen_address",
+        "address to serve on; repeat or comma-separate for several (default :9481)",
+        "ADDR",
+    ),
+    Option(
+        "web.telemetry-path", "web_telemetry_path", "path of the metrics endpoint (default /metrics)", "PATH"
+    ),
+    Option(
+        "web.disable-exporter-metrics",
+        "web_disable_exporter_metrics",
+        "leave out the daemon's own process_* and python_* metrics",
+    ),
+    Option(
+        "backend", "backend", "GPU backend: auto (DCGM, else NVML), nvml, dcgm, sim (default auto)", "NAME"
+    ),
+    Option(
+        "sim.scenario",
+        "sim_scenario",
+        "simulator scenario: a built-in name or a YAML file (default h100-training)",
+        "NAME|FILE",
+    ),
+    Option(
+        "collector.interval",
+        "collector_interval",
+        "how often to read fast-changing fields (default 5s)",
+        "DURATION",
+    ),
+    Option(
+        "collector.slow-interval",
+        "collector_slow_interval",
+        "how often to read inventory, ECC and remapped rows (default 1m)",
+        "DURATION",
+    ),
+    Option(
+        "collector.timeout",
+        "collector_timeout",
+        "a driver call taking longer counts as hung (default 0.8 x interval, at most 10s)",
+        "DURATION",
+    ),
+    Option("state.dir", "state_dir", "where the event journal lives (default /var/lib/gpu-triage)", "DIR"),
+    Option("log.level", "log_level", "debug, info, warn or error (default info)", "LEVEL"),
+    Option("log.format", "log_format", "logfmt or json (default logfmt)", "FORMAT"),
+)
+_BY_FIELD = {o.field: o for o in OPTIONS}
+_BY_FLAG = {o.flag: o for o in OPTIONS}
+
+
+def env_name(flag: str) -> str:
+    return "GPU_TRIAGE_" + re.sub(r"[.-]", "_", flag).upper()
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], list[str]]:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        return {}, [f"config file {path}: cannot read it: {e}"]
+    except yaml.YAMLError as e:
+        return {}, [f"config file {path}: not valid YAML: {e}"]
+    if doc is None:
+        return {}, []
+    if not isinstance(doc, dict):
+        return {}, [f"config file {path}: must be a mapping of flag names to values"]
+    values, problems = {}, []
+    for key, value in doc.items():
+        option = _BY_FLAG.get(str(key))
+        if option is None:
+            problems.append(
+                f"config file {path}: unknown key {key!r} (keys are the flag names, e.g. web.listen-address)"
+            )
+        else:
+            values[option.field] = value
+    return values, problems
+
+
+def load_settings(cli: dict[str, Any], config: Path | None) -> Settings:
+    """Settings from explicit flags (`cli`, by field name), the environment and the config file."""
+    file_values, problems = _read_config(config) if config is not None else ({}, [])
+
+    class _Layered(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return init_settings, env_settings, InitSettingsSource(settings_cls, file_values)
+
+    try:
+        settings: Settings = _Layered(**cli)
+    except ValidationError as e:
+        problems += [_describe(err) for err in e.errors()]
+    except PydanticSettingsError as e:
+        problems.append(str(e))
+    if problems:
+        raise SettingsError(problems)
+    return settings
+
+
+def _describe(err: Any) -> str:
+    field = str(err["loc"][0]) if err["loc"] else ""
+    option = _BY_FIELD.get(field)
+    where = f"--{option.flag} (or {env_name(option.flag)})" if option else field or "settings"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    shown = f" (got {value!r})" if isinstance(value, str | int | float) else ""
+    return f"{where}: {message}{shown}"
