@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -21,6 +21,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor as JobExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from exporter.backends.base import BackendError, Collector, GpuBackend, GpuIdentity, GpuLostError, Result
+from exporter.readpool import ReadPool
 from exporter.snapshot import CollectorStatus, GpuState, GpuStatus, Snapshot
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class Poller:
         self._gpus: list[GpuIdentity] = []
         self._inflight: dict[tuple[int, Collector], Future[_Outcome]] = {}
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ReadPool | None = None
         self._scheduler: BackgroundScheduler | None = None
 
     def discover(self) -> list[GpuIdentity]:
@@ -80,9 +81,8 @@ class Poller:
         if not box:
             raise BackendError("GPU discovery did not answer in time: the driver may be hung")
         self._gpus = box[0]
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(4, len(self._gpus) * len(Collector) + 2), thread_name_prefix="gpu-read"
-        )
+        # Reads take micro- to milliseconds; a few workers keep up with many GPUs.
+        self._pool = ReadPool(workers=min(8, max(2, len(self._gpus))))
         return self._gpus
 
     def start(self) -> None:
@@ -102,8 +102,7 @@ class Poller:
             self._scheduler.shutdown(wait=False)
             self._scheduler = None
         if self._pool is not None:
-            # Never wait: a hung driver call must not hang the shutdown.
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()  # never waits: a hung driver call must not hang the shutdown
 
     def poll(self, collectors: Iterable[Collector]) -> Snapshot:
         """Read `collectors` of every GPU and publish the merged snapshot."""
@@ -113,6 +112,10 @@ class Poller:
         tasks = self._submit(collectors)
         wait(list(tasks.values()), timeout=self.timeout)
         outcomes = {key: fut.result() if fut.done() else None for key, fut in tasks.items()}
+        assert self._pool is not None
+        for fut in tasks.values():
+            if fut.running():
+                self._pool.write_off(fut)
         with self._lock:
             snapshot = self._merge(collectors, outcomes, now, started)
             self.snapshot = snapshot

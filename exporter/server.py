@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import signal
 import socket
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -15,6 +18,20 @@ from exporter.daemon import Daemon
 from exporter.settings import Settings, parse_listen_address
 
 log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, except that after a graceful stop on SIGTERM/SIGINT it returns instead of re-raising
+    the signal, so the daemon's own cleanup runs and the exit status is 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 class StartupError(Exception):
@@ -59,7 +76,7 @@ def serve(settings: Settings) -> None:
             )
             for sock in sockets:
                 log.info("listening", extra={"address": "{}:{}".format(*sock.getsockname()[:2])})
-            uvicorn.Server(config).run(sockets=sockets)
+            _Server(config).run(sockets=sockets)
         finally:
             log.info("stopping")
             daemon.stop()

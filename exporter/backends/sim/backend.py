@@ -39,7 +39,7 @@ from exporter.backends.base import (
     Utilization,
 )
 from exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
-from exporter.backends.sim.model import NodeModel, clock_reasons, noise
+from exporter.backends.sim.model import NodeModel, clock_reasons, mix64, noise
 from exporter.backends.sim.scenario import Scenario
 
 MHZ = 1e6
@@ -287,4 +287,4 @@ class SimBackend:
 
 def hash_pair(seed: int, n: int) -> int:
     """A deterministic 64-bit value for (seed, n): the simulated GPUs' serials and UUIDs."""
-    return int((noise(seed, n, 0, 99) + 1.0) * 2**63) & ((1 << 64) - 1)
+    return mix64(seed, n, 0, 99)

@@ -25,13 +25,17 @@ _MAX_CATCH_UP_TICKS = 900
 _MASK64 = (1 << 64) - 1
 
 
-def noise(seed: int, gpu: int, tick: int, channel: int = 0) -> float:
-    """A deterministic pseudo-random value in [-1, 1) for (seed, gpu, tick, channel): splitmix64."""
+def mix64(seed: int, gpu: int, tick: int, channel: int = 0) -> int:
+    """A deterministic pseudo-random 64-bit value for (seed, gpu, tick, channel): splitmix64."""
     z = (seed * 0x9E3779B97F4A7C15 + gpu * 0xBF58476D1CE4E5B9 + tick * 0x94D049BB133111EB + channel) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    z ^= z >> 31
-    return (z / 2**63) - 1.0
+    return z ^ (z >> 31)
+
+
+def noise(seed: int, gpu: int, tick: int, channel: int = 0) -> float:
+    """`mix64` as a value in [-1, 1)."""
+    return (mix64(seed, gpu, tick, channel) / 2**63) - 1.0
 
 
 @dataclass

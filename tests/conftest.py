@@ -1,0 +1,89 @@
+"""Shared fixtures: a controllable clock, the simulator, a started daemon and its HTTP client."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from exporter.app import create_app
+from exporter.backends.sim import SimBackend, load_scenario
+from exporter.daemon import Daemon
+from exporter.settings import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+START = 1_790_000_000.0  # a fixed wall-clock start for deterministic tests
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden", action="store_true", help="rewrite golden files instead of comparing against them"
+    )
+
+
+class FakeClock:
+    """Wall-clock time that moves only when a test says so."""
+
+    def __init__(self, start: float = START) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def sim(clock: FakeClock) -> Iterator[SimBackend]:
+    backend = SimBackend(load_scenario("h100-training"), clock=clock)
+    yield backend
+    backend.close()
+
+
+def settings(**overrides: object) -> Settings:
+    values: dict[str, object] = {"backend": "sim", "collector_interval": 5.0, "collector_timeout": 0.5}
+    values.update(overrides)
+    return load_settings(values, None)
+
+
+@pytest.fixture
+def daemon(sim: SimBackend, clock: FakeClock) -> Iterator[Daemon]:
+    """A daemon on the simulator with its first snapshot taken, 2 minutes into the scenario."""
+    clock.advance(120)
+    d = Daemon(sim, settings(), clock=clock)
+    d.start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[TestClient]:
+    with TestClient(create_app(daemon)) as c:
+        yield c
+
+
+def require_tool(name: str) -> str:
+    """The path of an external tool; skipped when missing, unless CI says the tools must be there."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("GPU_TRIAGE_REQUIRE_TOOLS"):
+            pytest.fail(f"{name} is required (GPU_TRIAGE_REQUIRE_TOOLS is set) but not installed")
+        pytest.skip(f"{name} is not installed")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
