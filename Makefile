@@ -25,7 +25,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed
-	$(PY) -m bench $(ARGS)
+	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b $(ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) .state build *.egg-info

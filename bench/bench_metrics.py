@@ -1,0 +1,137 @@
+"""What a scrape and a render cost: figures, not pass/fail.
+
+    .venv/bin/python bench/bench_metrics.py            # render scale + /metrics latency with wrk
+    .venv/bin/python bench/bench_metrics.py --no-http  # render only
+
+1. Rendering one snapshot (building the families and encoding both formats) for 1..64 simulated GPUs.
+2. /metrics latency at 1 and 32 concurrent clients, against a route on the same server that returns
+   the same bytes from memory (the floor for this server), both measured with wrk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from exporter.backends.base import Collector
+from exporter.backends.sim import SimBackend, load_scenario
+from exporter.daemon import Daemon
+from exporter.settings import load_settings
+
+SERVER = """
+import sys
+from fastapi.responses import Response
+import uvicorn
+from exporter.app import create_app
+from exporter.backends.sim import SimBackend, load_scenario
+from exporter.daemon import Daemon
+from exporter.settings import load_settings
+
+daemon = Daemon(SimBackend(load_scenario("h100-training")), load_settings({"backend": "sim"}, None))
+daemon.start()
+app = create_app(daemon)
+
+@app.get("/bench/memory")
+async def memory() -> Response:
+    # The floor: the same bytes, from memory, through the same server and framework.
+    return Response(daemon.metrics.text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)
+"""
+
+
+def render_cost(gpus: int, repeats: int) -> tuple[float, int]:
+    scenario = load_scenario("h100-training").model_copy(deep=True)
+    shape = scenario.node.gpus.model_copy(update={"count": gpus})
+    scenario = scenario.model_copy(update={"node": scenario.node.model_copy(update={"gpus": shape})})
+    clock = [1_000_000.0]
+    daemon = Daemon(SimBackend(scenario, clock=lambda: clock[0]), load_settings({"backend": "sim"}, None))
+    daemon.poller.discover()
+    clock[0] += 600  # mid-training: every series present
+    daemon.poller.poll(Collector)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        daemon.refresh()
+        times.append(time.perf_counter() - t0)
+    daemon.stop()
+    return statistics.median(times) * 1000, daemon.metrics.text.count(b"\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wrk(url: str, connections: int, seconds: int) -> dict[str, float]:
+    out = subprocess.run(
+        ["wrk", f"-c{connections}", "-t1" if connections == 1 else "-t2", f"-d{seconds}s", "--latency", url],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+
+    def ms(text: str) -> float:
+        value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+        return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+    figures = {f"p{p}": ms(re.search(rf"^\s+{p}%\s+(\S+)", out, re.M).group(1)) for p in (50, 99)}  # type: ignore[union-attr]
+    figures["rps"] = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    return figures
+
+
+def http_latency(seconds: int) -> None:
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (apt-get install wrk): skipping the latency figures")
+        return
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(port)], cwd=Path(__file__).resolve().parent.parent
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        time.sleep(1)
+        print(f"\n/metrics latency (wrk, {seconds}s per run, 8 simulated GPUs; ms)")
+        print(f"{'clients':>8} {'route':>14} {'p50':>8} {'p99':>8} {'req/s':>9}")
+        for connections in (1, 32):
+            rows = {}
+            for route in ("/metrics", "/bench/memory"):
+                rows[route] = wrk(f"http://127.0.0.1:{port}{route}", connections, seconds)
+                r = rows[route]
+                print(f"{connections:>8} {route:>14} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps']:>9.0f}")
+            ratio = rows["/metrics"]["p50"] / rows["/bench/memory"]["p50"]
+            print(f"{connections:>8} {'ratio p50':>14} {ratio:>8.2f}")
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--no-http", action="store_true", help="only the render figures")
+    parser.add_argument("--seconds", type=int, default=10, help="duration of each wrk run")
+    args = parser.parse_args()
+    print("render one snapshot (families + text + OpenMetrics), median of 50")
+    print(f"{'GPUs':>6} {'ms':>8} {'lines':>8}")
+    for gpus in (1, 8, 16, 32, 64):
+        ms, lines = render_cost(gpus, 50)
+        print(f"{gpus:>6} {ms:>8.2f} {lines:>8}")
+    if not args.no_http:
+        http_latency(args.seconds)
+
+
+if __name__ == "__main__":
+    main()
