@@ -30,9 +30,7 @@ def rss_mib(pid: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--scenario", default="h100-training")
     args = parser.parse_args()
@@ -71,9 +69,7 @@ def main() -> None:
         warm = [rss for minute, rss in samples if minute >= min(2.0, args.minutes / 2)]
         peak = max(rss for _, rss in samples)
         print(f"\nscrapes: {scrapes}; RSS at the end: {samples[-1][1]:.1f} MiB; peak: {peak:.1f} MiB")
-        print(
-            f"after warm-up: min {min(warm):.1f}, max {max(warm):.1f}, growth {warm[-1] - warm[0]:+.1f} MiB"
-        )
+        print(f"after warm-up: min {min(warm):.1f}, max {max(warm):.1f}, growth {warm[-1] - warm[0]:+.1f} MiB")
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -91,9 +91,7 @@ def http_latency(seconds: int) -> None:
         print("wrk is not installed (apt-get install wrk): skipping the latency figures")
         return
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(port)], cwd=Path(__file__).resolve().parent.parent
-    )
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], cwd=Path(__file__).resolve().parent.parent)
     try:
         for _ in range(100):
             try:
@@ -118,9 +116,7 @@ def http_latency(seconds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-http", action="store_true", help="only the render figures")
     parser.add_argument("--seconds", type=int, default=10, help="duration of each wrk run")
     args = parser.parse_args()

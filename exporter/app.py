@@ -103,9 +103,7 @@ def _landing_page(daemon: Daemon, telemetry_path: str) -> str:
         f"<td>{html.escape(g.identity.pci_bus_id)}</td><td>{html.escape(g.status)}</td></tr>"
         for g in snapshot.gpus
     )
-    items = "\n".join(
-        f'<li><a href="{html.escape(href)}">{html.escape(href)}</a> {text}</li>' for href, text in links
-    )
+    items = "\n".join(f'<li><a href="{html.escape(href)}">{html.escape(href)}</a> {text}</li>' for href, text in links)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>gpu-triage</title></head>
 <body style="font-family: sans-serif; max-width: 60em; margin: 2em auto">

@@ -23,9 +23,11 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (env GPU_TRIAGE_CONFIG)")
     for option in OPTIONS:
         kwargs: dict[str, Any] = {"dest": option.field, "default": argparse.SUPPRESS, "help": option.help}
-        if option.field == "web_disable_exporter_metrics":
+        if option.kind == "switch":
             kwargs["action"] = "store_true"
-        elif option.field == "web_listen_address":
+        elif option.kind == "toggle":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif option.kind == "list":
             kwargs.update(action="append", metavar=option.metavar)
         else:
             kwargs["metavar"] = option.metavar
@@ -50,9 +52,7 @@ def _serve(args: argparse.Namespace, unknown: list[str]) -> int:
     config = args.config
     if config is None and (env_config := os.environ.get("GPU_TRIAGE_CONFIG")):
         config = Path(env_config)
-    problems = [
-        f"unknown flag {flag!r} (see gpu-triage serve --help)" for flag in unknown if flag.startswith("-")
-    ]
+    problems = [f"unknown flag {flag!r} (see gpu-triage serve --help)" for flag in unknown if flag.startswith("-")]
     problems += [f"unexpected argument {arg!r}" for arg in unknown if not arg.startswith("-")]
     try:
         settings = load_settings(cli, config)

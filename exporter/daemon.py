@@ -1,4 +1,4 @@
-"""The running daemon: the backend, the poller and the rendered metrics, wired together."""
+"""The running daemon: backend, poller, XID sources and journal, and the rendered metrics, wired together."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client.core import Metric
 from prometheus_client.gc_collector import GCCollector
@@ -13,23 +14,42 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.backends.base import GpuBackend
+from exporter.backends.base import GpuBackend, GpuIdentity, XidEventSource
+from exporter.driver_events import DriverEvents
+from exporter.events import EventPipeline
 from exporter.exposition import MetricsCache
+from exporter.journal import Event, Journal
+from exporter.kmsg import KmsgFollower, boot_time
 from exporter.metrics import daemon_families, gpu_families
 from exporter.poller import FAST, Poller
 from exporter.settings import Settings
 from exporter.snapshot import Snapshot
+from exporter.xid_metrics import source_families, xid_families
 
 log = logging.getLogger(__name__)
+JOURNAL_FILE = "journal.sqlite3"
+
+
+def read_boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown-boot"
 
 
 class Daemon:
     def __init__(
-        self, backend: GpuBackend, settings: Settings, clock: Callable[[], float] = time.time
+        self,
+        backend: GpuBackend,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+        *,
+        boot_id: str | None = None,
     ) -> None:
         self.backend = backend
         self.settings = settings
         self.clock = clock
+        self.boot_id = boot_id or read_boot_id()
         self.metrics = MetricsCache()
         self.poller = Poller(
             backend,
@@ -39,6 +59,21 @@ class Daemon:
             clock=clock,
             on_snapshot=lambda _: self.refresh(),
         )
+        self.journal = Journal(settings.state_dir / JOURNAL_FILE)
+        self.rebooted = self.journal.note_boot(self.boot_id, clock())
+        self.pipeline = EventPipeline(self.journal, boot_id=self.boot_id, gpus=self._gpus, on_events=self._on_events)
+        self.kmsg: KmsgFollower | None = None
+        if settings.source_kmsg:
+            self.kmsg = KmsgFollower(
+                settings.kmsg_path,
+                self.pipeline.from_kernel,
+                start_after=self.journal.cursor(self.boot_id),
+                boot_time=boot_time(),
+                clock=clock,
+            )
+        self.driver_events: DriverEvents | None = None
+        if settings.source_events and isinstance(backend, XidEventSource):
+            self.driver_events = DriverEvents(backend, backend.name, self.pipeline.from_driver)
         # The daemon's own process_* and python_* metrics, kept in a registry of their own.
         self._own: CollectorRegistry | None = None
         if not settings.web_disable_exporter_metrics:
@@ -46,29 +81,64 @@ class Daemon:
             for own in (ProcessCollector, PlatformCollector, GCCollector):
                 own(registry=self._own)
         self._render_lock = threading.Lock()
+        self._discovered: list[GpuIdentity] = []
 
     @property
     def snapshot(self) -> Snapshot:
         return self.poller.snapshot
 
+    def _gpus(self) -> list[GpuIdentity]:
+        return [g.identity for g in self.snapshot.gpus] or self._discovered
+
     def start(self) -> None:
-        """Find the GPUs and take the first snapshot; then poll in the background."""
+        """Find the GPUs, take the first snapshot, then poll and follow the XID sources in the background."""
+        self._discovered = self.poller.discover()
+        self.pipeline.start()
+        for source in (self.kmsg, self.driver_events):
+            if source is not None:
+                source.start()
         self.poller.start()
+        self.journal.purge(self.clock() - self.settings.journal_retention)
         gpus = self.snapshot.gpus
         log.info(
             "started",
-            extra={"backend": self.backend.name, "gpus": len(gpus), "up": sum(g.up for g in gpus)},
+            extra={
+                "backend": self.backend.name,
+                "gpus": len(gpus),
+                "up": sum(g.up for g in gpus),
+                "boot": self.boot_id,
+            },
         )
 
     def stop(self) -> None:
+        """Stop reading, let the journal finish what is queued, then let go of the driver."""
+        for source in (self.kmsg, self.driver_events):
+            if source is not None:
+                source.stop()
+        self.pipeline.stop()
         self.poller.stop()
+        self.journal.close()
         self.backend.close()
 
+    def _on_events(self, events: list[Event]) -> None:
+        # A new XID is on /metrics now, not at the next poll.
+        self.refresh()
+
     def refresh(self) -> None:
-        """Render /metrics again: a new snapshot (or, later, a new event) changed what it says."""
+        """Render /metrics again: a new snapshot or a new event changed what it says."""
         with self._render_lock:
             snapshot = self.snapshot
-            families: list[Metric] = [*gpu_families(snapshot), *daemon_families(snapshot)]
+            families: list[Metric] = [
+                *gpu_families(snapshot),
+                *xid_families(self.journal.totals()),
+                *daemon_families(snapshot),
+                *source_families(
+                    self.kmsg.stats if self.kmsg else None,
+                    self.driver_events.stats if self.driver_events else None,
+                    self.backend.name,
+                    self.pipeline.stats,
+                ),
+            ]
             if self._own is not None:
                 families.extend(self._own.collect())
             self.metrics.update(families)

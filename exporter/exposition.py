@@ -70,9 +70,7 @@ def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
         text.append(f"# HELP {name} {doc}\n# TYPE {name} {_TEXT_TYPES[metric.type]}\n{samples}")
         om_doc = doc.replace('"', r"\"")
         unit = f"# UNIT {metric.name} {metric.unit}\n" if metric.unit else ""
-        openmetrics.append(
-            f"# HELP {metric.name} {om_doc}\n# TYPE {metric.name} {metric.type}\n{unit}{samples}"
-        )
+        openmetrics.append(f"# HELP {metric.name} {om_doc}\n# TYPE {metric.name} {metric.type}\n{unit}{samples}")
     openmetrics.append("# EOF\n")
     return "".join(text).encode(), "".join(openmetrics).encode()
 

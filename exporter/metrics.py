@@ -83,9 +83,7 @@ FAMILIES = (
     ),
     Family("nvidia_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (0-1).", "ratio"),
     Family("nvidia_gpu_clock_hertz", "Current clock of each clock domain, in hertz.", "hertz", ("clock",)),
-    Family(
-        "nvidia_gpu_clock_max_hertz", "Maximum clock of each clock domain, in hertz.", "hertz", ("clock",)
-    ),
+    Family("nvidia_gpu_clock_max_hertz", "Maximum clock of each clock domain, in hertz.", "hertz", ("clock",)),
     Family(
         "nvidia_gpu_clock_event_reason_active",
         "1 while this reason holds the clocks down (NVML clocks-event / throttle reasons), else 0.",
@@ -93,9 +91,7 @@ FAMILIES = (
     ),
     Family("nvidia_gpu_performance_state", "Performance state (0 = P0, fastest, .. 15 = P15)."),
     Family("nvidia_gpu_pcie_link_generation", "Current PCIe link generation."),
-    Family(
-        "nvidia_gpu_pcie_link_max_generation", "Highest PCIe link generation the GPU and the slot support."
-    ),
+    Family("nvidia_gpu_pcie_link_max_generation", "Highest PCIe link generation the GPU and the slot support."),
     Family("nvidia_gpu_pcie_link_width", "Current PCIe link width, in lanes."),
     Family("nvidia_gpu_pcie_link_max_width", "Widest PCIe link the GPU and the slot support, in lanes."),
     Family("nvidia_gpu_pcie_replay_errors", "PCIe replays since the driver was loaded.", counter=True),
@@ -124,20 +120,15 @@ FAMILIES = (
         labels=("error",),
         counter=True,
     ),
-    Family(
-        "nvidia_gpu_retired_pages", "Memory pages retired (pre-Ampere GPUs), by cause.", labels=("cause",)
-    ),
+    Family("nvidia_gpu_retired_pages", "Memory pages retired (pre-Ampere GPUs), by cause.", labels=("cause",)),
     Family("nvidia_gpu_retired_pages_pending", "1 if a page retirement waits for a GPU reset, else 0."),
-    Family(
-        "nvidia_gpu_remapped_rows", "Memory rows remapped (Ampere and later), by cause.", labels=("cause",)
-    ),
+    Family("nvidia_gpu_remapped_rows", "Memory rows remapped (Ampere and later), by cause.", labels=("cause",)),
     Family("nvidia_gpu_row_remap_pending", "1 if a row remap waits for a GPU reset to take effect, else 0."),
     Family("nvidia_gpu_row_remap_failure", "1 if a row remap failed (an RMA criterion), else 0."),
     Family("nvidia_gpu_mig_enabled", "1 if MIG mode is enabled, else 0."),
     Family(
         "nvidia_gpu_recovery_action",
-        "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, "
-        "4 drain and reset.",
+        "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
     ),
     Family("nvidia_gpu_processes", "Compute processes running on the GPU."),
     Family(
@@ -270,9 +261,7 @@ def gpu_families(snapshot: Snapshot) -> list[Metric]:
         labels = [str(g.index), g.uuid]
         inv = state.get(Inventory)
         described = (
-            (inv.name, inv.serial, inv.vbios_version, inv.driver_version, inv.cuda_driver_version)
-            if inv
-            else ()
+            (inv.name, inv.serial, inv.vbios_version, inv.driver_version, inv.cuda_driver_version) if inv else ()
         )
         info.add_metric([*labels, g.pci_bus_id, *(d or "" for d in described or ("",) * 5)], {})
         up.add_metric(labels, 1.0 if state.up else 0.0)

@@ -202,14 +202,18 @@ class Poller:
 
 def _log_changes(gpu: int, before: Mapping[Collector, str], after: Mapping[Collector, str]) -> None:
     """Log a GPU going lost or hung, and coming back, once per change rather than every poll."""
-    for collector in sorted(set(before) | set(after)):
-        was, now = before.get(collector), after.get(collector)
-        if was == now:
-            continue
-        fields = {"gpu": gpu, "collector": collector.value}
-        if now == GpuStatus.HUNG:
-            log.warning("GPU read missed its deadline; treating the GPU as hung", extra=fields)
-        elif now == GpuStatus.LOST:
-            log.error("GPU is lost", extra=fields)
-        else:
-            log.info("GPU answers again", extra={**fields, "was": was})
+    if before == after:
+        return
+    was, now = _status(before), _status(after)
+    hung = sorted(c.value for c, p in after.items() if p == GpuStatus.HUNG and before.get(c) != GpuStatus.HUNG)
+    if now == GpuStatus.LOST and was != GpuStatus.LOST:
+        log.error("GPU is lost", extra={"gpu": gpu})
+    elif hung:
+        log.warning("GPU calls missed their deadline; treating the GPU as hung", extra={"gpu": gpu, "calls": hung})
+    elif now == GpuStatus.UP:
+        log.info("GPU answers again", extra={"gpu": gpu, "was": was})
+
+
+def _status(problems: Mapping[Collector, str]) -> str:
+    values = set(problems.values())
+    return GpuStatus.LOST if GpuStatus.LOST in values else GpuStatus.HUNG if values else GpuStatus.UP

@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     collector_slow_interval: Duration = 60.0
     collector_timeout: Duration | None = None
     state_dir: Path = Path("/var/lib/gpu-triage")
+    journal_retention: Duration = 30 * 86400.0
+    kmsg_path: Path = Path("/dev/kmsg")
+    source_kmsg: bool = True
+    source_events: bool = True
     log_level: LogLevel = "info"
     log_format: LogFormat = "logfmt"
 
@@ -115,6 +119,7 @@ class Option:
     field: str
     help: str
     metavar: str | None = None
+    kind: Literal["value", "list", "switch", "toggle"] = "value"  # switch: --x; toggle: --x / --no-x
 
 
 OPTIONS = (
@@ -123,18 +128,16 @@ OPTIONS = (
         "web_listen_address",
         "address to serve on; repeat or comma-separate for several (default :9481)",
         "ADDR",
+        "list",
     ),
-    Option(
-        "web.telemetry-path", "web_telemetry_path", "path of the metrics endpoint (default /metrics)", "PATH"
-    ),
+    Option("web.telemetry-path", "web_telemetry_path", "path of the metrics endpoint (default /metrics)", "PATH"),
     Option(
         "web.disable-exporter-metrics",
         "web_disable_exporter_metrics",
         "leave out the daemon's own process_* and python_* metrics",
+        kind="switch",
     ),
-    Option(
-        "backend", "backend", "GPU backend: auto (DCGM, else NVML), nvml, dcgm, sim (default auto)", "NAME"
-    ),
+    Option("backend", "backend", "GPU backend: auto (DCGM, else NVML), nvml, dcgm, sim (default auto)", "NAME"),
     Option(
         "sim.scenario",
         "sim_scenario",
@@ -160,6 +163,20 @@ OPTIONS = (
         "DURATION",
     ),
     Option("state.dir", "state_dir", "where the event journal lives (default /var/lib/gpu-triage)", "DIR"),
+    Option(
+        "journal.retention",
+        "journal_retention",
+        "how long journaled events are kept (default 30d)",
+        "DURATION",
+    ),
+    Option("kmsg.path", "kmsg_path", "kernel log to follow: /dev/kmsg, or a file (default /dev/kmsg)", "PATH"),
+    Option("source.kmsg", "source_kmsg", "read XIDs from the kernel log (default on)", kind="toggle"),
+    Option(
+        "source.events",
+        "source_events",
+        "read XIDs from the driver's event API, NVML or the simulator (default on)",
+        kind="toggle",
+    ),
     Option("log.level", "log_level", "debug, info, warn or error (default info)", "LEVEL"),
     Option("log.format", "log_format", "logfmt or json (default logfmt)", "FORMAT"),
 )

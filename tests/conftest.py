@@ -51,17 +51,26 @@ def sim(clock: FakeClock) -> Iterator[SimBackend]:
     backend.close()
 
 
-def settings(**overrides: object) -> Settings:
-    values: dict[str, object] = {"backend": "sim", "collector_interval": 5.0, "collector_timeout": 0.5}
+def settings(state_dir: Path, **overrides: object) -> Settings:
+    """Test settings: the simulator, an empty kernel log file, a journal under `state_dir`."""
+    kmsg = state_dir / "kmsg.log"
+    kmsg.touch()
+    values: dict[str, object] = {
+        "backend": "sim",
+        "collector_interval": 5.0,
+        "collector_timeout": 0.5,
+        "state_dir": state_dir,
+        "kmsg_path": kmsg,
+    }
     values.update(overrides)
     return load_settings(values, None)
 
 
 @pytest.fixture
-def daemon(sim: SimBackend, clock: FakeClock) -> Iterator[Daemon]:
+def daemon(sim: SimBackend, clock: FakeClock, tmp_path: Path) -> Iterator[Daemon]:
     """A daemon on the simulator with its first snapshot taken, 2 minutes into the scenario."""
     clock.advance(120)
-    d = Daemon(sim, settings(), clock=clock)
+    d = Daemon(sim, settings(tmp_path), clock=clock, boot_id="boot-1")
     d.start()
     yield d
     d.stop()

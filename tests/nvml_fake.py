@@ -148,9 +148,7 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> Any:
         self._check("nvmlDeviceGetUtilizationRates", handle)
         u = self._read(handle, Collector.UTILIZATION)
-        assert (
-            isinstance(u, Utilization) and u.gpu_ratio is not None and u.memory_controller_ratio is not None
-        )
+        assert isinstance(u, Utilization) and u.gpu_ratio is not None and u.memory_controller_ratio is not None
         return SimpleNamespace(gpu=round(u.gpu_ratio * 100), memory=round(u.memory_controller_ratio * 100))
 
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> Any:
@@ -166,9 +164,7 @@ class FakeNvml:
         return round(self._value("nvmlDeviceGetPowerUsage", handle, Collector.POWER, "usage_watts") * 1000)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Handle) -> int:
-        return round(
-            self._value("nvmlDeviceGetEnforcedPowerLimit", handle, Collector.POWER, "limit_watts") * 1000
-        )
+        return round(self._value("nvmlDeviceGetEnforcedPowerLimit", handle, Collector.POWER, "limit_watts") * 1000)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Handle) -> int:
         joules = self._value("nvmlDeviceGetTotalEnergyConsumption", handle, Collector.POWER, "energy_joules")
@@ -199,31 +195,19 @@ class FakeNvml:
         return round(self._clocks(handle).max_hz[_CLOCK_DOMAINS[clock]] / 1e6)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Handle) -> int:
-        return int(
-            self._value("nvmlDeviceGetCurrentClocksEventReasons", handle, Collector.CLOCKS, "event_reasons")
-        )
+        return int(self._value("nvmlDeviceGetCurrentClocksEventReasons", handle, Collector.CLOCKS, "event_reasons"))
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Handle) -> int:
-        return int(
-            self._value(
-                "nvmlDeviceGetCurrentClocksThrottleReasons", handle, Collector.CLOCKS, "event_reasons"
-            )
-        )
+        return int(self._value("nvmlDeviceGetCurrentClocksThrottleReasons", handle, Collector.CLOCKS, "event_reasons"))
 
     def nvmlDeviceGetPerformanceState(self, handle: Handle) -> int:
-        return int(
-            self._value("nvmlDeviceGetPerformanceState", handle, Collector.CLOCKS, "performance_state")
-        )
+        return int(self._value("nvmlDeviceGetPerformanceState", handle, Collector.CLOCKS, "performance_state"))
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Handle) -> int:
-        return int(
-            self._value("nvmlDeviceGetCurrPcieLinkGeneration", handle, Collector.PCIE, "link_generation")
-        )
+        return int(self._value("nvmlDeviceGetCurrPcieLinkGeneration", handle, Collector.PCIE, "link_generation"))
 
     def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Handle) -> int:
-        return int(
-            self._value("nvmlDeviceGetMaxPcieLinkGeneration", handle, Collector.PCIE, "max_link_generation")
-        )
+        return int(self._value("nvmlDeviceGetMaxPcieLinkGeneration", handle, Collector.PCIE, "max_link_generation"))
 
     def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Handle) -> int:
         return int(self._value("nvmlDeviceGetCurrPcieLinkWidth", handle, Collector.PCIE, "link_width"))
@@ -252,14 +236,10 @@ class FakeNvml:
 
     def nvmlDeviceGetRetiredPages(self, handle: Handle, cause: int) -> list[int]:
         attr = "retired_pages_double_bit" if cause == 1 else "retired_pages_single_bit"
-        return [
-            0x1000 * i for i in range(self._value("nvmlDeviceGetRetiredPages", handle, Collector.ECC, attr))
-        ]
+        return [0x1000 * i for i in range(self._value("nvmlDeviceGetRetiredPages", handle, Collector.ECC, attr))]
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Handle) -> int:
-        pending = self._value(
-            "nvmlDeviceGetRetiredPagesPendingStatus", handle, Collector.ECC, "retired_pages_pending"
-        )
+        pending = self._value("nvmlDeviceGetRetiredPagesPendingStatus", handle, Collector.ECC, "retired_pages_pending")
         return int(pending)
 
     def nvmlDeviceGetFieldValues(self, handle: Handle, ids: list[tuple[int, int]]) -> Any:
@@ -334,9 +314,7 @@ class FakeNvml:
             gpu, xid = self.events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
-        return SimpleNamespace(
-            device=Handle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid
-        )
+        return SimpleNamespace(device=Handle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid)
 
 
 # What each NVML reading type must equal after the backend's unit conversions.

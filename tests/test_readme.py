@@ -30,9 +30,6 @@ def test_every_flag_is_documented() -> None:
 def test_every_metric_is_documented() -> None:
     names = ["nvidia_gpu_info"] + [f.name + ("_total" if f.counter else "") for f in FAMILIES]
     status = {Collector.POWER: CollectorStatus(True, 0.1, 1.0)}
-    names += [
-        m.name + ("_info" if m.type == "info" else "")
-        for m in daemon_families(Snapshot(1.0, "sim", (), status))
-    ]
+    names += [m.name + ("_info" if m.type == "info" else "") for m in daemon_families(Snapshot(1.0, "sim", (), status))]
     for name in names:
         assert f"`{name}`" in README, name

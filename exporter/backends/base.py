@@ -194,18 +194,7 @@ class Recovery:
 
 
 Reading = (
-    Inventory
-    | Utilization
-    | Memory
-    | Power
-    | Thermal
-    | Clocks
-    | Pcie
-    | NvLink
-    | Ecc
-    | Remapping
-    | Processes
-    | Recovery
+    Inventory | Utilization | Memory | Power | Thermal | Clocks | Pcie | NvLink | Ecc | Remapping | Processes | Recovery
 )
 
 

@@ -153,8 +153,7 @@ class NvmlBackend:
         only in the kernel log, which is why the kmsg source exists too."""
         events = self._event_set()
         if events is None:
-            time.sleep(timeout_seconds)
-            return []
+            raise BackendError("no GPU here can report XID events through NVML")
         out: list[DriverXid] = []
         wait_ms = int(timeout_seconds * 1000)
         while True:
@@ -215,9 +214,7 @@ class NvmlBackend:
             serial=_text(q("serial", pynvml.nvmlDeviceGetSerial, h)),
             vbios_version=_text(q("vbios_version", pynvml.nvmlDeviceGetVbiosVersion, h)),
             driver_version=_text(q("driver_version", pynvml.nvmlSystemGetDriverVersion)),
-            cuda_driver_version=_cuda_version(
-                q("cuda_driver_version", pynvml.nvmlSystemGetCudaDriverVersion)
-            ),
+            cuda_driver_version=_cuda_version(q("cuda_driver_version", pynvml.nvmlSystemGetCudaDriverVersion)),
             mig_enabled=None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
         )
 
@@ -307,10 +304,7 @@ class NvmlBackend:
     def _processes(self, q: Query, h: Any, gpu: int) -> Reading:
         procs = q("processes", pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []
         return Processes(
-            tuple(
-                ProcessReading(int(p.pid), self._process_name(int(p.pid)), _int(p.usedGpuMemory))
-                for p in procs
-            )
+            tuple(ProcessReading(int(p.pid), self._process_name(int(p.pid)), _int(p.usedGpuMemory)) for p in procs)
         )
 
     def _process_name(self, pid: int) -> str | None:
@@ -332,9 +326,7 @@ class NvmlBackend:
         names = ["ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate"]
         sbe_vol, dbe_vol, sbe_agg, dbe_agg = q.fields(h, [(f, 0) for f in _ECC_FIELDS], names)
         retired = pynvml.nvmlDeviceGetRetiredPages
-        sbe = q(
-            "retired_pages_sbe", retired, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
-        )
+        sbe = q("retired_pages_sbe", retired, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
         dbe = q("retired_pages_dbe", retired, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
         pending = q("retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
         return Ecc(

@@ -27,9 +27,7 @@ def open_backend(
         except ScenarioError as e:
             raise BackendError(str(e)) from e
     if name == "dcgm":
-        raise BackendError(
-            "the DCGM backend is not part of this version yet; --backend nvml reads the same GPUs"
-        )
+        raise BackendError("the DCGM backend is not part of this version yet; --backend nvml reads the same GPUs")
     from exporter.backends.nvml import NvmlBackend
 
     if name == "nvml":

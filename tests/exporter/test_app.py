@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -60,9 +61,9 @@ def test_probes(client: TestClient, daemon: Daemon, clock: FakeClock) -> None:
     assert stale.status_code == 503 and "old" in stale.json()["error"]
 
 
-def test_not_ready_before_the_first_snapshot(clock: FakeClock) -> None:
+def test_not_ready_before_the_first_snapshot(clock: FakeClock, tmp_path: Path) -> None:
     sim = SimBackend(load_scenario("h100-training"), clock=clock)
-    daemon = Daemon(sim, settings(), clock=clock)  # not started
+    daemon = Daemon(sim, settings(tmp_path), clock=clock)  # not started
     with TestClient(create_app(daemon)) as c:
         answer = c.get("/readyz")
         assert answer.status_code == 503 and answer.json()["error"] == "not ready: no snapshot yet"
@@ -142,9 +143,7 @@ def test_bad_fault_bodies(client: TestClient, body: dict[str, object], status: i
 
 
 def test_malformed_json_body(client: TestClient) -> None:
-    answer = client.post(
-        "/api/v1/sim/faults", content=b"{not json", headers={"content-type": "application/json"}
-    )
+    answer = client.post("/api/v1/sim/faults", content=b"{not json", headers={"content-type": "application/json"})
     assert answer.status_code == 422 and "invalid request" in answer.json()["error"]
 
 
@@ -158,9 +157,9 @@ class _NotSim(SimBackend):
 
 
 @pytest.fixture
-def nvml_like_client(clock: FakeClock) -> Iterator[TestClient]:
+def nvml_like_client(clock: FakeClock, tmp_path: Path) -> Iterator[TestClient]:
     backend = _NotSim(load_scenario("h100-training"), clock=clock)
-    daemon = Daemon(backend, settings(backend="nvml"), clock=clock)
+    daemon = Daemon(backend, settings(tmp_path, backend="nvml"), clock=clock)
     with TestClient(create_app(daemon)) as c:
         yield c
 

@@ -25,9 +25,7 @@ def wait_ready(url: str, proc: subprocess.Popen[str], seconds: float = 20) -> No
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(
-                f"gpu-triage exited with {proc.returncode}: {proc.stderr and proc.stderr.read()}"
-            )
+            raise AssertionError(f"gpu-triage exited with {proc.returncode}: {proc.stderr and proc.stderr.read()}")
         try:
             if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
                 return

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.backends.base import Collector, GpuIdentity, Processes, ProcessReading
+from exporter.backends.base import Collector, DriverXid, GpuIdentity, Processes, ProcessReading
 from exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from exporter.daemon import Daemon
 from exporter.exposition import MetricsCache, encode, reference_encode
+from exporter.kmsg import Record
 from exporter.metrics import FAMILIES, daemon_families, gpu_families
 from exporter.snapshot import GpuState, Snapshot
 from tests.conftest import REPO, FakeClock, require_tool, settings
@@ -29,18 +30,31 @@ PROMETHEUS_ACCEPT = (
 )
 
 
-def faulty_node_page() -> bytes:
+def faulty_node_page(state_dir: Path) -> bytes:
     """The full /metrics page of the fault scenario 250 s in, with one GPU lost on top."""
     clock = FakeClock()
     sim = SimBackend(load_scenario("h100-faults"), clock=clock)
-    daemon = Daemon(sim, settings(), clock=clock)
+    daemon = Daemon(sim, settings(state_dir), clock=clock, boot_id="boot-1")
     daemon.poller.discover()
     clock.advance(250)
     sim.inject(FaultSpec(gpu=7, kind="gpu_lost"))
     daemon.poller.poll(Collector)
+    # The XID 13 the scenario injected at 120 s, and kernel-log lines: an XID the driver events also
+    # reported (one event, not two), an XID on a GPU NVML does not know, and an NVSwitch SXID.
+    daemon.pipeline.process(
+        [
+            ("driver", ("sim", sim.wait_xids(0.0))),
+            ("driver", ("sim", [DriverXid(gpu=6, code=94, timestamp=clock.now - 2)])),
+            ("kernel", [
+                Record(101, clock.now - 1, "NVRM: Xid (PCI:0000:ba:00): 94, pid=41102, name=python3, Ch 00000008"),
+                Record(102, clock.now, "NVRM: Xid (PCI:0000:e1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."),
+                Record(103, clock.now, "nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61 egress non-posted PRIV error (First)"),
+            ]),
+        ]
+    )  # fmt: skip
     daemon.refresh()
     page = daemon.metrics.text
-    sim.close()
+    daemon.stop()
     return page
 
 
@@ -48,16 +62,16 @@ def stable(page: bytes) -> str:
     return "".join(line + "\n" for line in page.decode().splitlines() if not _VOLATILE.match(line))
 
 
-def test_golden_page(request: pytest.FixtureRequest) -> None:
-    page = stable(faulty_node_page())
+def test_golden_page(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    page = stable(faulty_node_page(tmp_path))
     if request.config.getoption("--update-golden"):
         GOLDEN.write_text(page)
     assert GOLDEN.exists(), "no golden file yet: run pytest --update-golden and review the diff"
     assert page == GOLDEN.read_text(), "the /metrics page changed: if on purpose, run pytest --update-golden"
 
 
-def test_page_shows_the_faults() -> None:
-    families = {f.name: f for f in text_string_to_metric_families(faulty_node_page().decode())}
+def test_page_shows_the_faults(tmp_path: Path) -> None:
+    families = {f.name: f for f in text_string_to_metric_families(faulty_node_page(tmp_path).decode())}
 
     def value(name: str, **labels: str) -> float:
         matches = [s.value for s in families[name].samples if labels.items() <= s.labels.items()]
@@ -73,6 +87,10 @@ def test_page_shows_the_faults() -> None:
     assert value("nvidia_gpu_nvlink_up", gpu="4", link="7") == 0
     assert value("nvidia_gpu_nvlink_up", gpu="4", link="6") == 1
     assert "nvidia_gpu_fan_speed_ratio" not in families or not families["nvidia_gpu_fan_speed_ratio"].samples
+    assert value("nvidia_gpu_xid_errors", gpu="1", xid="13") == 1
+    assert value("nvidia_gpu_xid_errors", gpu="6", xid="94") == 1, "kernel log and driver events: one fault"
+    assert value("nvidia_gpu_xid_errors", gpu="", uuid="", xid="79") == 1
+    assert value("nvidia_nvswitch_sxid_errors", pci_bus_id="0000:85:00.0", sxid="12028") == 1
 
 
 def test_every_family_has_help_and_base_units() -> None:
@@ -87,7 +105,11 @@ def test_every_family_has_help_and_base_units() -> None:
 def test_promtool_accepts_the_page(tmp_path: Path) -> None:
     promtool = require_tool("promtool")
     result = subprocess.run(
-        [promtool, "check", "metrics"], input=faulty_node_page(), capture_output=True, timeout=30, check=False
+        [promtool, "check", "metrics"],
+        input=faulty_node_page(tmp_path),
+        capture_output=True,
+        timeout=30,
+        check=False,
     )
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert result.stdout.decode() == "", result.stdout.decode()  # no lint warnings either
@@ -100,16 +122,17 @@ def _tricky_snapshot() -> Snapshot:
 
 
 @pytest.mark.parametrize("snapshot", ["faulty", "tricky"])
-def test_our_encoder_matches_prometheus_client(snapshot: str) -> None:
+def test_our_encoder_matches_prometheus_client(snapshot: str, tmp_path: Path) -> None:
     if snapshot == "tricky":
         snap = _tricky_snapshot()
     else:
         clock = FakeClock()
         sim = SimBackend(load_scenario("h100-faults"), clock=clock)
-        daemon = Daemon(sim, settings(), clock=clock)
+        daemon = Daemon(sim, settings(tmp_path), clock=clock)
         daemon.poller.discover()
         clock.advance(400)
         snap = daemon.poller.poll(Collector)
+        daemon.stop()
     families = [*gpu_families(snap), *daemon_families(snap)]
     assert encode(families) == reference_encode(families)
 

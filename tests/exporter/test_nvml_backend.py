@@ -59,9 +59,7 @@ def test_discovery_canonicalises_nvml_bus_ids(nvml: NvmlBackend, sim: SimBackend
 
 
 @pytest.mark.parametrize("collector", list(Collector))
-def test_every_collector_reads_what_the_gpu_has(
-    nvml: NvmlBackend, sim: SimBackend, collector: Collector
-) -> None:
+def test_every_collector_reads_what_the_gpu_has(nvml: NvmlBackend, sim: SimBackend, collector: Collector) -> None:
     for gpu in sim.discover():
         ours = nvml.read(gpu, collector)
         assert ours.failed_fields == ()
@@ -73,9 +71,7 @@ def test_every_collector_reads_what_the_gpu_has(
         assert_close(mine, truth, collector.value)
 
 
-def test_not_supported_means_absent_and_is_logged_once(
-    nvml: NvmlBackend, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_not_supported_means_absent_and_is_logged_once(nvml: NvmlBackend, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="exporter.backends.nvml_query")
     gpu = nvml.discover()[0]
     for _ in range(3):
@@ -92,9 +88,7 @@ def test_no_permission_is_absent_but_warned_once(
     fake.errors[("nvmlDeviceGetComputeRunningProcesses", None)] = pynvml.NVML_ERROR_NO_PERMISSION
     for _ in range(2):
         assert nvml.read(nvml.discover()[0], Collector.PROCESSES).failed_fields == ()
-    warnings = [
-        r for r in caplog.records if r.levelno == logging.WARNING and getattr(r, "field", "") == "processes"
-    ]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and getattr(r, "field", "") == "processes"]
     assert len(warnings) == 1
 
 

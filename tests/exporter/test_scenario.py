@@ -52,8 +52,7 @@ def test_scenario_from_a_file(tmp_path: Path) -> None:
             "link 40 does not exist",
         ),
         (
-            "name: x\nnode: {gpus: {idle_power_watts: 800}}\n"
-            "workload: [{duration_seconds: 1, utilization: 1}]\n",
+            "name: x\nnode: {gpus: {idle_power_watts: 800}}\nworkload: [{duration_seconds: 1, utilization: 1}]\n",
             "idle_power_watts must be below",
         ),
         ("[1, 2]", "must be a YAML mapping"),

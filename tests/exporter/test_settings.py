@@ -56,9 +56,7 @@ def test_every_problem_is_listed_at_once(tmp_path: Path, monkeypatch: pytest.Mon
     config.write_text("colector.interval: 5s\nweb.telemetry-path: metrics\n")
     monkeypatch.setenv("GPU_TRIAGE_LOG_FORMAT", "xml")
     with pytest.raises(SettingsError) as e:
-        load_settings(
-            {"backend": "cuda", "collector_interval": "fast", "web_listen_address": ["9481"]}, config
-        )
+        load_settings({"backend": "cuda", "collector_interval": "fast", "web_listen_address": ["9481"]}, config)
     problems = "\n".join(e.value.problems)
     assert len(e.value.problems) == 6, problems
     for expected in (

@@ -77,9 +77,7 @@ class SimBackend:
         faults = self._book.on(gpu.index, now)
         if any(f.spec.kind is FaultKind.GPU_LOST for f in faults):
             raise GpuLostError(f"GPU {gpu.index} is lost (simulated)")
-        hung = [
-            f for f in faults if f.spec.kind is FaultKind.HUNG_CALL and f.spec.collector in (None, collector)
-        ]
+        hung = [f for f in faults if f.spec.kind is FaultKind.HUNG_CALL and f.spec.collector in (None, collector)]
         if hung:
             self._hang(hung)
         with self._lock:
@@ -138,9 +136,7 @@ class SimBackend:
                 started, self._pending = self._pending[:due], self._pending[due:]
                 times, self._pending_times = self._pending_times[:due], self._pending_times[due:]
             for fault, at in zip(started, times, strict=True):
-                self._start(
-                    FaultSpec.model_validate(fault.model_dump(exclude={"at_seconds"})), at, "scenario"
-                )
+                self._start(FaultSpec.model_validate(fault.model_dump(exclude={"at_seconds"})), at, "scenario")
         tick = int(now - self._model.start)
         with self._lock:
             for i, state in enumerate(self._model.gpus):
@@ -162,14 +158,10 @@ class SimBackend:
             domain, slot = divmod(index, len(_HGX_BUSES))
             bus_id = f"{domain:04x}:{_HGX_BUSES[slot]:02x}:00.0"
         seed = self.scenario.seed
-        gpu_uuid = uuid.UUID(
-            int=(hash_pair(seed, index) << 64) | hash_pair(seed, index + 1_000_003), version=4
-        )
+        gpu_uuid = uuid.UUID(int=(hash_pair(seed, index) << 64) | hash_pair(seed, index + 1_000_003), version=4)
         return GpuIdentity(index=index, uuid=f"GPU-{gpu_uuid}", pci_bus_id=bus_id)
 
-    def _reading(
-        self, gpu: int, collector: Collector, kinds: set[FaultKind], faults: list[ActiveFault]
-    ) -> Reading:
+    def _reading(self, gpu: int, collector: Collector, kinds: set[FaultKind], faults: list[ActiveFault]) -> Reading:
         shape, node = self.scenario.node.gpus, self.scenario.node
         s = self._model.gpus[gpu]
         busy = s.utilization >= 0.01
@@ -191,9 +183,7 @@ class SimBackend:
                 )
             case Collector.UTILIZATION:
                 mem_ratio = min(1.0, s.utilization * 0.55 * (1 + 0.1 * noise(seed, gpu, tick, 2)))
-                return Utilization(
-                    gpu_ratio=round(s.utilization, 2), memory_controller_ratio=round(mem_ratio, 2)
-                )
+                return Utilization(gpu_ratio=round(s.utilization, 2), memory_controller_ratio=round(mem_ratio, 2))
             case Collector.MEMORY:
                 usable = shape.memory_bytes - shape.reserved_memory_bytes
                 used = int(usable * s.memory_used_ratio) if busy else 0

@@ -159,9 +159,7 @@ class FaultBook:
         with self.changed:
             while True:
                 now = clock()
-                live = [
-                    f for f in self._faults.values() if f.id in ids and (f.ends_at is None or f.ends_at > now)
-                ]
+                live = [f for f in self._faults.values() if f.id in ids and (f.ends_at is None or f.ends_at > now)]
                 if not live:
                     return
                 ends = [f.ends_at for f in live]

@@ -111,9 +111,7 @@ class NodeModel:
             phase = self.phase_at(k)
             kinds = {f.spec.kind for f in faults if f.active_at(self.time_of(k))}
             busy = phase.utilization if gpu not in phase.idle_gpus else 0.0
-            util = (
-                min(1.0, max(0.0, busy + phase.jitter * noise(self.scenario.seed, gpu, k))) if busy else 0.0
-            )
+            util = min(1.0, max(0.0, busy + phase.jitter * noise(self.scenario.seed, gpu, k))) if busy else 0.0
             power = shape.idle_power_watts + (shape.power_limit_watts * 0.96 - shape.idle_power_watts) * util
             power *= 1.0 + 0.01 * noise(self.scenario.seed, gpu, k, 1)
             if FaultKind.THERMAL_SLOWDOWN in kinds:

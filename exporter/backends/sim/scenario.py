@@ -130,9 +130,7 @@ def load_scenario(name_or_path: str) -> Scenario:
         path = Path(name_or_path)
         if not path.exists() and "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml")):
             names = ", ".join(s.name for s in builtin_scenarios())
-            raise ScenarioError(
-                f"no scenario {name_or_path!r}: not a file, and the built-in ones are {names}"
-            )
+            raise ScenarioError(f"no scenario {name_or_path!r}: not a file, and the built-in ones are {names}")
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
@@ -151,7 +149,5 @@ def parse_scenario(text: str, origin: str = "scenario") -> Scenario:
     try:
         return Scenario.model_validate(doc)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(map(str, err['loc'])) or '(top)'}: {err['msg']}" for err in e.errors()
-        )
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(top)'}: {err['msg']}" for err in e.errors())
         raise ScenarioError(f"{origin} is invalid: {problems}") from e

@@ -1,0 +1,218 @@
+"""The XID path: kernel-log records and driver events in, journaled events out.
+
+Two kinds of source report XIDs: the kernel log (/dev/kmsg or a file: rich text, replayable) and
+the driver's event API (NVML events, or the simulator's injection: immediate, but no history).
+Both feed one queue, drained by one thread that maps each event to its GPU, merges the same fault
+reported by both kinds of source into one event, journals the batch in one transaction and tells
+the daemon what is new. One thread means the kernel-log parser's state (messages that span lines)
+and the merge window need no locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser, ScanStats
+from exporter.backends.base import DriverXid, GpuIdentity
+from exporter.journal import Event, Journal
+from exporter.kmsg import Record
+
+log = logging.getLogger(__name__)
+
+# A fault seen by both the kernel log and the driver's events arrives within this many seconds twice.
+MERGE_WINDOW_SECONDS = 10.0
+_KERNEL = "kmsg"
+
+
+@dataclass
+class PipelineStats:
+    events: int = 0  # journaled, after merging
+    merged: int = 0  # reports folded into an event another source had already given
+    bindings: int = 0  # PCI bus id -> UUID lines seen
+    kmsg_lines: int = 0
+    parse: ScanStats = field(default_factory=ScanStats)
+
+
+class EventPipeline:
+    def __init__(
+        self,
+        journal: Journal,
+        *,
+        boot_id: str,
+        gpus: Callable[[], Sequence[GpuIdentity]],
+        on_events: Callable[[list[Event]], None],
+    ) -> None:
+        self.journal = journal
+        self.boot_id = boot_id
+        self.stats = PipelineStats()
+        self._gpus = gpus
+        self._on_events = on_events
+        self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._parser = KernelLogParser(self.stats.parse)
+        self._bound: dict[str, str] = {}  # pci bus id -> uuid, from the kernel log's binding lines
+        # Events waiting for the other kind of source to report them too, by (kind, gpu, code).
+        self._unpaired: dict[tuple[str, str, int], deque[Event]] = defaultdict(deque)
+        self._thread: threading.Thread | None = None
+        self.idle = threading.Event()  # set while nothing is queued: tests and benchmarks wait on it
+        self.idle.set()
+
+    # -- feeding (any thread) ------------------------------------------------------------------
+
+    def from_kernel(self, records: list[Record]) -> None:
+        self.idle.clear()
+        self._queue.put(("kernel", records))
+
+    def from_driver(self, xids: list[DriverXid], source: str) -> None:
+        if xids:
+            self.idle.clear()
+            self._queue.put(("driver", (source, xids)))
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Block until everything queued so far is journaled (tests and benchmarks use this)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.idle.wait(timeout=0.01) and self._queue.empty():
+                return True
+        return False
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="event-pipeline", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish what is queued (a journal write in flight completes), then stop."""
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- the pipeline thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            items = [self._queue.get()]
+            while len(items) < 64:  # batch what is already queued: one transaction, one render
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in items
+            try:
+                self.process([i for i in items if i is not None])
+            except Exception:
+                log.exception("event pipeline batch failed")
+            if stop:
+                return
+            if self._queue.empty():
+                self.idle.set()
+
+    def process(self, items: list[tuple[str, Any]]) -> list[Event]:
+        """Journal one batch of source items; returns the new events (merged ones are not new)."""
+        gpus = {g.pci_bus_id: g for g in self._gpus()}
+        by_index = {g.index: g for g in gpus.values()}
+        fresh: list[Event] = []
+        cursor: int | None = None
+        for kind, payload in items:
+            if kind == "kernel":
+                for record in payload:
+                    self.stats.kmsg_lines += 1
+                    cursor = record.seq
+                    for ke in self._parser.feed(record.text, record.seq):
+                        event = self._from_kernel(ke, record, gpus)
+                        if event is not None:
+                            self._add(event, fresh)
+            else:
+                source, xids = payload
+                for xid in xids:
+                    self._add(self._from_driver(xid, source, by_index), fresh)
+        stored = self.journal.record(fresh, (self.boot_id, cursor) if cursor is not None else None)
+        for event in stored:
+            self._remember(event)
+        self.stats.events += len(stored)
+        if stored:
+            self._on_events(stored)
+        return stored
+
+    def _from_kernel(self, ke: KernelEvent, record: Record, gpus: dict[str, GpuIdentity]) -> Event | None:
+        if ke.kind is EventKind.GPU_BINDING:
+            if ke.pci_bus_id and ke.uuid:
+                self._bound[ke.pci_bus_id] = ke.uuid
+                self.stats.bindings += 1
+            return None
+        if ke.code is None:
+            return None
+        gpu = gpus.get(ke.pci_bus_id or "")
+        uuid = gpu.uuid if gpu else self._bound.get(ke.pci_bus_id or "")
+        return Event(
+            ts=record.ts,
+            boot_id=self.boot_id,
+            sources=_KERNEL,
+            kind=ke.kind.value,
+            code=ke.code,
+            text=ke.text,
+            gpu_index=gpu.index if gpu and ke.kind is EventKind.XID else None,
+            uuid=uuid if ke.kind is EventKind.XID else None,
+            pci_bus_id=ke.pci_bus_id,
+            pid=ke.pid,
+            process=ke.process,
+            kmsg_seq=record.seq,
+            details=dict(ke.details),
+        )
+
+    def _from_driver(self, xid: DriverXid, source: str, gpus: dict[int, GpuIdentity]) -> Event:
+        gpu = gpus.get(xid.gpu)
+        text = xid.message or f"Xid {xid.code} reported by the {source} event API"
+        if xid.message:
+            text = f"Xid {xid.code}, {xid.message}"
+        return Event(
+            ts=xid.timestamp,
+            boot_id=self.boot_id,
+            sources=source,
+            kind="xid",
+            code=xid.code,
+            text=text,
+            gpu_index=gpu.index if gpu else None,
+            uuid=gpu.uuid if gpu else None,
+            pci_bus_id=gpu.pci_bus_id if gpu else None,
+            details=dict(xid.extra),
+        )
+
+    def _add(self, event: Event, fresh: list[Event]) -> None:
+        """Append `event` to `fresh`, unless it is the other kind of source's report of an event we have."""
+        key = (event.kind, event.uuid or event.pci_bus_id or "", event.code)
+        waiting = self._unpaired[key]
+        while waiting and waiting[0].ts < event.ts - 2 * MERGE_WINDOW_SECONDS:
+            waiting.popleft()
+        from_kernel = event.sources == _KERNEL
+        for i, other in enumerate(waiting):
+            if (other.sources == _KERNEL) != from_kernel and abs(other.ts - event.ts) <= MERGE_WINDOW_SECONDS:
+                del waiting[i]
+                kernel, driver = (event, other) if from_kernel else (other, event)
+                # The kernel's record is the richer one (text, pid, process, payload); keep it.
+                merged = replace(kernel, sources=f"{_KERNEL},{driver.sources}", id=other.id, ts=min(event.ts, other.ts))
+                self.stats.merged += 1
+                if other.id:
+                    cursor = (self.boot_id, merged.kmsg_seq) if merged.kmsg_seq is not None else None
+                    self.journal.merge(merged, cursor)
+                else:
+                    fresh[fresh.index(other)] = merged
+                return
+        fresh.append(event)
+        waiting.append(event)
+
+    def _remember(self, event: Event) -> None:
+        """Point the unpaired entry of a newly stored event at its stored copy (which has an id)."""
+        key = (event.kind, event.uuid or event.pci_bus_id or "", event.code)
+        waiting = self._unpaired.get(key)
+        if not waiting:
+            return
+        for i, other in enumerate(waiting):
+            if other.id == 0 and other.ts == event.ts and other.sources == event.sources:
+                waiting[i] = event
+                return

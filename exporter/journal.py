@@ -1,0 +1,339 @@
+"""The event journal: every XID and SXID the daemon saw, in SQLite, surviving crashes and restarts.
+
+WAL mode and one transaction per batch mean a crash loses at most the batch in flight and never
+corrupts what was committed. The kernel-log cursor (boot id, last sequence number) is committed in
+the same transaction as the events it covers, so after a restart the daemon reads on from exactly
+where it stopped: what happened while it was down is counted, nothing is counted twice. Per-GPU
+totals live in their own table, outside retention, so `nvidia_gpu_xid_errors_total` never goes down.
+
+A file that is not a usable database is moved aside with a loud log line and a fresh one started:
+losing history is bad, a daemon stuck in a crash loop is worse.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events_v1 (
+    id INTEGER PRIMARY KEY,
+    ts REAL NOT NULL,
+    boot_id TEXT NOT NULL,
+    kmsg_seq INTEGER,
+    sources TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    code INTEGER NOT NULL,
+    gpu_index INTEGER,
+    uuid TEXT,
+    pci_bus_id TEXT,
+    pid INTEGER,
+    process TEXT,
+    text TEXT NOT NULL,
+    details TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_v1_ts ON events_v1 (ts);
+CREATE INDEX IF NOT EXISTS events_v1_gpu ON events_v1 (uuid, ts);
+CREATE TABLE IF NOT EXISTS totals_v1 (
+    kind TEXT NOT NULL,
+    uuid TEXT NOT NULL,
+    gpu_index INTEGER,
+    pci_bus_id TEXT,
+    code INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    last_seen REAL NOT NULL,
+    PRIMARY KEY (kind, uuid, pci_bus_id, code)
+);
+CREATE TABLE IF NOT EXISTS cursor_v1 (boot_id TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS boots_v1 (boot_id TEXT PRIMARY KEY, first_seen REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS marks_v1 (
+    id INTEGER PRIMARY KEY,
+    ts REAL NOT NULL,
+    uuid TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    note TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An XID or SXID as journaled. `id` is 0 until the journal has stored it."""
+
+    ts: float
+    boot_id: str
+    sources: str  # comma-separated: kmsg, nvml, sim, ...
+    kind: str  # "xid" or "sxid"
+    code: int
+    text: str
+    gpu_index: int | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    pid: int | None = None
+    process: str | None = None
+    kmsg_seq: int | None = None
+    details: Mapping[str, str] = field(default_factory=dict)
+    id: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "timestamp": self.ts,
+            "kind": self.kind,
+            "xid" if self.kind == "xid" else "sxid": self.code,
+            "gpu": self.gpu_index,
+            "uuid": self.uuid,
+            "pci_bus_id": self.pci_bus_id,
+            "pid": self.pid,
+            "process": self.process,
+            "sources": self.sources.split(","),
+            "boot_id": self.boot_id,
+            "text": self.text,
+            "details": dict(self.details),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Total:
+    kind: str
+    uuid: str  # "" when the GPU could not be identified
+    gpu_index: int | None
+    pci_bus_id: str | None
+    code: int
+    count: int
+    last_seen: float
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Something an operator or the machine did to a GPU: `acknowledged`, `reset`."""
+
+    ts: float
+    uuid: str
+    kind: str
+    note: str
+
+
+class JournalError(Exception):
+    pass
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as e:
+            aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
+            log.error(
+                "EVENT JOURNAL IS CORRUPT: moved it aside and started a new one; XID history before now is "
+                "only in the old file",
+                extra={"path": str(path), "moved_to": str(aside), "error": str(e)},
+            )
+            for suffix in ("", "-wal", "-shm"):
+                old = Path(f"{path}{suffix}")
+                if old.exists():
+                    old.rename(Path(f"{aside}{suffix}"))
+            self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
+        try:
+            if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                raise sqlite3.DatabaseError("quick_check failed")
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable across process crashes
+            db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError:
+            db.close()
+            raise
+        return db
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def record(self, events: Iterable[Event], cursor: tuple[str, int] | None = None) -> list[Event]:
+        """Store `events` and advance the kernel-log cursor, all in one transaction."""
+        stored = []
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for e in events:
+                    row = db.execute(
+                        "INSERT INTO events_v1 (ts, boot_id, kmsg_seq, sources, kind, code, gpu_index, uuid,"
+                        " pci_bus_id, pid, process, text, details) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        (
+                            e.ts, e.boot_id, e.kmsg_seq, e.sources, e.kind, e.code, e.gpu_index, e.uuid,
+                            e.pci_bus_id, e.pid, e.process, e.text, json.dumps(dict(e.details)),
+                        ),
+                    )  # fmt: skip
+                    db.execute(
+                        "INSERT INTO totals_v1 (kind, uuid, gpu_index, pci_bus_id, code, count, last_seen)"
+                        " VALUES (?,?,?,?,?,1,?) ON CONFLICT (kind, uuid, pci_bus_id, code) DO UPDATE SET"
+                        " count = count + 1, last_seen = max(last_seen, excluded.last_seen),"
+                        " gpu_index = excluded.gpu_index",
+                        (e.kind, e.uuid or "", e.gpu_index, e.pci_bus_id or "", e.code, e.ts),
+                    )
+                    stored.append(_with_id(e, int(row.lastrowid or 0)))
+                if cursor is not None:
+                    db.execute(
+                        "INSERT INTO cursor_v1 (boot_id, seq) VALUES (?, ?) ON CONFLICT (boot_id) DO UPDATE"
+                        " SET seq = max(seq, excluded.seq)",
+                        cursor,
+                    )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return stored
+
+    def merge(self, event: Event, cursor: tuple[str, int] | None = None) -> None:
+        """A second source reported an already-journaled event: keep the richer record, count nothing."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(
+                    "UPDATE events_v1 SET sources = ?, text = ?, details = ?, pid = ?, process = ?, kmsg_seq = ?"
+                    " WHERE id = ?",
+                    (
+                        event.sources, event.text, json.dumps(dict(event.details)), event.pid, event.process,
+                        event.kmsg_seq, event.id,
+                    ),
+                )  # fmt: skip
+                if cursor is not None:
+                    db.execute(
+                        "INSERT INTO cursor_v1 (boot_id, seq) VALUES (?, ?) ON CONFLICT (boot_id) DO UPDATE"
+                        " SET seq = max(seq, excluded.seq)",
+                        cursor,
+                    )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def advance_cursor(self, boot_id: str, seq: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO cursor_v1 (boot_id, seq) VALUES (?, ?) ON CONFLICT (boot_id) DO UPDATE"
+                " SET seq = max(seq, excluded.seq)",
+                (boot_id, seq),
+            )
+
+    def note_boot(self, boot_id: str, ts: float) -> bool:
+        """Remember a boot; True if it was not seen before (the node rebooted since we last ran)."""
+        with self._lock:
+            row = self._db.execute("INSERT OR IGNORE INTO boots_v1 (boot_id, first_seen) VALUES (?, ?)", (boot_id, ts))
+            return row.rowcount == 1
+
+    def mark(self, mark: Mark) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO marks_v1 (ts, uuid, kind, note) VALUES (?,?,?,?)",
+                (mark.ts, mark.uuid, mark.kind, mark.note),
+            )
+
+    def purge(self, older_than: float) -> int:
+        """Drop events and marks older than `older_than`; totals and cursors stay."""
+        with self._lock:
+            n = self._db.execute("DELETE FROM events_v1 WHERE ts < ?", (older_than,)).rowcount
+            self._db.execute("DELETE FROM marks_v1 WHERE ts < ?", (older_than,))
+            return n
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def cursor(self, boot_id: str) -> int | None:
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM cursor_v1 WHERE boot_id = ?", (boot_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def events(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        uuid: str | None = None,
+        gpu_index: int | None = None,
+        code: int | None = None,
+        kind: str | None = None,
+        limit: int = 1000,
+    ) -> list[Event]:
+        """Stored events matching every given filter, oldest first (the newest `limit` of them)."""
+        where, args = ["1=1"], []
+        for clause, value in (
+            ("ts >= ?", since),
+            ("ts <= ?", until),
+            ("uuid = ?", uuid),
+            ("gpu_index = ?", gpu_index),
+            ("code = ?", code),
+            ("kind = ?", kind),
+        ):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
+        query = (
+            "SELECT id, ts, boot_id, kmsg_seq, sources, kind, code, gpu_index, uuid, pci_bus_id, pid, process,"
+            f" text, details FROM events_v1 WHERE {' AND '.join(where)} ORDER BY ts DESC, id DESC LIMIT ?"
+        )
+        with self._lock:
+            rows = self._db.execute(query, (*args, limit)).fetchall()
+        return [_event(row) for row in reversed(rows)]
+
+    def totals(self) -> list[Total]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT kind, uuid, gpu_index, pci_bus_id, code, count, last_seen FROM totals_v1"
+                " ORDER BY kind, gpu_index, uuid, code"
+            ).fetchall()
+        return [Total(r[0], r[1], r[2], r[3] or None, r[4], r[5], r[6]) for r in rows]
+
+    def marks(self) -> list[Mark]:
+        with self._lock:
+            rows = self._db.execute("SELECT ts, uuid, kind, note FROM marks_v1 ORDER BY ts").fetchall()
+        return [Mark(*row) for row in rows]
+
+    def boots(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._db.execute("SELECT boot_id, first_seen FROM boots_v1").fetchall())
+
+
+def _with_id(e: Event, event_id: int) -> Event:
+    return Event(
+        e.ts, e.boot_id, e.sources, e.kind, e.code, e.text, e.gpu_index, e.uuid, e.pci_bus_id,
+        e.pid, e.process, e.kmsg_seq, e.details, event_id,
+    )  # fmt: skip
+
+
+def _event(row: tuple[Any, ...]) -> Event:
+    (id_, ts, boot_id, seq, sources, kind, code, gpu_index, uuid, bus, pid, process, text, details) = row
+    return Event(
+        ts,
+        boot_id,
+        sources,
+        kind,
+        code,
+        text,
+        gpu_index,
+        uuid,
+        bus,
+        pid,
+        process,
+        seq,
+        json.loads(details),
+        id_,
+    )

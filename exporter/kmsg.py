@@ -1,0 +1,193 @@
+"""Following the kernel log: /dev/kmsg, or a file given with --kmsg.path.
+
+/dev/kmsg hands out one record per read(), each with a sequence number that only grows within a
+boot, so the daemon can say exactly which records it has already counted. The ring buffer is read
+from its start, records at or below the cursor are skipped. When the kernel overwrites records
+before we read them, read() fails with EPIPE: counted, and reading goes on with the next record.
+
+A regular file is followed like `tail -F`: lines in the /dev/kmsg record format
+(`6,1234,5678901,-;NVRM: Xid ...`) keep their sequence numbers and timestamps; other lines (dmesg,
+syslog) are numbered by line and stamped when read.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_RECORD_BYTES = 16384  # larger than any kmsg record (the kernel caps them near 1 KiB of text)
+_FILE_POLL_SECONDS = 0.02  # how soon a line appended to a followed file is seen
+_RETRY_SECONDS = 30.0  # how often a missing or unreadable kernel log is tried again
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    seq: int
+    ts: float  # wall-clock seconds
+    text: str
+
+
+@dataclass
+class KmsgStats:
+    """For the source's status metrics."""
+
+    up: bool = False
+    records: int = 0
+    overruns: int = 0  # EPIPE: records the kernel overwrote before we read them
+    malformed: int = 0  # records we could not split into header and text
+    error: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+def parse_record(raw: str, boot_time: float) -> Record | None:
+    """'PRI,SEQ,USEC,FLAGS[,...];TEXT' -> Record; None when it is not in that format."""
+    header, sep, text = raw.partition(";")
+    if not sep:
+        return None
+    parts = header.split(",")
+    if len(parts) < 3 or not (parts[0].isdigit() and parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    # Continuation lines (" SUBSYSTEM=pci") follow the first newline; the message is the first line.
+    return Record(int(parts[1]), boot_time + int(parts[2]) / 1e6, text.split("\n", 1)[0])
+
+
+def boot_time() -> float:
+    """Wall-clock time of boot, to turn kmsg's microseconds-since-boot into timestamps."""
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.time() - time.monotonic()
+    return time.time() - uptime
+
+
+class KmsgFollower:
+    """Reads records after `start_after` and hands them, in batches, to `deliver`. Runs in its own thread."""
+
+    def __init__(
+        self,
+        path: Path,
+        deliver: Callable[[list[Record]], None],
+        *,
+        start_after: int | None,
+        boot_time: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.stats = KmsgStats()
+        self._deliver = deliver
+        self._after = start_after if start_after is not None else -1
+        self._boot_time = boot_time
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kmsg", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if stat.S_ISCHR(self.path.stat().st_mode):
+                    self._follow_device()
+                else:
+                    self._follow_file()
+            except OSError as e:
+                self._down(e)
+                self._stop.wait(_RETRY_SECONDS)
+
+    def _down(self, e: OSError) -> None:
+        error = f"{e.strerror or e} ({self.path})"
+        with self.stats.lock:
+            first = self.stats.error != error
+            self.stats.up, self.stats.error = False, error
+        if first:
+            hint = ""
+            if e.errno in (errno.EACCES, errno.EPERM):
+                hint = "; the daemon needs CAP_SYSLOG (kernel.dmesg_restrict=1) or root to read it"
+            log.error(f"cannot read the kernel log{hint}", extra={"error": error})
+
+    def _up(self) -> None:
+        with self.stats.lock:
+            was_down = self.stats.error is not None
+            self.stats.up, self.stats.error = True, None
+        if was_down:
+            log.info("reading the kernel log again", extra={"path": str(self.path)})
+
+    def _emit(self, batch: list[Record]) -> None:
+        fresh = [r for r in batch if r.seq > self._after]
+        if fresh:
+            self._after = fresh[-1].seq
+            with self.stats.lock:
+                self.stats.records += len(fresh)
+            self._deliver(fresh)
+
+    def _follow_device(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        self._up()
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            batch: list[Record] = []
+            while not self._stop.is_set():
+                try:
+                    raw = os.read(fd, _RECORD_BYTES)
+                except BlockingIOError:
+                    self._emit(batch)
+                    batch = []
+                    poller.poll(500)
+                    continue
+                except OSError as e:
+                    if e.errno == errno.EPIPE:
+                        with self.stats.lock:
+                            self.stats.overruns += 1
+                        continue
+                    raise
+                record = parse_record(raw.decode("utf-8", errors="replace"), self._boot_time)
+                if record is None:
+                    with self.stats.lock:
+                        self.stats.malformed += 1
+                    continue
+                batch.append(record)
+                if len(batch) >= 1000:
+                    self._emit(batch)
+                    batch = []
+        finally:
+            os.close(fd)
+
+    def _follow_file(self) -> None:
+        with self.path.open("rb") as f:
+            self._up()
+            line_no = 0
+            pending = b""
+            while not self._stop.is_set():
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    if self.path.stat().st_size < f.tell():  # truncated or replaced: start over
+                        return
+                    self._stop.wait(_FILE_POLL_SECONDS)
+                    continue
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()  # an unfinished last line waits for the rest of it
+                batch = []
+                for raw in lines:
+                    line_no += 1
+                    text = raw.decode("utf-8", errors="replace").rstrip("\r")
+                    record = parse_record(text, self._boot_time)
+                    batch.append(record or Record(line_no, self._clock(), text))
+                self._emit(batch)

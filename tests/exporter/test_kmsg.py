@@ -1,0 +1,125 @@
+"""Following the kernel log: the /dev/kmsg record format, files like `tail -F`, the real device."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter import kmsg
+from exporter.kmsg import KmsgFollower, Record, parse_record
+
+
+def test_parse_record() -> None:
+    record = parse_record("4,1234,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x\n SUBSYSTEM=pci\n", 100.0)
+    assert record == Record(1234, 105.0, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x")
+    assert parse_record("6,7,8,c,extra;text;with;semicolons", 0.0) == Record(7, 8e-6, "text;with;semicolons")
+    for bad in ("no header here", "6,x,8,-;text", "6,7;text", ""):
+        assert parse_record(bad, 0.0) is None
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.arrived = threading.Condition()
+
+    def __call__(self, batch: list[Record]) -> None:
+        with self.arrived:
+            self.records.extend(batch)
+            self.arrived.notify_all()
+
+    def wait_for(self, n: int, timeout: float = 5.0) -> list[Record]:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.records) >= n, timeout), self.records
+            return list(self.records)
+
+
+def follow(path: Path, start_after: int | None = None) -> tuple[KmsgFollower, Collect]:
+    got = Collect()
+    follower = KmsgFollower(path, got, start_after=start_after, boot_time=1000.0, clock=lambda: 5.0)
+    follower.start()
+    return follower, got
+
+
+def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("6,10,2000000,-;first record\n[ 12.3] a plain dmesg line\n")
+    follower, got = follow(log)
+    try:
+        assert got.wait_for(2) == [Record(10, 1002.0, "first record"), Record(2, 5.0, "[ 12.3] a plain dmesg line")]
+        with log.open("a") as f:
+            f.write("6,11,3000000,-;appended")  # no newline yet: not a whole line
+            f.flush()
+            time.sleep(0.1)
+            assert len(got.records) == 2
+            f.write("\n")
+        started = time.monotonic()
+        assert got.wait_for(3)[-1] == Record(11, 1003.0, "appended")
+        assert time.monotonic() - started < 0.5
+        assert follower.stats.up and follower.stats.records == 3
+    finally:
+        follower.stop()
+
+
+def test_skips_what_was_already_counted(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"6,{seq},0,-;line {seq}\n" for seq in range(1, 11)))
+    follower, got = follow(log, start_after=7)
+    try:
+        assert [r.seq for r in got.wait_for(3)] == [8, 9, 10]
+    finally:
+        follower.stop()
+
+
+def test_missing_log_is_reported_and_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kmsg, "_RETRY_SECONDS", 0.05)
+    log = tmp_path / "not-yet.log"
+    follower, got = follow(log)
+    try:
+        time.sleep(0.2)
+        assert not follower.stats.up and "No such file" in (follower.stats.error or "")
+        log.write_text("6,1,0,-;there now\n")
+        assert got.wait_for(1)[0].text == "there now"
+        assert follower.stats.up and follower.stats.error is None
+    finally:
+        follower.stop()
+
+
+def test_unreadable_log_names_the_capability(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def denied(self: KmsgFollower) -> None:  # what reading /dev/kmsg without CAP_SYSLOG gives
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(KmsgFollower, "_follow_file", denied)
+    monkeypatch.setattr(kmsg, "_RETRY_SECONDS", 0.05)
+    log = tmp_path / "kern.log"
+    log.write_text("x\n")
+    follower, _ = follow(log)
+    try:
+        time.sleep(0.3)
+        assert not follower.stats.up and "not permitted" in (follower.stats.error or "")
+    finally:
+        follower.stop()
+    errors = [r.getMessage() for r in caplog.records if r.name == "exporter.kmsg"]
+    assert errors == [
+        "cannot read the kernel log; the daemon needs CAP_SYSLOG (kernel.dmesg_restrict=1) or root to read it"
+    ]
+
+
+def test_the_real_dev_kmsg() -> None:
+    """The kernel's own ring buffer on this machine: records with growing sequence numbers."""
+    device = Path("/dev/kmsg")
+    if not os.access(device, os.R_OK):
+        pytest.skip("/dev/kmsg is not readable here")
+    follower, got = follow(device)
+    try:
+        records = got.wait_for(1)
+        seqs = [r.seq for r in records]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        assert follower.stats.up
+    finally:
+        follower.stop()
