@@ -390,6 +390,10 @@ def _build_entry(code: int, fact: Any, rule: Any, p: _Problems, mappings: Action
     if playbook and not _PLAYBOOK_ID.fullmatch(playbook):
         p.append(f"{policy}: playbook id {playbook!r} is not lower-case-with-dashes")
     causes = rule["causes"] if isinstance(rule["causes"], list) and rule["causes"] else [None]
+    # A comma inside brackets in a YAML flow list silently splits one cause in two: quote such causes.
+    for cause in causes:
+        if isinstance(cause, str) and cause.count("(") != cause.count(")"):
+            p.append(f"{policy}: cause {cause!r} has unbalanced brackets (quote causes that contain commas)")
     context = rule.get("context") if isinstance(rule.get("context"), list) else [rule.get("context")]
     context = [c for c in context if c is not None]
     if unknown := sorted(set(map(str, context)) - CONTEXTS):

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from exporter import __version__
 from exporter.api import gpus_router
 from exporter.daemon import Daemon
+from exporter.diagnosis_api import diagnosis_router
 from exporter.sim_api import sim_router
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ def create_app(daemon: Daemon) -> FastAPI:
         return error(503, f"not ready: {reason}")
 
     app.include_router(gpus_router(daemon))
+    app.include_router(diagnosis_router(daemon))
     if daemon.backend.name == "sim":
         app.include_router(sim_router(daemon))
     return app
@@ -91,7 +93,9 @@ def _landing_page(daemon: Daemon, telemetry_path: str) -> str:
     snapshot = daemon.snapshot
     links = [
         (telemetry_path, "Prometheus metrics"),
+        ("/api/v1/diagnosis", "the node's verdict: which GPU, what happened, what to do"),
         ("/api/v1/gpus", "GPUs, as JSON"),
+        ("/api/v1/events", "XID history"),
         ("/healthz", "liveness"),
         ("/readyz", "readiness"),
         ("/openapi.json", "API description (OpenAPI)"),
@@ -108,7 +112,8 @@ def _landing_page(daemon: Daemon, telemetry_path: str) -> str:
 <html><head><meta charset="utf-8"><title>gpu-triage</title></head>
 <body style="font-family: sans-serif; max-width: 60em; margin: 2em auto">
 <h1>gpu-triage</h1>
-<p>Version {html.escape(__version__)}, backend <b>{html.escape(snapshot.backend)}</b>.</p>
+<p>Version {html.escape(__version__)}, backend <b>{html.escape(snapshot.backend)}</b>.
+<b>{html.escape(daemon.status_line())}</b></p>
 <ul>
 {items}
 </ul>

@@ -44,6 +44,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpu-triage {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _serve_parser(sub)
+    xid = sub.add_parser("xid", help="explain an XID code", description="What an XID code means and what to do.")
+    xid.add_argument("code", type=int, help="the XID code, e.g. 79")
+    xid.add_argument("--json", action="store_true", help="print JSON")
+    check = sub.add_parser(
+        "check",
+        help="the node verdict, for health-check hooks",
+        description="Ask the local daemon for the node verdict. Exit status: 0 healthy, 1 degraded (warning), "
+        "2 unhealthy (critical), 3 unknown (including: the daemon does not answer).",
+    )
+    check.add_argument(
+        "--url",
+        default=os.environ.get("GPU_TRIAGE_URL", "http://127.0.0.1:9481"),
+        help="the daemon (env GPU_TRIAGE_URL)",
+    )
+    check.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
+    check.add_argument("--json", action="store_true", help="print the whole diagnosis as JSON")
     return parser
 
 
@@ -81,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args, unknown)
     if unknown:
         parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+    if args.command == "xid":
+        from exporter.commands import explain_xid
+
+        return explain_xid(args.code, args.json)
+    if args.command == "check":
+        from exporter.commands import check
+
+        return check(args.url, args.timeout, args.json)
     parser.print_help(sys.stderr)
     return 2
 

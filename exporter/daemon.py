@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.gc_collector import GCCollector
@@ -18,12 +19,13 @@ from exporter.backends.base import GpuBackend, GpuIdentity, XidEventSource
 from exporter.driver_events import DriverEvents
 from exporter.events import EventPipeline
 from exporter.exposition import MetricsCache
-from exporter.journal import Event, Journal
+from exporter.journal import Event, Journal, Mark
 from exporter.kmsg import KmsgFollower, boot_time
 from exporter.metrics import daemon_families, gpu_families
 from exporter.poller import FAST, Poller
 from exporter.settings import Settings
 from exporter.snapshot import Snapshot
+from exporter.verdicts import Verdicts, diagnosis_json, summary, verdict_families
 from exporter.xid_metrics import source_families, xid_families
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class Daemon:
         )
         self.journal = Journal(settings.state_dir / JOURNAL_FILE)
         self.rebooted = self.journal.note_boot(self.boot_id, clock())
+        self.verdicts = Verdicts(self.journal, self.boot_id)
         self.pipeline = EventPipeline(self.journal, boot_id=self.boot_id, gpus=self._gpus, on_events=self._on_events)
         self.kmsg: KmsgFollower | None = None
         if settings.source_kmsg:
@@ -93,12 +96,13 @@ class Daemon:
     def start(self) -> None:
         """Find the GPUs, take the first snapshot, then poll and follow the XID sources in the background."""
         self._discovered = self.poller.discover()
+        self.journal.purge(self.clock() - self.settings.journal_retention)
+        self.verdicts.load(self.clock())
         self.pipeline.start()
         for source in (self.kmsg, self.driver_events):
             if source is not None:
                 source.start()
         self.poller.start()
-        self.journal.purge(self.clock() - self.settings.journal_retention)
         gpus = self.snapshot.gpus
         log.info(
             "started",
@@ -121,16 +125,31 @@ class Daemon:
         self.backend.close()
 
     def _on_events(self, events: list[Event]) -> None:
-        # A new XID is on /metrics now, not at the next poll.
+        for event in events:
+            self.verdicts.add(event)
+        # A new XID is on /metrics, and in the verdict, now, not at the next poll.
         self.refresh()
+
+    def acknowledge(self, uuid: str, note: str) -> None:
+        """An operator says the GPU's XID findings so far are dealt with."""
+        self.journal.mark(Mark(self.clock(), uuid, "acknowledged", note))
+        self.refresh()
+
+    def diagnosis(self) -> dict[str, Any]:
+        return diagnosis_json(self.snapshot, self.verdicts.node, self.boot_id, self.clock())
+
+    def status_line(self) -> str:
+        return summary(self.snapshot, self.verdicts.node)
 
     def refresh(self) -> None:
         """Render /metrics again: a new snapshot or a new event changed what it says."""
         with self._render_lock:
             snapshot = self.snapshot
+            node = self.verdicts.update(snapshot, self.clock())
             families: list[Metric] = [
                 *gpu_families(snapshot),
                 *xid_families(self.journal.totals()),
+                *verdict_families(snapshot, node),
                 *daemon_families(snapshot),
                 *source_families(
                     self.kmsg.stats if self.kmsg else None,

@@ -21,7 +21,7 @@ from typing import Any
 
 from diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser, ScanStats
 from exporter.backends.base import DriverXid, GpuIdentity
-from exporter.journal import Event, Journal
+from exporter.journal import Event, Journal, Mark
 from exporter.kmsg import Record
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,8 @@ class EventPipeline:
             if ke.pci_bus_id and ke.uuid:
                 self._bound[ke.pci_bus_id] = ke.uuid
                 self.stats.bindings += 1
+                # The driver prints this line whenever it initialises the GPU: at boot, and after a reset.
+                self.journal.mark(Mark(record.ts, ke.uuid, "init", ke.pci_bus_id))
             return None
         if ke.code is None:
             return None

@@ -7,7 +7,7 @@ import errno
 import logging
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 
@@ -15,14 +15,40 @@ from exporter.app import create_app
 from exporter.backends.base import BackendError
 from exporter.backends.select import open_backend
 from exporter.daemon import Daemon
+from exporter.sd_notify import Notifier, Watchdog
 from exporter.settings import Settings, parse_listen_address
 
 log = logging.getLogger(__name__)
 
 
+def _nothing() -> None:
+    pass
+
+
 class _Server(uvicorn.Server):
     """uvicorn, except that after a graceful stop on SIGTERM/SIGINT it returns instead of re-raising
-    the signal, so the daemon's own cleanup runs and the exit status is 0."""
+    the signal, so the daemon's own cleanup runs and the exit status is 0; and it says when it starts
+    serving and when it starts shutting down (for systemd's READY=1 and STOPPING=1)."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        on_serving: Callable[[], None] = _nothing,
+        on_stopping: Callable[[], None] = _nothing,
+    ) -> None:
+        super().__init__(config)
+        self._on_serving = on_serving
+        self._on_stopping = on_stopping
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self._on_serving()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_stopping()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -52,8 +78,21 @@ def bind(address: str) -> socket.socket:
     return sock
 
 
+def _status_line(daemon: Daemon) -> str:
+    """One line for `systemctl status`: "8 GPUs, 8 up; node healthy", and why it is not ready when it is not."""
+    reason = daemon.readiness()
+    return daemon.status_line() + ("" if reason is None else f"; not ready: {reason}")
+
+
 def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT. Raises StartupError when it cannot start."""
+    """Run until SIGTERM or SIGINT. Raises StartupError when it cannot start.
+
+    Under systemd (Type=notify) it says READY=1 once the backend is open, the first snapshot taken and
+    the listen sockets served; then pings the watchdog while the poll loop turns and keeps STATUS=
+    current; and says STOPPING=1 when shutdown begins.
+    """
+    notifier = Notifier()
+    notifier.status("starting: opening the GPU backend")
     try:
         backend = open_backend(settings.backend, scenario=settings.sim_scenario)
     except BackendError as e:
@@ -66,6 +105,18 @@ def serve(settings: Settings) -> None:
             daemon.start()
         except BackendError as e:
             raise StartupError(str(e)) from e
+        watchdog = Watchdog(
+            notifier, daemon.alive, lambda: _status_line(daemon), status_interval=settings.collector_interval
+        )
+
+        def serving() -> None:
+            notifier.ready(_status_line(daemon))
+            watchdog.start()
+
+        def stopping() -> None:
+            notifier.stopping()
+            watchdog.stop()
+
         try:
             config = uvicorn.Config(
                 create_app(daemon),
@@ -76,8 +127,9 @@ def serve(settings: Settings) -> None:
             )
             for sock in sockets:
                 log.info("listening", extra={"address": "{}:{}".format(*sock.getsockname()[:2])})
-            _Server(config).run(sockets=sockets)
+            _Server(config, on_serving=serving, on_stopping=stopping).run(sockets=sockets)
         finally:
+            stopping()  # again (a no-op) in case uvicorn ended without a graceful shutdown
             log.info("stopping")
             daemon.stop()
     finally:
@@ -85,3 +137,4 @@ def serve(settings: Settings) -> None:
             sock.close()
         if not sockets:
             backend.close()
+        notifier.close()

@@ -300,3 +300,15 @@ def test_wrong_shapes_are_problems_not_crashes() -> None:
     with pytest.raises(CatalogError) as caught:
         build_catalog(None, [], "x", {"rules": "nope"})
     assert len(caught.value.problems) >= 4
+
+
+def test_a_cause_split_by_a_yaml_flow_list_is_refused() -> None:
+    docs = copy.deepcopy(documents())
+    # What `causes: [PCIe link failure (slot, riser), driver bug]` parses to.
+    docs["xid_policy.yaml"]["xids"][79]["causes"] = ["PCIe link failure (slot", "riser)", "driver bug"]
+    with pytest.raises(CatalogError) as caught:
+        build(docs)
+    assert [p for p in caught.value.problems if "unbalanced brackets" in p] == [
+        "xid_policy.yaml: xid 79: cause 'PCIe link failure (slot' has unbalanced brackets (quote causes that contain commas)",
+        "xid_policy.yaml: xid 79: cause 'riser)' has unbalanced brackets (quote causes that contain commas)",
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -129,3 +130,33 @@ def test_auto_without_a_gpu_says_how_to_run_on_the_simulator() -> None:
 def test_no_command_prints_help() -> None:
     result = run()
     assert result.returncode == 2 and "serve" in result.stderr
+
+
+def test_xid_explains_a_code() -> None:
+    result = run("xid", "79")
+    assert result.returncode == 0
+    assert result.stdout.startswith("Xid 79  ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS\n")
+    assert "action: REBOOT_NODE" in result.stdout and "/runbooks/xid-79" in result.stdout
+    as_json = json.loads(run("xid", "48", "--json").stdout)
+    assert as_json["xid"] == 48 and as_json["playbook"] == "xid-48"
+    unknown = run("xid", "999")
+    assert unknown.returncode == 1 and "not in NVIDIA's catalog" in unknown.stderr
+    assert run("xid", "seventy-nine").returncode == 2
+
+
+def test_check_exit_codes_follow_the_node_verdict(served: str) -> None:
+    healthy = run("check", "--url", served)
+    assert (healthy.returncode, healthy.stdout) == (0, "OK - 8 GPUs, 8 up; node healthy\n")
+    assert httpx.post(f"{served}/api/v1/sim/faults", json={"gpu": 2, "kind": "xid", "xid": 79}).status_code == 201
+    deadline = time.monotonic() + 10
+    while (sick := run("check", "--url", served)).returncode != 2:
+        assert time.monotonic() < deadline, sick.stdout
+        time.sleep(0.2)
+    assert sick.stdout.startswith("CRITICAL - 8 GPUs, 8 up; node unhealthy: REBOOT_NODE on GPU 2\n")
+    assert "GPU 2: The GPU fell off the PCIe bus" in sick.stdout and f"{served}/runbooks/xid-79" in sick.stdout
+    assert json.loads(run("check", "--url", served, "--json").stdout)["node"]["action"] == "REBOOT_NODE"
+
+
+def test_check_without_a_daemon_is_unknown() -> None:
+    result = run("check", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "1")
+    assert result.returncode == 3 and result.stdout.startswith("UNKNOWN - cannot get a verdict")

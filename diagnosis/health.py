@@ -1,0 +1,262 @@
+"""A GPU's verdict: healthy, degraded, unhealthy or unknown, and the one thing to do about it.
+
+The verdict is derived, never stored: the GPU's XIDs (from the journal) and what the poller last read
+go in, with the current boot, the time and the operator's acknowledgements; findings come out, root
+cause first, with the health and the most urgent action among them. A finding closes by itself when
+its cause is gone:
+- a reboot (a new boot id) closes every XID finding of earlier boots;
+- a GPU reset (the driver initialising the GPU again in this boot) closes what a reset cures;
+- application-level findings (restart or debug the app) close an hour after their last XID;
+- an acknowledgement closes every XID finding up to that moment.
+Telemetry conditions (a lost GPU, a pending row remap) hold exactly as long as the telemetry says.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+import yaml
+
+from diagnosis.actions import Action, Health, Severity, most_urgent
+from diagnosis.findings import Evidence, Finding
+from diagnosis.incidents import Decision, Occurrence, decide, findings
+from diagnosis.xid_catalog import XidCatalog, load_catalog
+
+APP_FINDING_SECONDS = 3600.0
+_APP_ACTIONS = frozenset({Action.RESTART_APP, Action.CHECK_APP, Action.IGNORE})
+_CURED_BY_RESET = frozenset(a for a in Action if a.rank >= Action.DRAIN_AND_RESET.rank)
+_CONDITION_KEYS = {"title", "severity", "action", "playbook", "steps"}
+
+
+class ConditionsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    id: str
+    title: str
+    severity: Severity
+    action: Action | None  # None: taken from the telemetry value (the NVML recovery action)
+    playbook: str
+    steps: tuple[str, ...]
+
+
+@functools.cache
+def load_conditions() -> Mapping[str, Condition]:
+    doc = yaml.safe_load(resources.files("diagnosis").joinpath("data", "conditions.yaml").read_text("utf-8"))
+    problems: list[str] = []
+    out = {}
+    for cid, body in (doc or {}).get("conditions", {}).items():
+        if not isinstance(body, dict) or set(body) != _CONDITION_KEYS:
+            problems.append(f"{cid}: needs exactly the keys {sorted(_CONDITION_KEYS)}")
+            continue
+        try:
+            action = None if body["action"] is None else Action(body["action"])
+            severity = Severity(body["severity"])
+        except ValueError as e:
+            problems.append(f"{cid}: {e}")
+            continue
+        out[cid] = Condition(cid, body["title"], severity, action, body["playbook"], tuple(body["steps"]))
+    missing = set(_CONDITIONS_USED) - set(out)
+    problems += [f"{cid}: missing" for cid in sorted(missing)]
+    if problems:
+        raise ConditionsError("invalid conditions.yaml:\n  " + "\n  ".join(problems))
+    return out
+
+
+_CONDITIONS_USED = (
+    "gpu_lost", "gpu_unresponsive", "recovery_action", "row_remap_failure", "row_remap_pending",
+    "ecc_uncorrectable", "retired_pages_pending", "thermal_slowdown", "power_brake_slowdown", "nvlink_down",
+    "sxid_fatal", "sxid_nonfatal",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """What the poller last read that bears on health; None where the GPU does not say."""
+
+    status: Literal["up", "lost", "hung"] = "up"
+    recovery_action: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    uncorrected_ecc: int | None = None
+    retired_pages_pending: bool | None = None
+    thermal_slowdown: bool = False
+    power_brake: bool = False
+    nvlink_down: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuVerdict:
+    gpu: str  # canonical PCI bus id
+    health: Health
+    action: Action
+    findings: tuple[Finding, ...]  # open findings, root cause first
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    health: Health
+    action: Action
+    gpus: tuple[GpuVerdict, ...]
+    findings: tuple[Finding, ...]  # node-level findings (NVSwitch)
+
+
+def _condition(cid: str, gpu: str | None, detail: str | None = None, action: Action | None = None) -> Finding:
+    c = load_conditions()[cid]
+    return Finding(
+        id=f"{cid}:{gpu or 'node'}",
+        class_id=cid,
+        severity=c.severity,
+        action=action or c.action or Action.RUN_DIAGNOSTICS,
+        title=c.title,
+        playbook=c.playbook,
+        gpu=gpu,
+        evidence=[Evidence(0, detail)] if detail else [],
+        steps=list(c.steps),
+    )
+
+
+def condition_findings(t: Telemetry, gpu: str, catalog: XidCatalog | None = None) -> list[Finding]:
+    """The findings the telemetry alone supports, most urgent first."""
+    catalog = catalog or load_catalog()
+    out = []
+    if t.status == "lost":
+        out.append(_condition("gpu_lost", gpu, "NVML: the GPU is lost"))
+    elif t.status == "hung":
+        out.append(_condition("gpu_unresponsive", gpu, "a driver call did not return before its deadline"))
+    if t.recovery_action:
+        name = catalog.mappings.recovery_names.get(t.recovery_action, str(t.recovery_action))
+        action = catalog.mappings.recovery_action(t.recovery_action)
+        out.append(_condition("recovery_action", gpu, f"NVML recovery action: {name}", action))
+    if t.row_remap_failure:
+        out.append(_condition("row_remap_failure", gpu, "NVML: row remapping failure = yes"))
+    if t.uncorrected_ecc:
+        out.append(
+            _condition("ecc_uncorrectable", gpu, f"NVML: {t.uncorrected_ecc} uncorrectable ECC errors (volatile)")
+        )
+    if t.row_remap_pending:
+        out.append(_condition("row_remap_pending", gpu, "NVML: row remapping pending = yes"))
+    if t.retired_pages_pending:
+        out.append(_condition("retired_pages_pending", gpu, "NVML: page retirement pending = yes"))
+    if t.nvlink_down:
+        links = ", ".join(str(link) for link in t.nvlink_down)
+        out.append(_condition("nvlink_down", gpu, f"NVML: NVLink links down: {links}"))
+    if t.thermal_slowdown:
+        out.append(_condition("thermal_slowdown", gpu, "NVML clock-event reasons: thermal slowdown"))
+    if t.power_brake:
+        out.append(_condition("power_brake_slowdown", gpu, "NVML clock-event reasons: hardware power brake"))
+    return sorted(out, key=lambda f: (f.action.rank, f.severity.rank))
+
+
+def _open(d: Decision, boot_id: str, now: float, cleared_at: float | None, resets: Sequence[float]) -> bool:
+    occ = d.occurrence
+    if occ.boot_id and boot_id and occ.boot_id != boot_id:
+        return False  # a reboot since: whatever it needed has been done
+    ts = occ.ts if occ.ts is not None else now
+    if cleared_at is not None and ts <= cleared_at:
+        return False
+    if d.action in _CURED_BY_RESET and any(r > ts for r in resets):
+        return False
+    return not (d.action in _APP_ACTIONS and now - ts > APP_FINDING_SECONDS)
+
+
+def assess_gpu(
+    gpu: str,
+    occurrences: Sequence[Occurrence],
+    telemetry: Telemetry,
+    *,
+    boot_id: str,
+    now: float,
+    cleared_at: float | None = None,
+    resets: Sequence[float] = (),
+    catalog: XidCatalog | None = None,
+) -> GpuVerdict:
+    """One GPU's verdict from its XID history (all boots: history matters), telemetry and clears."""
+    catalog = catalog or load_catalog()
+    decisions = decide(occurrences, recovery_now=telemetry.recovery_action, catalog=catalog)
+    live = [d for d in decisions if _open(d, boot_id, now, cleared_at, resets)]
+    xid_findings = findings(live, gpu, catalog)
+    if telemetry.recovery_action:  # the XID root cause already carries it; keep one finding, not two
+        conditions = [f for f in condition_findings(telemetry, gpu, catalog) if f.class_id != "recovery_action"]
+        if not xid_findings:
+            conditions = condition_findings(telemetry, gpu, catalog)
+    else:
+        conditions = condition_findings(telemetry, gpu, catalog)
+    every = _order([*xid_findings, *conditions])
+    return GpuVerdict(gpu, _health(every, telemetry), _action(every), tuple(every))
+
+
+def _driving(found: Sequence[Finding]) -> list[Finding]:
+    return [f for f in found if f.action is not Action.IGNORE and f.severity is not Severity.INFO]
+
+
+def _order(found: list[Finding]) -> list[Finding]:
+    driving = _driving(found)
+    rest = [f for f in found if f not in driving]
+    return sorted(driving, key=lambda f: (f.action.rank, f.severity.rank)) + rest
+
+
+def _health(found: Sequence[Finding], t: Telemetry) -> Health:
+    driving = _driving(found)
+    if t.status == "lost" or any(f.severity is Severity.CRITICAL for f in driving):
+        return Health.UNHEALTHY
+    if t.status == "hung":
+        return Health.UNKNOWN
+    return Health.DEGRADED if driving else Health.HEALTHY
+
+
+def _action(found: Sequence[Finding]) -> Action:
+    return most_urgent([f.action for f in _driving(found)])
+
+
+def sxid_findings(sxids: Sequence[Occurrence], *, boot_id: str) -> list[Finding]:
+    """Node-level findings for NVSwitch SXIDs of the current boot, fatal ones first."""
+    out: dict[str, Finding] = {}
+    for occ in sxids:
+        if occ.boot_id and occ.boot_id != boot_id:
+            continue
+        fatal = occ.details.get("severity", "").lower() == "fatal" or ", fatal," in occ.text.lower()
+        cid = "sxid_fatal" if fatal else "sxid_nonfatal"
+        finding = out.get(cid)
+        if finding is None:
+            out[cid] = finding = _condition(cid, None)
+            finding.evidence.append(Evidence(occ.ref, occ.text, occ.source))
+            finding.count = 0
+        finding.count += 1
+        finding.details[f"sxid_{occ.code}"] = int(finding.details.get(f"sxid_{occ.code}", 0)) + 1
+    return sorted(out.values(), key=lambda f: f.action.rank)
+
+
+_WORST = (Health.UNHEALTHY, Health.UNKNOWN, Health.DEGRADED, Health.HEALTHY)
+
+
+def assess_node(gpus: Sequence[GpuVerdict], node_findings: Sequence[Finding] = ()) -> NodeVerdict:
+    """The node's health is its worst GPU's (or NVSwitch's); its action the most urgent of all."""
+    healths = [g.health for g in gpus]
+    driving = _driving(node_findings)
+    if any(f.severity is Severity.CRITICAL for f in driving):
+        healths.append(Health.UNHEALTHY)
+    elif driving:
+        healths.append(Health.DEGRADED)
+    health = next((h for h in _WORST if h in healths), Health.UNKNOWN if not gpus else Health.HEALTHY)
+    action = most_urgent([g.action for g in gpus] + [f.action for f in driving])
+    return NodeVerdict(health, action, tuple(gpus), tuple(node_findings))
+
+
+# `gpu-triage check`: the exit codes health-check hooks (Slurm, Kubernetes, NHC) understand.
+EXIT_CODES: Mapping[Health, int] = {Health.HEALTHY: 0, Health.DEGRADED: 1, Health.UNHEALTHY: 2, Health.UNKNOWN: 3}
+
+
+def verdict_json(v: GpuVerdict) -> dict[str, Any]:
+    return {
+        "pci_bus_id": v.gpu,
+        "health": v.health.value,
+        "action": v.action.value,
+        "findings": [f.to_json() for f in v.findings],
+    }

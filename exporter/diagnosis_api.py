@@ -1,0 +1,102 @@
+"""The diagnosis API: the node's verdict, the XID history, what a code means, acknowledgements."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, HTTPException, Query
+
+from diagnosis.xid_catalog import load_catalog
+from exporter.daemon import Daemon
+from exporter.settings import parse_duration
+
+
+def parse_time(value: str, now: float) -> float:
+    """'1767225600' (unix seconds), '2026-11-30T08:00:00Z' (ISO 8601) or '30m' (that long ago)."""
+    text = value.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    try:
+        return float(now - parse_duration(text))
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise HTTPException(
+            422, f"{value!r} is not a time: use unix seconds, ISO 8601 or a duration like 30m"
+        ) from None
+
+
+def xid_json(code: int) -> dict[str, Any]:
+    entry = load_catalog().get(code)
+    if entry is None:
+        raise HTTPException(
+            404, f"Xid {code} is not in NVIDIA's catalog (this version knows {len(load_catalog())} codes)"
+        )
+    return {
+        "xid": entry.code,
+        "mnemonic": entry.mnemonic,
+        "nvidia_description": entry.nvidia_description,
+        "title": entry.title,
+        "causes": list(entry.causes),
+        "severity": entry.severity.value,
+        "action": entry.action.value,
+        "action_description": entry.action.description,
+        "nvidia_immediate_bucket": entry.immediate_bucket,
+        "nvidia_investigatory_bucket": entry.investigatory_bucket,
+        "deviation": entry.deviation,
+        "context": sorted(entry.context),
+        "xid154_linked": entry.xid154_linked,
+        "applies_to": list(entry.applies_to),
+        "playbook": entry.playbook,
+        "runbook": f"/runbooks/{entry.playbook}",
+    }
+
+
+def diagnosis_router(daemon: Daemon) -> APIRouter:
+    router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
+
+    @router.get("/diagnosis", summary="The node's verdict: per-GPU health, findings, the one action to take")
+    async def diagnosis() -> dict[str, Any]:
+        return daemon.diagnosis()
+
+    @router.get("/events", summary="Journaled XID and SXID events, oldest first, filterable")
+    async def events(
+        gpu: Annotated[int | None, Query(description="NVML index")] = None,
+        uuid: str | None = None,
+        xid: Annotated[int | None, Query(description="XID code")] = None,
+        kind: Annotated[str | None, Query(pattern="^(xid|sxid)$")] = None,
+        since: Annotated[str | None, Query(description="unix seconds, ISO 8601, or a duration ago (1h)")] = None,
+        until: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> dict[str, Any]:
+        now = time.time()
+        found = daemon.journal.events(
+            since=parse_time(since, now) if since else None,
+            until=parse_time(until, now) if until else None,
+            uuid=uuid,
+            gpu_index=gpu,
+            code=xid,
+            kind=kind,
+            limit=limit,
+        )
+        return {"events": [e.to_json() for e in found]}
+
+    @router.get("/xid/{code}", summary="What an XID code means and what to do about it")
+    async def explain(code: int) -> dict[str, Any]:
+        return xid_json(code)
+
+    @router.post("/gpus/{gpu}/acknowledge", summary="Mark a GPU's XID findings so far as dealt with")
+    async def acknowledge(gpu: int, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
+        state = daemon.snapshot.gpu(gpu)
+        if state is None:
+            raise HTTPException(404, f"no GPU {gpu}: this node has {len(daemon.snapshot.gpus)} GPUs")
+        daemon.acknowledge(state.identity.uuid, note)
+        gpus: list[dict[str, Any]] = daemon.diagnosis()["gpus"]
+        return next(g for g in gpus if g["gpu"] == gpu)
+
+    return router

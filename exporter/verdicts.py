@@ -1,0 +1,204 @@
+"""From what the daemon knows to what diagnosis/ needs: the node's verdict, kept current.
+
+The journal holds the XIDs and the operator's marks, the snapshot holds the telemetry; this module
+turns them into diagnosis/health inputs, asks for the verdict and exposes it as metrics and JSON.
+A GPU's recent XIDs are kept in memory (loaded from the journal at start) so a verdict costs no I/O.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from diagnosis.actions import Action, Health
+from diagnosis.findings import Finding
+from diagnosis.health import GpuVerdict, NodeVerdict, Telemetry, assess_gpu, assess_node, sxid_findings, verdict_json
+from diagnosis.incidents import Occurrence
+from exporter.backends.base import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
+from exporter.journal import Event, Journal, Mark
+from exporter.snapshot import GpuState, GpuStatus, Snapshot
+
+HISTORY_SECONDS = 7 * 86400.0  # what the classifier looks back on (repeats, returns after a reboot)
+_HISTORY_PER_GPU = 5000
+_THERMAL = ClockEventReason.HW_THERMAL_SLOWDOWN.bit | ClockEventReason.SW_THERMAL_SLOWDOWN.bit
+_POWER_BRAKE = ClockEventReason.HW_POWER_BRAKE_SLOWDOWN.bit
+
+
+def telemetry(state: GpuState) -> Telemetry:
+    status: Literal["up", "lost", "hung"] = "up"
+    if state.status == GpuStatus.LOST:
+        status = "lost"
+    elif state.status == GpuStatus.HUNG:
+        status = "hung"
+    recovery, remap, ecc = state.get(Recovery), state.get(Remapping), state.get(Ecc)
+    clocks, links = state.get(Clocks), state.get(NvLink)
+    reasons = (clocks.event_reasons or 0) if clocks else 0
+    return Telemetry(
+        status=status,
+        recovery_action=recovery.action if recovery else None,
+        row_remap_pending=remap.pending if remap else None,
+        row_remap_failure=remap.failure if remap else None,
+        uncorrected_ecc=ecc.uncorrected_volatile if ecc else None,
+        retired_pages_pending=ecc.retired_pages_pending if ecc else None,
+        thermal_slowdown=bool(reasons & _THERMAL),
+        power_brake=bool(reasons & _POWER_BRAKE),
+        nvlink_down=tuple(link.link for link in links.links if link.active is False) if links else (),
+    )
+
+
+def occurrence(e: Event) -> Occurrence:
+    return Occurrence(e.code, e.text, e.ts, e.boot_id, e.kmsg_seq or e.id, None, e.details)
+
+
+class Verdicts:
+    def __init__(self, journal: Journal, boot_id: str) -> None:
+        self._journal = journal
+        self._boot_id = boot_id
+        self._lock = threading.Lock()
+        self._xids: dict[str, deque[Occurrence]] = {}  # by uuid, or PCI bus id when the uuid is unknown
+        self._sxids: deque[Occurrence] = deque(maxlen=_HISTORY_PER_GPU)
+        self._since: dict[str, float] = {}  # finding id -> when we first saw it open
+        self.node = NodeVerdict(Health.UNKNOWN, Action.IGNORE, (), ())
+
+    def load(self, now: float) -> None:
+        for event in self._journal.events(since=now - HISTORY_SECONDS, limit=100_000):
+            self.add(event)
+
+    def add(self, event: Event) -> None:
+        with self._lock:
+            if event.kind == "sxid":
+                self._sxids.append(occurrence(event))
+                return
+            key = event.uuid or event.pci_bus_id or ""
+            self._xids.setdefault(key, deque(maxlen=_HISTORY_PER_GPU)).append(occurrence(event))
+
+    def update(self, snapshot: Snapshot, now: float) -> NodeVerdict:
+        """Recompute every GPU's verdict; the result is also kept in `self.node`."""
+        marks = self._journal.marks()
+        with self._lock:
+            gpus = []
+            seen: set[str] = set()
+            for state in snapshot.gpus:
+                g = state.identity
+                seen |= {g.uuid, g.pci_bus_id}
+                history = [*self._xids.get(g.uuid, ()), *self._xids.get(g.pci_bus_id, ())]
+                gpus.append(self._assess(g.pci_bus_id, g.uuid, history, telemetry(state), marks, now))
+            # XIDs of a GPU the driver no longer lists (it fell off the bus before we started): the
+            # kernel log is all we have, and the GPU is as good as lost.
+            for key, xids in self._xids.items():
+                if key in seen or not xids:
+                    continue
+                orphan = self._assess(key, key, list(xids), Telemetry(status="lost"), marks, now)
+                if any(f.class_id.startswith("xid_") for f in orphan.findings):
+                    gpus.append(orphan)
+            node = assess_node(gpus, sxid_findings(list(self._sxids), boot_id=self._boot_id))
+            self._stamp(node, now)
+            self.node = node
+        return node
+
+    def _assess(
+        self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, marks: Sequence[Mark], now: float
+    ) -> GpuVerdict:
+        return assess_gpu(
+            bus,
+            history,
+            t,
+            boot_id=self._boot_id,
+            now=now,
+            cleared_at=_last(marks, uuid, "acknowledged"),
+            resets=[m.ts for m in marks if m.uuid == uuid and m.kind == "init"],
+        )
+
+    def _stamp(self, node: NodeVerdict, now: float) -> None:
+        """Give every open finding a `since`: its first XID, or when we first saw the condition."""
+        open_ids = set()
+        for finding in _all_findings(node):
+            open_ids.add(finding.id)
+            first = finding.details.get("first_seen")
+            finding.details["since"] = int(first) if first is not None else int(self._since.setdefault(finding.id, now))
+        for stale in set(self._since) - open_ids:
+            del self._since[stale]
+
+    def open_findings(self) -> list[Finding]:
+        return _all_findings(self.node)
+
+
+def _last(marks: Sequence[Mark], uuid: str, kind: str) -> float | None:
+    times = [m.ts for m in marks if m.uuid == uuid and m.kind == kind]
+    return max(times) if times else None
+
+
+def _all_findings(node: NodeVerdict) -> list[Finding]:
+    return [f for g in node.gpus for f in g.findings] + list(node.findings)
+
+
+def verdict_families(snapshot: Snapshot, node: NodeVerdict) -> Iterator[Metric]:
+    """nvidia_gpu_health{status} and nvidia_gpu_recommended_action{action}, as state sets (one 1, rest 0)."""
+    by_bus = {v.gpu: v for v in node.gpus}
+    health = GaugeMetricFamily(
+        "nvidia_gpu_health",
+        "1 for the GPU's current health (healthy, degraded, unhealthy, unknown), 0 for the others.",
+        labels=["gpu", "uuid", "status"],
+    )
+    action = GaugeMetricFamily(
+        "nvidia_gpu_recommended_action",
+        "1 for the one action the GPU needs now (IGNORE when none), 0 for the others; see /api/v1/diagnosis.",
+        labels=["gpu", "uuid", "action"],
+    )
+    for state in snapshot.gpus:
+        g = state.identity
+        verdict = by_bus.get(g.pci_bus_id)
+        labels = [str(g.index), g.uuid]
+        for h in Health:
+            health.add_metric([*labels, h.value], 1.0 if verdict and verdict.health is h else 0.0)
+        for a in Action:
+            action.add_metric([*labels, a.value], 1.0 if verdict and verdict.action is a else 0.0)
+    yield health
+    yield action
+    node_health = GaugeMetricFamily(
+        "gpu_triage_node_health",
+        "1 for the node's health (its worst GPU or NVSwitch), 0 for the others.",
+        labels=["status"],
+    )
+    for h in Health:
+        node_health.add_metric([h.value], 1.0 if node.health is h else 0.0)
+    yield node_health
+
+
+def diagnosis_json(snapshot: Snapshot, node: NodeVerdict, boot_id: str, now: float) -> dict[str, Any]:
+    by_bus: dict[str, GpuVerdict] = {v.gpu: v for v in node.gpus}
+    gpus = []
+    for state in snapshot.gpus:
+        g = state.identity
+        verdict = by_bus.pop(g.pci_bus_id, None)
+        gpus.append(
+            {"gpu": g.index, "uuid": g.uuid, "status": state.status, **(verdict_json(verdict) if verdict else {})}
+        )
+    for missing in by_bus.values():  # known only from the kernel log
+        gpus.append({"gpu": None, "uuid": None, "status": "missing", **verdict_json(missing)})
+    findings = sorted(_all_findings(node), key=lambda f: (f.action.rank, f.severity.rank))
+    return {
+        "node": {"health": node.health.value, "action": node.action.value, "summary": summary(snapshot, node)},
+        "gpus": gpus,
+        "findings": [f.to_json() for f in findings],
+        "boot_id": boot_id,
+        "generated_at": now,
+    }
+
+
+def summary(snapshot: Snapshot, node: NodeVerdict) -> str:
+    """One line for STATUS=, the landing page and `gpu-triage check`."""
+    up = sum(g.up for g in snapshot.gpus)
+    line = f"{len(snapshot.gpus)} GPUs, {up} up; node {node.health.value}"
+    if node.action is not Action.IGNORE:
+        worst = next((v for v in node.gpus if v.action is node.action), None)
+        where = ""
+        if worst is not None:
+            index = next((g.identity.index for g in snapshot.gpus if g.identity.pci_bus_id == worst.gpu), None)
+            where = f" on GPU {index}" if index is not None else f" on {worst.gpu}"
+        line += f": {node.action.value}{where}"
+    return line

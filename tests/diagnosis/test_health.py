@@ -1,0 +1,150 @@
+"""A GPU's verdict: health, the one action, and findings that close when their cause is gone."""
+
+from __future__ import annotations
+
+import pytest
+
+from diagnosis.actions import Action, Health
+from diagnosis.health import (
+    APP_FINDING_SECONDS,
+    EXIT_CODES,
+    GpuVerdict,
+    Telemetry,
+    assess_gpu,
+    assess_node,
+    condition_findings,
+    load_conditions,
+    sxid_findings,
+)
+from diagnosis.incidents import Occurrence
+
+GPU = "0000:18:00.0"
+
+
+def occ(code: int, ts: float, boot: str = "b1", text: str = "") -> Occurrence:
+    return Occurrence(code=code, text=text or f"NVRM: Xid (PCI:0000:18:00): {code}, pid=1, name=x", ts=ts, boot_id=boot)
+
+
+QUIET = Telemetry()
+
+
+def verdict(xids: list[Occurrence], t: Telemetry = QUIET, now: float = 1000.0, **kw: object) -> GpuVerdict:
+    return assess_gpu(GPU, xids, t, boot_id="b1", now=now, **kw)  # type: ignore[arg-type]
+
+
+def test_a_quiet_gpu_is_healthy() -> None:
+    v = verdict([])
+    assert (v.health, v.action, v.findings) == (Health.HEALTHY, Action.IGNORE, ())
+
+
+def test_xid_79_makes_the_gpu_unhealthy_and_asks_for_a_reboot() -> None:
+    v = verdict([occ(79, 900)])
+    assert (v.health, v.action) == (Health.UNHEALTHY, Action.REBOOT_NODE)
+    assert v.findings[0].class_id == "xid_79" and v.findings[0].gpu == GPU
+
+
+def test_a_reboot_closes_the_findings_of_the_boot_before() -> None:
+    assert verdict([occ(79, 900, boot="b0")]).health is Health.HEALTHY
+
+
+def test_an_acknowledgement_closes_what_came_before_it() -> None:
+    assert verdict([occ(79, 900)], cleared_at=950.0).health is Health.HEALTHY
+    assert verdict([occ(79, 960)], cleared_at=950.0).health is Health.UNHEALTHY
+
+
+def test_a_gpu_reset_closes_what_a_reset_cures_only() -> None:
+    assert verdict([occ(48, 900)], resets=[950.0]).health is Health.HEALTHY
+    still = verdict([occ(79, 900)], resets=[950.0])
+    assert still.action is Action.REBOOT_NODE, "a reset does not cure what needs a reboot"
+
+
+def test_application_faults_close_after_an_hour() -> None:
+    assert verdict([occ(13, 900)], now=900 + 60).health is Health.DEGRADED
+    assert verdict([occ(13, 900)], now=900 + APP_FINDING_SECONDS + 1).health is Health.HEALTHY
+
+
+@pytest.mark.parametrize(
+    ("telemetry", "health", "action", "classes"),
+    [
+        (Telemetry(status="lost"), Health.UNHEALTHY, Action.REBOOT_NODE, ["gpu_lost"]),
+        (Telemetry(status="hung"), Health.UNKNOWN, Action.RESET_GPU, ["gpu_unresponsive"]),
+        (Telemetry(row_remap_failure=True), Health.UNHEALTHY, Action.CONTACT_SUPPORT, ["row_remap_failure"]),
+        (Telemetry(row_remap_pending=True), Health.DEGRADED, Action.DRAIN_AND_RESET, ["row_remap_pending"]),
+        (Telemetry(uncorrected_ecc=2), Health.UNHEALTHY, Action.RESET_GPU, ["ecc_uncorrectable"]),
+        (Telemetry(recovery_action=2), Health.UNHEALTHY, Action.REBOOT_NODE, ["recovery_action"]),
+        (Telemetry(recovery_action=4), Health.UNHEALTHY, Action.DRAIN_AND_RESET, ["recovery_action"]),
+        (Telemetry(thermal_slowdown=True), Health.DEGRADED, Action.CHECK_COOLING, ["thermal_slowdown"]),
+        (Telemetry(power_brake=True), Health.DEGRADED, Action.CHECK_MECHANICALS, ["power_brake_slowdown"]),
+        (Telemetry(nvlink_down=(3, 7)), Health.DEGRADED, Action.CHECK_LINKS, ["nvlink_down"]),
+        (
+            Telemetry(row_remap_pending=True, row_remap_failure=True, thermal_slowdown=True),
+            Health.UNHEALTHY,
+            Action.CONTACT_SUPPORT,
+            ["row_remap_failure", "row_remap_pending", "thermal_slowdown"],
+        ),
+    ],
+)
+def test_telemetry_conditions(telemetry: Telemetry, health: Health, action: Action, classes: list[str]) -> None:
+    v = verdict([], telemetry)
+    assert (v.health, v.action) == (health, action)
+    assert [f.class_id for f in v.findings] == classes
+    assert all(f.steps and f.playbook for f in v.findings)
+
+
+def test_the_driver_recovery_action_is_one_finding_with_its_xid() -> None:
+    v = verdict([occ(48, 990)], Telemetry(recovery_action=2))
+    assert [f.class_id for f in v.findings] == ["xid_48"] and v.action is Action.REBOOT_NODE
+
+
+def test_xids_and_conditions_together_most_urgent_first() -> None:
+    v = verdict([occ(13, 990)], Telemetry(status="lost"))
+    assert [f.class_id for f in v.findings] == ["gpu_lost", "xid_13"]
+
+
+def test_node_verdict_and_exit_codes() -> None:
+    healthy = verdict([])
+    sick = verdict([occ(79, 900)])
+    hung = verdict([], Telemetry(status="hung"))
+    assert assess_node([healthy, healthy]).health is Health.HEALTHY
+    node = assess_node([healthy, sick, hung])
+    assert (node.health, node.action) == (Health.UNHEALTHY, Action.REBOOT_NODE)
+    assert assess_node([healthy, hung]).health is Health.UNKNOWN
+    assert assess_node([]).health is Health.UNKNOWN
+    assert [EXIT_CODES[h] for h in (Health.HEALTHY, Health.DEGRADED, Health.UNHEALTHY, Health.UNKNOWN)] == [0, 1, 2, 3]
+
+
+def test_nvswitch_sxids_are_node_findings() -> None:
+    fatal = Occurrence(
+        20034,
+        "nvidia-nvswitch0: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up",
+        5.0,
+        "b1",
+        details={"severity": "Fatal"},
+    )
+    minor = Occurrence(12028, "nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61", 6.0, "b1")
+    old = Occurrence(20034, "old boot", 1.0, "b0", details={"severity": "Fatal"})
+    found = sxid_findings([fatal, minor, minor, old], boot_id="b1")
+    assert [(f.class_id, f.count) for f in found] == [("sxid_fatal", 1), ("sxid_nonfatal", 2)]
+    node = assess_node([verdict([])], found)
+    assert (node.health, node.action) == (Health.UNHEALTHY, Action.RESTART_FABRIC_MANAGER)
+
+
+def test_every_condition_is_used_and_complete() -> None:
+    conditions = load_conditions()
+    assert {
+        f.class_id
+        for f in condition_findings(
+            Telemetry(
+                status="lost",
+                recovery_action=1,
+                row_remap_failure=True,
+                uncorrected_ecc=1,
+                row_remap_pending=True,
+                retired_pages_pending=True,
+                nvlink_down=(1,),
+                thermal_slowdown=True,
+                power_brake=True,
+            ),
+            GPU,
+        )
+    } | {"gpu_unresponsive", "sxid_fatal", "sxid_nonfatal"} == set(conditions)
