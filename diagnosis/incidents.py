@@ -20,6 +20,7 @@ Time is passed in with the occurrences; nothing here reads a clock or a file bey
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -144,42 +145,55 @@ def _recovery(burst: list[Occurrence], catalog: XidCatalog, recovery_now: int | 
     return None
 
 
+@dataclass
+class _Seen:
+    """What earlier root causes of one code left behind, walking forward in time."""
+
+    boots: set[str] = field(default_factory=set)
+    recent: deque[Occurrence] = field(default_factory=deque)  # within REPEAT_WINDOW_SECONDS
+
+
 def _escalate(decisions: list[Decision]) -> list[Decision]:
-    roots = [d for d in decisions if d.root]
+    """Upgrade root causes by what the same code did before; one pass, in time order."""
+    seen: dict[int, _Seen] = {}
     out = []
-    for d in decisions:
-        upgrade = _history_upgrade(d, roots) if d.root else None
-        out.append(d if upgrade is None else Decision(d.occurrence, upgrade[0], upgrade[1], True, upgrade[2]))
+    for d in decisions:  # already in time order
+        if not d.root:
+            out.append(d)
+            continue
+        occ = d.occurrence
+        history = seen.setdefault(occ.code, _Seen())
+        while (
+            history.recent
+            and occ.ts is not None
+            and history.recent[0].ts is not None
+            and occ.ts - history.recent[0].ts > REPEAT_WINDOW_SECONDS
+        ):
+            history.recent.popleft()
+        upgrade = _history_upgrade(d, history)
+        history.recent.append(occ)
+        if occ.boot_id:
+            history.boots.add(occ.boot_id)
+        out.append(d if upgrade is None else Decision(occ, upgrade[0], upgrade[1], True, upgrade[2]))
     return out
 
 
-def _history_upgrade(d: Decision, roots: list[Decision]) -> tuple[Action, Severity, str] | None:
+def _history_upgrade(d: Decision, history: _Seen) -> tuple[Action, Severity, str] | None:
     occ = d.occurrence
-    earlier = [r.occurrence for r in roots if r.occurrence.code == occ.code and _before(r.occurrence, occ)]
-    if d.action in _CURED_BY_REBOOT and any(e.boot_id and e.boot_id != occ.boot_id for e in earlier):
+    if d.action in _CURED_BY_REBOOT and history.boots - {occ.boot_id, ""}:
         return (
             Action.CONTACT_SUPPORT,
             Severity.CRITICAL,
             f"Xid {occ.code} came back after a reboot: suspect the hardware",
         )
     if occ.code in _APP_FAULTS and d.action.rank > Action.RUN_DIAGNOSTICS.rank:
-        recent = [e for e in earlier if occ.ts is None or e.ts is None or occ.ts - e.ts <= REPEAT_WINDOW_SECONDS]
-        if len(recent) + 1 >= REPEAT_INCIDENTS:
-            return (
-                Action.RUN_DIAGNOSTICS,
-                Severity.WARNING,
-                f"Xid {occ.code} in {len(recent) + 1} incidents within a day",
-            )
+        if len(history.recent) + 1 >= REPEAT_INCIDENTS:
+            note = f"Xid {occ.code} in {len(history.recent) + 1} incidents within a day"
+            return Action.RUN_DIAGNOSTICS, Severity.WARNING, note
         spot = _gpc_tpc(occ)
-        if occ.code == 13 and spot is not None and any(_gpc_tpc(e) == spot for e in recent):
+        if occ.code == 13 and spot is not None and any(_gpc_tpc(e) == spot for e in history.recent):
             return Action.RUN_DIAGNOSTICS, Severity.WARNING, "Xid 13 again on the same GPC/TPC: suspect the hardware"
     return None
-
-
-def _before(a: Occurrence, b: Occurrence) -> bool:
-    if a.ts is not None and b.ts is not None:
-        return a.ts < b.ts
-    return a.ref < b.ref
 
 
 def _gpc_tpc(occ: Occurrence) -> tuple[str, str] | None:
