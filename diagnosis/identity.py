@@ -1,0 +1,152 @@
+"""Who printed a line: host, rank and GPU, pieced together across the lines and inputs of one diagnosis.
+
+No single line says everything. NCCL's header gives host, pid and the process's CUDA device; the
+`[rankN]:` and `[PG … Rank N]` tags give the global rank but no host; NCCL's communicator-init line
+(`comm … rank R nranks N cudaDev D busId B - Init COMPLETE`) ties a host:pid to a rank and a GPU bus
+id; torchrun's failure summary pairs a host with a rank; an input may hold a single host or rank.
+`IdentityBook` collects these facts while the input streams by (bounded, a few entries per process)
+and `place` fills in what a finding's own lines did not say, once everything is known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diagnosis.log_lines import LogLine
+
+MAX_ENTRIES = 200_000  # per table; a real job has a few entries per process
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    """What the lines of a finding said about where it happened; None where they were silent."""
+
+    source: int
+    host: str | None = None
+    pid: int | None = None  # the process that printed the line
+    rank: int | None = None
+    local_rank: int | None = None
+    gpu: str | None = None
+    subject_pid: int | None = None  # a worker pid named in the message (torchrun's exit report)
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    host: str | None
+    rank: int | None
+    gpu: str | None
+    rank_is_local: bool = False  # only torchrun's local rank was known
+
+
+@dataclass(slots=True)
+class _Proc:
+    rank: int
+    nranks: int
+    gpu: str | None
+
+
+@dataclass(slots=True)
+class _SourceFacts:
+    # At most two of each are kept: all that matters is whether an input is a single host or rank.
+    hosts: set[str] = field(default_factory=set)
+    ranks: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Maps:
+    rank_host: dict[int, str]
+    rank_gpu: dict[int, str] = field(default_factory=dict)
+    host_gpu_rank: dict[tuple[str, str], int] = field(default_factory=dict)
+    gpu_places: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
+    by_pid: dict[int, list[tuple[int, str, int]]] = field(default_factory=dict)
+
+
+class IdentityBook:
+    def __init__(self) -> None:
+        self._sources: list[_SourceFacts] = []
+        self._procs: dict[tuple[int, str, int], _Proc] = {}
+        self._rank_host: dict[int, str] = {}
+        self._maps: _Maps | None = None
+
+    def add_source(self) -> int:
+        self._sources.append(_SourceFacts())
+        return len(self._sources) - 1
+
+    def learn(self, source: int, line: LogLine) -> None:
+        facts = self._sources[source]
+        if line.host is not None and len(facts.hosts) < 2:
+            facts.hosts.add(line.host)
+        if line.rank is not None and len(facts.ranks) < 2:
+            facts.ranks.add(line.rank)
+        if line.host is not None and line.rank is not None:
+            self.pair(line.rank, line.host)
+
+    def pair(self, rank: int, host: str) -> None:
+        """`rank` ran on `host` (the first statement wins)."""
+        if len(self._rank_host) < MAX_ENTRIES:
+            self._rank_host.setdefault(rank, host)
+        self._maps = None
+
+    def comm_init(self, source: int, host: str, pid: int, *, rank: int, nranks: int, gpu: str | None) -> None:
+        key = (source, host, pid)
+        old = self._procs.get(key)
+        # A process joins several communicators; the largest one numbers it by its global rank.
+        if (old is None and len(self._procs) < MAX_ENTRIES) or (old is not None and nranks > old.nranks):
+            self._procs[key] = _Proc(rank, nranks, gpu)
+            self._maps = None
+
+    def _build(self) -> _Maps:
+        if self._maps is not None:
+            return self._maps
+        maps = _Maps(rank_host=dict(self._rank_host))
+        for (source, host, pid), proc in self._procs.items():
+            maps.rank_host.setdefault(proc.rank, host)
+            if proc.gpu is not None:
+                maps.rank_gpu.setdefault(proc.rank, proc.gpu)
+            maps.by_pid.setdefault(pid, []).append((source, host, pid))
+        for rank, gpu in maps.rank_gpu.items():
+            rank_host = maps.rank_host.get(rank)
+            if rank_host is not None:
+                maps.host_gpu_rank.setdefault((rank_host, gpu), rank)
+                maps.gpu_places.setdefault(gpu, set()).add((rank_host, rank))
+        self._maps = maps
+        return maps
+
+    def host_of(self, rank: int) -> str | None:
+        return self._build().rank_host.get(rank)
+
+    def gpu_of(self, rank: int) -> str | None:
+        return self._build().rank_gpu.get(rank)
+
+    def place(self, who: Who) -> Place:
+        """Fill in host, rank and GPU of `who` from everything learnt so far."""
+        maps = self._build()
+        facts = self._sources[who.source]
+        host, rank, gpu = who.host, who.rank, who.gpu
+        proc = self._procs.get((who.source, host, who.pid)) if host is not None and who.pid is not None else None
+        if rank is None and proc is not None:
+            rank = proc.rank
+        owners = maps.by_pid.get(who.subject_pid, []) if who.subject_pid is not None else []
+        if rank is None and len(owners) == 1:
+            proc = self._procs[owners[0]]
+            rank, host = proc.rank, host or owners[0][1]
+        if rank is None and len(facts.ranks) == 1:
+            rank = next(iter(facts.ranks))
+        if host is None and len(facts.hosts) == 1:
+            host = next(iter(facts.hosts))
+        local = False
+        if rank is None and who.local_rank is not None:
+            rank, local = who.local_rank, True
+        elif rank is not None and host is None:
+            host = maps.rank_host.get(rank)
+        if gpu is None and proc is not None:
+            gpu = proc.gpu
+        if gpu is None and rank is not None and not local:
+            gpu = maps.rank_gpu.get(rank)
+        if rank is None and gpu is not None:
+            if host is not None:
+                rank = maps.host_gpu_rank.get((host, gpu))
+            elif len(places := maps.gpu_places.get(gpu, set())) == 1:
+                # Only one rank of the whole job sat on that bus id: the kernel line is about it.
+                host, rank = next(iter(places))
+        return Place(host, rank, gpu, local)

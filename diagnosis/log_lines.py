@@ -1,0 +1,222 @@
+"""One raw log line in, the message and who printed it out.
+
+Training logs reach us wrapped in up to four layers of prefixes, outermost first:
+
+* a container runtime's timestamp (`2024-05-01T12:00:00.123456789Z stdout F …`), a syslog or
+  `dmesg` stamp for kernel lines;
+* a launcher's tag: Slurm `srun --label` (`3: …`), torchrun (`[default3]:` = role + local rank,
+  `[rank3]:` = global rank; both may be stacked);
+* the printer's own header: PyTorch/glog (`[E501 12:00:00.123456 4242 ProcessGroupNCCL.cpp:1595]`,
+  or without brackets), Python logging timestamps, NCCL's `host:pid:tid [cudaDev]`;
+* PyTorch's process-group tag inside the message (`[PG ID 0 PG GUID 0(default_pg) Rank 3]`).
+
+`normalise` peels them off in a loop and keeps what they say about the line: rank, local rank,
+host, pid, CUDA device, process group and the first timestamp. Rules then match the bare message, so
+one signature serves every launcher. Everything here is bounded and never raises on odd input: a
+line cut mid-way simply keeps whatever prefix it still has.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import NamedTuple
+
+# CSI sequences (colours, cursor moves) and the two-byte escapes; bounded so a lone ESC is cheap.
+_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b[@-Z\\-_]")
+
+_MONTH_NAMES = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, start=1)}
+_MON = "(?P<mon>" + "|".join(_MONTH_NAMES) + ")"
+
+_CONTAINER = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})T(?P<hms>\d{2}:\d{2}:\d{2})(?:[.,](?P<frac>\d{1,9}))?"
+    r"(?P<tz>Z|[+-]\d{2}:?\d{2})?(?: (?:stdout|stderr) [FP])? "
+)
+_ISO = re.compile(
+    r"\[?(?P<date>\d{4}-\d{2}-\d{2})[ T](?P<hms>\d{2}:\d{2}:\d{2})(?:[.,](?P<frac>\d{1,9}))?"
+    r"(?P<tz>Z|[+-]\d{2}:?\d{2})?\]?(?: {1,4}- {1,4}| {1,4}|$)"
+)
+_SYSLOG = re.compile(
+    _MON + r" {1,2}(?P<day>\d{1,2}) (?P<hms>\d{2}:\d{2}:\d{2}) (?P<host>[\w.-]{1,253}) "
+    r"[\w./-]{1,64}(?:\[\d{1,10}\])?: "
+)
+_DMESG_T = re.compile(
+    r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" {1,2}(?P<day>\d{1,2}) (?P<hms>\d{2}:\d{2}:\d{2}) "
+    r"(?P<year>\d{4})\] ?"
+)
+_DMESG = re.compile(r"\[ {0,12}(?P<uptime>\d{1,10}\.\d{1,9})\] ?")
+_SLURM = re.compile(r" {0,6}(?P<task>\d{1,6}): ")
+_TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][\w-]{0,30}?)(?P<n>\d{1,6})\]: ?")
+_GLOG = re.compile(
+    r"\[?(?P<lvl>[IWEF])(?P<md>\d{4})? ?(?P<hms>\d{2}:\d{2}:\d{2}\.\d{1,9})? {0,4}(?:\d{1,12} )?"
+    r"[\w./-]{1,160}:\d{1,6}\] ?"
+)
+_NCCL = re.compile(r"(?P<host>[\w.-]{1,253}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,4})\] ")
+_PG_TAG = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d{1,6})[^\]\[]{0,80}? )?Rank (?P<rank>\d{1,6})\]")
+
+_TAG_WINDOW = 400  # the PG/rank tag sits near the start of the message; don't scan a long line for it
+
+
+class Stamp(NamedTuple):
+    """A timestamp as far as the line tells it.
+
+    `kind` says what can be compared: "abs" (seconds since the epoch, UTC when no zone is given),
+    "md" (month, day and time without a year: glog and syslog), "uptime" (dmesg seconds since boot).
+    Two stamps order each other only when their kinds are equal.
+    """
+
+    kind: str
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    text: str  # the message with every recognised prefix removed
+    raw: str  # the line without colour codes and line-end characters
+    rank: int | None = None  # global rank
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    cuda_dev: int | None = None  # CUDA device index as the process saw it (NCCL's `[N]`)
+    pg: str | None = None  # PyTorch process-group id
+    stamp: Stamp | None = None
+
+
+def clean(raw: str) -> str:
+    """`raw` without ANSI escapes, trailing CR/LF and NUL bytes."""
+    if "\x1b" in raw:
+        raw = _ANSI.sub("", raw)
+    if "\x00" in raw:
+        raw = raw.replace("\x00", "")
+    return raw.rstrip("\r\n")
+
+
+def _frac_seconds(hms: str, frac: str | None) -> float:
+    h, m, s = (int(part) for part in hms.split(":"))
+    seconds = h * 3600 + m * 60 + s
+    if frac:
+        seconds += int(frac[:6]) / 10 ** len(frac[:6])
+    return float(seconds)
+
+
+def _abs_stamp(date: str, hms: str, frac: str | None, tz: str | None) -> Stamp | None:
+    text = f"{date}T{hms}"
+    if tz and tz != "Z":
+        text += tz if ":" in tz else f"{tz[:3]}:{tz[3:]}"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:  # 2024-13-45 and friends: not a time after all
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return Stamp("abs", moment.timestamp() + _frac_seconds("00:00:00", frac))
+
+
+def _md_stamp(month: int, day: int, hms: str, frac: str | None) -> Stamp:
+    # No year: order within a year is all glog and syslog can offer.
+    return Stamp("md", ((month * 32 + day) * 86400) + _frac_seconds(hms, frac))
+
+
+def _glog_stamp(md: str | None, hms: str | None) -> Stamp | None:
+    if md is None or hms is None:
+        return None
+    whole, _, frac = hms.partition(".")
+    return _md_stamp(int(md[:2]), int(md[2:]), whole, frac or None)
+
+
+@dataclass(slots=True)
+class _Fields:
+    rank: int | None = None
+    local_rank: int | None = None
+    task: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    cuda_dev: int | None = None
+    pg: str | None = None
+    stamp: Stamp | None = None
+
+    def stamp_once(self, stamp: Stamp | None) -> None:
+        if self.stamp is None:
+            self.stamp = stamp
+
+
+def _strip_one(text: str, f: _Fields, seen: set[str]) -> str | None:
+    """Remove one prefix from `text`, recording what it says; None when no prefix is left."""
+    if "container" not in seen and (m := _CONTAINER.match(text)):
+        seen.add("container")
+        f.stamp_once(_abs_stamp(m["date"], m["hms"], m["frac"], m["tz"]))
+        return text[m.end() :]
+    if "syslog" not in seen and (m := _SYSLOG.match(text)):
+        seen.add("syslog")
+        f.host = f.host or m["host"]
+        f.stamp_once(_md_stamp(_MONTHS[m["mon"]], int(m["day"]), m["hms"], None))
+        return text[m.end() :]
+    if "dmesg" not in seen and (m := _DMESG_T.match(text) or _DMESG.match(text)):
+        seen.add("dmesg")
+        if "uptime" in m.re.groupindex:
+            f.stamp_once(Stamp("uptime", float(m["uptime"])))
+        else:
+            f.stamp_once(_abs_stamp(f"{m['year']}-{_MONTHS[m['mon']]:02d}-{int(m['day']):02d}", m["hms"], None, None))
+        return text[m.end() :]
+    if "slurm" not in seen and (m := _SLURM.match(text)):
+        seen.add("slurm")
+        f.task = int(m["task"])
+        return text[m.end() :]
+    if (m := _TORCHRUN.match(text)) is not None:
+        # `[rank3]:` is PyTorch's global rank; any other role name numbers the local rank.
+        if m["role"] == "rank":
+            f.rank = int(m["n"])
+        else:
+            f.local_rank = int(m["n"])
+        return text[m.end() :]
+    if "glog" not in seen and (m := _GLOG.match(text)):
+        seen.add("glog")
+        f.stamp_once(_glog_stamp(m["md"], m["hms"]))
+        return text[m.end() :]
+    if "iso" not in seen and (m := _ISO.match(text)):
+        seen.add("iso")
+        f.stamp_once(_abs_stamp(m["date"], m["hms"], m["frac"], m["tz"]))
+        return text[m.end() :]
+    if "nccl" not in seen and (m := _NCCL.match(text)):
+        seen.add("nccl")
+        f.host = m["host"]
+        f.pid = int(m["pid"])
+        dev = int(m["dev"])
+        f.cuda_dev = dev if dev >= 0 else None
+        return text[m.end() :]
+    return None
+
+
+def normalise(raw: str) -> LogLine:
+    """Split `raw` into the bare message and the identity its prefixes carry."""
+    cleaned = clean(raw)
+    f = _Fields()
+    seen: set[str] = set()
+    text = cleaned.lstrip()
+    # Each prefix kind is taken once (torchrun tags may stack), so the loop is bounded.
+    for _ in range(12):
+        rest = _strip_one(text, f, seen)
+        if rest is None:
+            break
+        text = rest.lstrip()
+    tag = _PG_TAG.search(text, 0, _TAG_WINDOW)
+    if tag is not None:
+        f.pg = tag["pg"]
+        if f.rank is None:
+            f.rank = int(tag["rank"])
+    if f.rank is None and f.task is not None:
+        # srun --label numbers tasks; with one task per GPU that is the global rank.
+        f.rank = f.task
+    return LogLine(
+        text=text.rstrip(),
+        raw=cleaned,
+        rank=f.rank,
+        local_rank=f.local_rank,
+        host=f.host,
+        pid=f.pid,
+        cuda_dev=f.cuda_dev,
+        pg=f.pg,
+        stamp=f.stamp,
+    )

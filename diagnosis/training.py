@@ -1,0 +1,380 @@
+"""Training-log diagnosis: many ranks' logs in, one ordered list of findings out.
+
+`diagnose` reads each input as a stream of byte chunks. `line_scan` picks out the few lines that
+hold a trigger word; each is cleaned and split into message and identity by `log_lines`; lines
+with `NVRM` go to the kernel-log XID parser, the rest to the rules of `training_rules` (first
+matching rule wins, most specific first). Nothing else is kept: repeated lines collapse into one
+finding per (class, host, rank, GPU) with a count and the first and last evidence lines, so memory
+does not grow with the input.
+
+Who printed a line is pieced together across lines and inputs: NCCL's `host:pid [cudaDev]` header,
+torchrun's `[rankN]:` tag, PyTorch's `[PG … Rank N]` tag, NCCL's `comm … rank N nranks M cudaDev D
+busId B - Init COMPLETE` line (which ties host:pid to a rank and a GPU bus id), torchrun's failure
+summary, and the one host or rank an input may be limited to. Identity is resolved at the end, when
+everything that can be learnt has been.
+
+Ordering (root cause first, the straggler of a collective timeout) lives in `root_cause`; XID
+findings take their verdict from the XID catalog. An XID code missing from the catalog becomes a
+finding of severity UNKNOWN with action CONTACT_SUPPORT (playbook `contact-support`): the catalog
+already treats codes a modern GPU should not raise that way, and the raw line goes with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from diagnosis.actions import Action, Severity
+from diagnosis.collapse import Collapser, Seen, Spec, Tally, Where, build
+from diagnosis.findings import Finding
+from diagnosis.identity import IdentityBook, Who
+from diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser
+from diagnosis.line_scan import LineScanner
+from diagnosis.log_lines import LogLine, normalise
+from diagnosis.root_cause import Progress, ProgressTracker, Ranked, Straggler, link_symptoms, order
+from diagnosis.training_fields import convert
+from diagnosis.training_rules import ContextKind, ContextMatch, Match, RuleSet, load_rules
+from diagnosis.xid_catalog import XidEntry, load_catalog
+
+MAX_EVENTS = 10_000  # XID events listed in a report; the rest are counted
+EVIDENCE_CHARS = 1000  # of each evidence line kept; bounds memory when many places fail
+FAILURE_WINDOW = 8  # lines from torchrun's `rank : N` to the exit code it describes
+CACHE_ENTRIES = 4096  # recent lines and messages whose classification is remembered
+
+
+@dataclass(slots=True)
+class _Source:
+    index: int
+    name: str | None
+    failure: tuple[int, str | None, int | None] | None = None  # torchrun summary: (line, host, rank)
+
+
+@dataclass
+class Report:
+    """The result of one `diagnose` call; `to_json` is the DESIGN "Diagnosis JSON"."""
+
+    events: list[dict[str, Any]]
+    findings: list[Finding]
+    sources: list[str | None] = field(default_factory=list)
+    lines_read: int = 0
+    lines_skipped: int = 0  # lines holding a trigger that could not be read (over-long, binary)
+    events_dropped: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "events": [dict(e) for e in self.events],
+            "findings": [f.to_json() for f in self.findings],
+            "summary": {
+                "sources": len(self.sources),
+                "lines_read": self.lines_read,
+                "lines_skipped": self.lines_skipped,
+                "events_dropped": self.events_dropped,
+            },
+        }
+
+
+def _rule_spec(rules: RuleSet) -> dict[str, Spec]:
+    return {
+        r.class_id: Spec(
+            r.class_id, r.severity, r.action, r.title, r.playbook, r.steps, float(r.specificity), r.symptom
+        )
+        for r in rules.rules
+    }
+
+
+_XID_CHECK = "On the node, read `dmesg -T | grep -i xid` and `nvidia-smi -q` for the GPU with this bus id."
+
+
+def _xid_spec(code: int, entry: XidEntry | None, rules: RuleSet) -> Spec:
+    """What an XID finding says: the catalog's verdict, and where it ranks among training-log classes."""
+    if entry is None:
+        return Spec(
+            f"xid_{code}",
+            Severity.UNKNOWN,
+            Action.CONTACT_SUPPORT,
+            f"XID {code}: code not in the XID catalog",
+            "contact-support",
+            (
+                "Keep the full NVRM line for the case: the code is newer than this catalog or undocumented.",
+                _XID_CHECK,
+                Action.CONTACT_SUPPORT.description,
+            ),
+            -1.0,
+        )
+    if entry.action.rank <= Action.RUN_DIAGNOSTICS.rank:
+        tier = -1.0  # a hardware verdict: the GPU it names is the root cause of its ranks' errors
+    elif entry.action is Action.IGNORE:
+        tier = float(len(rules.rules))
+    else:
+        tier = rules.rule("cuda_illegal_address").specificity - 0.5  # the application's own fault
+    return Spec(
+        f"xid_{code}",
+        entry.severity,
+        entry.action,
+        f"XID {code} ({entry.mnemonic}): {entry.title}",
+        entry.playbook,
+        (_XID_CHECK, entry.action.description),
+        tier,
+    )
+
+
+class _Diagnosis:
+    """The state of one `diagnose` call."""
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.rules = rules
+        self.specs = _rule_spec(rules)
+        self.symptoms = frozenset(r.class_id for r in rules.rules if r.symptom)
+        self.xid_specs: dict[int, Spec] = {}
+        self.xid79_seen: set[tuple[int, str | None]] = set()
+        self._lines: dict[str, tuple[LogLine, Match | None, ContextMatch | None]] = {}
+        self._verdicts: dict[str, tuple[Match | None, ContextMatch | None]] = {}
+        self.collapser = Collapser()
+        self.identity = IdentityBook()
+        self.versions: dict[str, Seen] = {}
+        self.progress = ProgressTracker()
+        self.events: list[dict[str, Any]] = []
+        self.events_dropped = 0
+        self.sources: list[_Source] = []
+        # Evidence names its input only when there are several.
+        self.label: Callable[[int], str | None] = lambda source: None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, name: str | None, chunks: Iterable[bytes]) -> tuple[int, int]:
+        src = _Source(self.identity.add_source(), name)
+        self.sources.append(src)
+        rules = self.rules
+        scanner = LineScanner(
+            [t.encode() for t in rules.triggers], [(f.trigger.encode(), f.lines) for f in rules.follow]
+        )
+        kernel = KernelLogParser()
+        for chunk in chunks:
+            for cand in scanner.feed(bytes(chunk)):
+                self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
+        for cand in scanner.finish():
+            self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
+        kernel.finish()
+        return scanner.lines, scanner.skipped
+
+    def _line(self, src: _Source, kernel: KernelLogParser, number: int, text: str) -> None:
+        text = text.rstrip("\r")
+        # A progress bar redraws itself with bare CRs; each redraw is a line of its own.
+        for segment in text.split("\r") if "\r" in text else (text,):
+            if segment.strip():
+                self._segment(src, kernel, number, segment)
+
+    def _segment(self, src: _Source, kernel: KernelLogParser, number: int, text: str) -> None:
+        if "NVRM" in text:
+            line = normalise(text)
+            events = kernel.feed(line.raw, number)
+            for event in events:
+                self._xid(src, line, event)
+            if events:
+                self.identity.learn(src.index, line)
+                return
+        line, match, ctx = self._classify(text)
+        self.identity.learn(src.index, line)
+        if match is not None:
+            self._finding(src, number, line, self.specs[match.rule.class_id], match.fields)
+        elif ctx is not None:
+            self._context(src, number, line, ctx.kind, ctx.fields)
+
+    def _classify(self, text: str) -> tuple[LogLine, Match | None, ContextMatch | None]:
+        """Normalise and match `text`, remembering recent answers.
+
+        A failing job repeats itself: the same WARN from the same process thousands of times, or the
+        same message from every rank behind a different prefix. Both caches are bounded and are
+        simply emptied when full.
+        """
+        known = self._lines.get(text)
+        if known is not None:
+            return known
+        line = normalise(text)
+        verdict = self._verdicts.get(line.text)
+        if verdict is None:
+            match = self.rules.match(line.text)
+            verdict = (match, None if match is not None else self.rules.match_context(line.text))
+            if len(self._verdicts) >= CACHE_ENTRIES:
+                self._verdicts.clear()
+            self._verdicts[line.text] = verdict
+        if len(self._lines) >= CACHE_ENTRIES:
+            self._lines.clear()
+        self._lines[text] = (line, *verdict)
+        return line, *verdict
+
+    def _seen(self, src: _Source, number: int, line: LogLine) -> Seen:
+        return Seen(src.index, number, line.raw[:EVIDENCE_CHARS], line.stamp)
+
+    def _context(self, src: _Source, number: int, line: LogLine, kind: ContextKind, raw: dict[str, str]) -> None:
+        fields, gpu = convert(raw)
+        if kind is ContextKind.COMM_INIT:
+            if line.host is not None and line.pid is not None:
+                rank, nranks = int(fields["rank"]), int(fields["nranks"])
+                self.identity.comm_init(src.index, line.host, line.pid, rank=rank, nranks=nranks, gpu=gpu)
+        elif kind is ContextKind.NCCL_VERSION:
+            if len(self.versions) < 32:
+                self.versions.setdefault(str(fields["version"]), self._seen(src, number, line))
+        elif kind is ContextKind.FAILURE_HOST:
+            src.failure = (number, str(fields["host"]), None)
+        elif kind is ContextKind.FAILURE_RANK:
+            host = src.failure[1] if src.failure is not None else None
+            rank = int(fields["rank"])
+            src.failure = (number, host, rank)
+            if host is not None:
+                self.identity.pair(rank, host)
+        elif kind is ContextKind.PROGRESS:
+            self._progress(src, number, line, fields)
+
+    def _progress(self, src: _Source, number: int, line: LogLine, fields: dict[str, str | int]) -> None:
+        if line.rank is None:
+            return
+        completed, enqueued = fields.get("last_completed"), fields.get("last_enqueued")
+        seq = fields.get("seq")
+        if not isinstance(completed, int) and isinstance(seq, int):
+            # The work that timed out had not completed; the one before it had.
+            completed, enqueued = seq - 1, seq
+        if isinstance(completed, int):
+            enq = enqueued if isinstance(enqueued, int) else completed
+            seen = self._seen(src, number, line)
+            self.progress.report(line.pg, line.rank, Progress(completed, enq, src.index, number, seen.text, line.stamp))
+
+    def _finding(self, src: _Source, number: int, line: LogLine, spec: Spec, raw: dict[str, str]) -> None:
+        details, gpu = convert(raw)
+        rank = line.rank
+        if rank is None and isinstance(details.get("rank"), int):
+            rank = int(details["rank"])
+        host = line.host
+        if src.failure is not None and number - src.failure[0] <= FAILURE_WINDOW:
+            host = host or src.failure[1]
+            rank = rank if rank is not None else src.failure[2]
+        local = line.local_rank
+        if local is None and isinstance(details.get("local_rank"), int):
+            local = int(details["local_rank"])
+        if line.cuda_dev is not None:
+            details.setdefault("cuda_dev", line.cuda_dev)
+        subject = details.get("pid")
+        subject_pid = subject if isinstance(subject, int) else None
+        if spec.class_id == "collective_timeout" or "last_completed" in details:
+            self._progress(src, number, line, details)
+        who = Who(src.index, host, line.pid, rank, local, gpu, subject_pid)
+        self.collapser.add(who, spec, self._seen(src, number, line), details)
+
+    def _xid(self, src: _Source, line: LogLine, event: KernelEvent) -> None:
+        if event.kind is not EventKind.XID or event.code is None:
+            return
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(
+                {
+                    "line": event.line,
+                    "xid": event.code,
+                    "pci_bus_id": event.pci_bus_id,
+                    "pid": event.pid,
+                    "process": event.process,
+                    "timestamp": event.timestamp,
+                    "text": event.text[:EVIDENCE_CHARS],
+                    "_source": src.index,
+                }
+            )
+        else:
+            self.events_dropped += 1
+        if event.details.get("synthesized") == "fallen_off_bus":
+            # The same fault as the driver's own Xid 79 line for this GPU: one event, not two faults.
+            if (src.index, event.pci_bus_id) in self.xid79_seen:
+                return
+        elif event.code == 79:
+            self.xid79_seen.add((src.index, event.pci_bus_id))
+        spec = self.xid_specs.get(event.code)
+        if spec is None:
+            spec = _xid_spec(event.code, load_catalog().get(event.code), self.rules)
+            self.xid_specs[event.code] = spec
+        details: dict[str, str | int] = {"xid": event.code}
+        if event.process:
+            details["process"] = event.process
+        if event.pid is not None:
+            details["pid"] = event.pid
+        details.update((k, v[:200]) for k, v in event.details.items())
+        entry = load_catalog().get(event.code)
+        if entry is not None and entry.causes:
+            details.setdefault("causes", "; ".join(entry.causes)[:200])
+        seen = Seen(src.index, event.line, event.text[:EVIDENCE_CHARS], line.stamp)
+        self.collapser.add(Who(src.index, host=line.host, gpu=event.pci_bus_id), spec, seen, details)
+
+    # -- resolving ----------------------------------------------------------------------------
+
+    def report(self, lines: int, skipped: int) -> Report:
+        names = [s.name for s in self.sources]
+        if len(names) > 1:
+            self.label = lambda source: names[source] or f"input-{source + 1}"
+        ranked = order(self._resolve())
+        findings = self._straggler(ranked)
+        link_symptoms(findings, lambda class_id: class_id in self.symptoms)
+        events = []
+        for e in self.events:
+            source = self.label(e.pop("_source"))
+            if source is not None:
+                e["source"] = source
+            events.append(e)
+        return Report(events, findings, names, lines, skipped, self.events_dropped)
+
+    def _resolve(self) -> list[Ranked]:
+        out = [build(where, tally, self.label) for where, tally in self.collapser.merged(self.identity.place)]
+        mismatch = self._version_mismatch()
+        if mismatch is not None:
+            out.append(mismatch)
+        return out
+
+    def _version_mismatch(self) -> Ranked | None:
+        if len(self.versions) < 2:
+            return None
+        ordered = sorted(self.versions.items(), key=lambda kv: tuple(int(p) for p in kv[0].split(".")))
+        first, last = ordered[0][1], ordered[-1][1]
+        part = Tally(self.specs["nccl_lib_mismatch"], first, last, len(ordered))
+        part.details["versions"] = ", ".join(v for v, _ in ordered)
+        return build(("nccl_lib_mismatch", None, None, None), part, self.label, "versions")
+
+    def _straggler(self, ranked: list[Ranked]) -> list[Finding]:
+        findings = [r.finding for r in ranked]
+        timeouts = [i for i, f in enumerate(findings) if f.class_id == "collective_timeout"]
+        found = self.progress.straggler() if timeouts else None
+        if found is None:
+            return findings
+        for i in timeouts:
+            findings[i].details["straggler_rank"] = found.rank
+        own = next((i for i in timeouts if findings[i].rank == found.rank), None)
+        straggler = self._straggler_finding(found) if own is None else findings.pop(own)
+        straggler.title += f" (straggler: rank {found.rank})"
+        straggler.details.update(
+            straggler_rank=found.rank,
+            last_completed=found.progress.completed,
+            last_enqueued=found.progress.enqueued,
+            others_last_completed=found.others_completed,
+            reporting_ranks=found.reporting_ranks,
+            pg=found.pg,
+        )
+        findings.insert(timeouts[0], straggler)
+        return findings
+
+    def _straggler_finding(self, found: Straggler) -> Finding:
+        p = found.progress
+        seen = Seen(p.source, p.line, p.text, p.stamp)
+        part = Tally(self.specs["collective_timeout"], seen, seen)
+        rank = found.rank
+        where: Where = ("collective_timeout", self.identity.host_of(rank), rank, self.identity.gpu_of(rank))
+        return build(where, part, self.label).finding
+
+
+def diagnose(sources: Iterable[tuple[str | None, Iterable[bytes]]]) -> Report:
+    """Diagnose training and kernel logs.
+
+    `sources` holds one (name or None, byte chunks) pair per input: a file, one rank's output or
+    stdin; the caller decompresses. Chunks may split lines anywhere. Findings come root cause first.
+    """
+    state = _Diagnosis(load_rules())
+    lines = skipped = 0
+    for name, chunks in sources:
+        read, skip = state.read(name, chunks)
+        lines += read
+        skipped += skip
+    return state.report(lines, skipped)

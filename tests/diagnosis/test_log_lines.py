@@ -1,0 +1,134 @@
+"""Normalising one raw line: the prefixes of launchers, runtimes and printers come off, identity stays."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diagnosis.log_lines import LogLine, Stamp, clean, normalise
+
+MSG = "misc/socket.cc:538 NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.4<35120>"
+
+
+def _abs(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def test_nccl_header_gives_host_pid_and_cuda_device() -> None:
+    line = normalise(f"node-7.cluster.local:40211:40290 [3] {MSG}")
+    assert line.text == MSG
+    assert (line.host, line.pid, line.cuda_dev, line.rank) == ("node-7.cluster.local", 40211, 3, None)
+
+
+def test_torchrun_rank_tag_is_the_global_rank_and_role_tag_the_local_rank() -> None:
+    assert normalise(f"[rank11]:{MSG}").rank == 11
+    line = normalise(f"[default3]:node2:1:2 [3] {MSG}")
+    assert (line.rank, line.local_rank, line.host, line.text) == (None, 3, "node2", MSG)
+    stacked = normalise(f"[default3]:[rank11]: {MSG}")
+    assert (stacked.rank, stacked.local_rank, stacked.text) == (11, 3, MSG)
+
+
+def test_slurm_label_is_the_rank_when_nothing_better_is_known() -> None:
+    assert normalise(f"5: node1:1:2 [5] {MSG}").rank == 5
+    assert normalise(f"  5: [rank13]: {MSG}").rank == 13
+    assert normalise("12:00:01 not a label").text == "12:00:01 not a label"
+
+
+def test_pytorch_glog_prefixes_and_process_group_tag() -> None:
+    raw = (
+        "[rank2]:[E0501 12:10:41.220011 3301 ProcessGroupNCCL.cpp:1537] [PG ID 4 PG GUID 4(TP_GROUP) Rank 2]"
+        " Timeout at NCCL work: 7, last enqueued NCCL work: 7, last completed NCCL work: 6."
+    )
+    line = normalise(raw)
+    assert line.text.startswith("[PG ID 4 PG GUID 4(TP_GROUP) Rank 2] Timeout at NCCL work: 7")
+    assert (line.rank, line.pg) == (2, "4")
+    assert line.stamp is not None and line.stamp.kind == "md"
+    old = normalise("[E ProcessGroupNCCL.cpp:475] [Rank 3] Watchdog caught collective operation timeout")
+    assert (old.rank, old.pg, old.stamp) == (3, None, None)
+    assert old.text.startswith("[Rank 3] Watchdog")
+    plain = normalise(
+        "E0501 14:03:20.118000 140213 torch/distributed/elastic/multiprocessing/api.py:826] failed (exitcode: -9)"
+    )
+    assert plain.text == "failed (exitcode: -9)"
+    assert plain.stamp is not None and plain.stamp.kind == "md"
+
+
+def test_glog_stamps_order_by_month_day_and_time() -> None:
+    early = normalise("[E0501 23:59:59.900000 1 a.cpp:1] x").stamp
+    late = normalise("[E0502 00:00:00.100000 1 a.cpp:1] x").stamp
+    assert early is not None and late is not None and early.value < late.value
+
+
+def test_kubernetes_cri_prefix_and_timestamp() -> None:
+    line = normalise(f"2024-05-01T12:00:00.123456789Z stderr F [rank3]:node2:7:8 [3] {MSG}")
+    assert (line.text, line.rank, line.host) == (MSG, 3, "node2")
+    assert line.stamp is not None and line.stamp.kind == "abs"
+    assert line.stamp.value == pytest.approx(_abs("2024-05-01T12:00:00") + 0.123456)
+    partial = normalise(f"2024-05-01T12:00:00+02:00 stdout P {MSG}")
+    assert partial.text == MSG
+    assert partial.stamp == Stamp("abs", _abs("2024-05-01T10:00:00"))
+
+
+def test_python_logging_and_nccl_timestamp_prefixes() -> None:
+    line = normalise("[2024-05-01 12:00:00,101] torch.distributed.run: [WARNING] Setting OMP_NUM_THREADS")
+    assert line.text == "torch.distributed.run: [WARNING] Setting OMP_NUM_THREADS"
+    assert line.stamp is not None and line.stamp.kind == "abs"
+    assert line.stamp.value == pytest.approx(_abs("2024-05-01T12:00:00") + 0.101)
+    dashed = normalise("2024-05-01 12:05:00,123 - INFO - train.py:212 - step 100")
+    assert dashed.text == "INFO - train.py:212 - step 100"
+
+
+def test_kernel_log_prefixes_give_host_and_time() -> None:
+    line = normalise("May  1 14:03:10 node2 kernel: [ 8841.123981] NVRM: Xid (PCI:0000:ab:00): 79, pid=1")
+    assert (line.host, line.text) == ("node2", "NVRM: Xid (PCI:0000:ab:00): 79, pid=1")
+    assert line.stamp is not None and line.stamp.kind == "md"
+    dmesg = normalise("[ 8841.123981] NVRM: Xid (PCI:0000:ab:00): 79")
+    assert dmesg.stamp == Stamp("uptime", 8841.123981)
+    human = normalise("[Wed May  1 14:03:10 2024] NVRM: Xid (PCI:0000:ab:00): 79")
+    assert human.stamp == Stamp("abs", _abs("2024-05-01T14:03:10"))
+
+
+def test_ansi_colours_and_line_ends_are_removed() -> None:
+    raw = f"\x1b[31m[rank1]:\x1b[0m \x1b[1m{MSG}\x1b[0m\r\n"
+    line = normalise(raw)
+    assert line.text == MSG and line.rank == 1
+    assert "\x1b" not in line.raw and not line.raw.endswith("\r")
+    assert clean("a\x00b\r") == "ab"
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        "node1:4021",
+        "node1:40211:40290 [3",
+        "[rank1",
+        "[rank1]:[E0501 12:10",
+        "2024-05-01T12:00:00.12",
+        "\x1b[3",
+        "May  1 14:03",
+        "[ 8841.12",
+        "",
+        "   ",
+    ],
+)
+def test_a_line_cut_mid_prefix_does_not_break_anything(cut: str) -> None:
+    line = normalise(cut)
+    assert isinstance(line, LogLine)
+    # Whatever prefix could not be recognised stays in the message.
+    assert clean(cut).strip().endswith(line.text)
+
+
+def test_impossible_dates_are_not_timestamps() -> None:
+    line = normalise("2024-13-45T99:00:00Z stdout F hello")
+    assert line.stamp is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_normalise_never_raises(text: str) -> None:
+    line = normalise(text)
+    assert isinstance(line.text, str)
+    assert len(line.text) <= len(text)

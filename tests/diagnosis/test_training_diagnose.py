@@ -1,0 +1,345 @@
+"""`diagnose` end to end: fixtures of every class, multi-rank scenarios, healthy runs and bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from diagnosis.actions import Action, Severity
+from diagnosis.training import Report, diagnose
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "training"
+EXPECTED: dict[str, dict[str, Any]] = yaml.safe_load((FIXTURES / "expected.yaml").read_text())
+HEALTHY = sorted(FIXTURES.glob("healthy_*.log"))
+
+
+def _inputs(name: str) -> list[Path]:
+    path = FIXTURES / name
+    return sorted(path.iterdir()) if path.is_dir() else [path]
+
+
+def _chunks(data: bytes, size: int) -> Iterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+def _diagnose_files(paths: list[Path], chunk: int = 1 << 16) -> Report:
+    return diagnose([(p.name, _chunks(p.read_bytes(), chunk)) for p in paths])
+
+
+def _text(*lines: str) -> Report:
+    return diagnose([(None, ["\n".join(lines).encode() + b"\n"])])
+
+
+def test_every_class_has_a_fixture() -> None:
+    roots = {e["root"] for e in EXPECTED.values()}
+    from diagnosis.training_rules import load_rules
+
+    assert {r.class_id for r in load_rules().rules} <= roots
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_root_cause_and_location(name: str) -> None:
+    want = EXPECTED[name]
+    report = _diagnose_files(_inputs(name))
+    assert report.findings, "no findings"
+    root = report.findings[0]
+    assert (root.class_id, root.host, root.rank, root.gpu) == (
+        want["root"],
+        want["host"],
+        want["rank"],
+        want["gpu"],
+    )
+    later = [f.class_id for f in report.findings[1:]]
+    for class_id in want.get("also", []):
+        assert class_id in later
+    for f in report.findings[1:]:
+        if f.class_id in want.get("caused_by", []):
+            assert f.details["likely_caused_by"] == root.id
+    if "second" in want:
+        assert report.findings[1].class_id == want["second"]
+    if "straggler" in want:
+        assert root.details["straggler_rank"] == want["straggler"]
+        assert f"(straggler: rank {want['straggler']})" in root.title
+    assert len(report.events) == want.get("events", 0)
+
+
+@pytest.mark.parametrize("path", HEALTHY, ids=lambda p: p.name)
+def test_a_healthy_run_produces_no_findings(path: Path) -> None:
+    report = _diagnose_files([path])
+    assert report.findings == []
+    assert report.events == []
+    assert report.lines_read >= 150
+
+
+def test_healthy_runs_together_are_still_healthy() -> None:
+    report = _diagnose_files(HEALTHY)
+    assert report.findings == [] and report.lines_read > 800
+
+
+def test_json_is_the_design_shape() -> None:
+    report = _diagnose_files(_inputs("scenarios/xid79_with_nccl.log"))
+    doc = json.loads(json.dumps(report.to_json()))
+    assert set(doc) == {"events", "findings", "summary"}
+    assert doc["events"][0] == {
+        "line": 14,
+        "xid": 79,
+        "pci_bus_id": "0000:ab:00.0",
+        "pid": 41266,
+        "process": "python3",
+        "timestamp": "May  1 14:03:10",
+        "text": (
+            "May  1 14:03:10 node2 kernel: [ 8841.123981] NVRM: Xid (PCI:0000:ab:00): 79, pid=41266,"
+            " name=python3, GPU has fallen off the bus."
+        ),
+    }
+    required = {"id", "class", "severity", "action", "title", "playbook", "gpu", "rank", "host", "evidence"}
+    for f in doc["findings"]:
+        assert required <= set(f)
+        assert f["severity"] in {"critical", "warning", "info", "unknown"}
+        assert f["action"] in Action.__members__
+        assert all(set(e) == {"line", "text"} for e in f["evidence"])
+    root = doc["findings"][0]
+    assert (root["class"], root["playbook"], root["action"]) == ("xid_79", "xid-79", "REBOOT_NODE")
+    lines = (FIXTURES / "scenarios" / "xid79_with_nccl.log").read_bytes().count(b"\n")
+    assert doc["summary"]["lines_read"] == lines
+
+
+def test_playbook_ids_of_training_findings() -> None:
+    report = _diagnose_files(_inputs("classes/ib_completion_timeout.log"))
+    assert report.findings[0].playbook == "nccl-ib-completion-timeout"
+    assert report.findings[0].steps and any("NCCL_IB_DISABLE=1" in s for s in report.findings[0].steps)
+
+
+def test_repeated_lines_collapse_with_count_and_first_and_last_evidence() -> None:
+    lines = [
+        f"node1:100:101 [0] misc/socket.cc:538 NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.{i}<1>"
+        for i in range(2, 9)
+    ]
+    report = _text("node1:100:101 [0] NCCL INFO comm 0x1 rank 4 nranks 8 cudaDev 0 busId 18000 - Init COMPLETE", *lines)
+    [finding] = report.findings
+    assert finding.id == "remote_peer_closed:node1/rank4/0000:18:00.0"
+    assert finding.count == 7
+    assert [(e.line, e.text) for e in finding.evidence] == [(2, lines[0]), (8, lines[-1])]
+    assert finding.details["peer"] == "10.0.0.2<1>"  # fields of the first occurrence
+
+
+def test_one_finding_per_rank_and_stable_ids() -> None:
+    report = _diagnose_files(_inputs("scenarios/oom_rank3"))
+    ids = [f.id for f in report.findings]
+    assert len(ids) == len(set(ids))
+    again = _diagnose_files(_inputs("scenarios/oom_rank3"), chunk=7)
+    assert [f.id for f in again.findings] == ids
+    closed = [f for f in report.findings if f.class_id == "remote_peer_closed"]
+    assert sorted(f.rank for f in closed if f.rank is not None) == [0, 1, 2]
+    assert all(f.count == 2 for f in closed)
+
+
+def test_evidence_names_its_input_when_there_are_several() -> None:
+    report = _diagnose_files(_inputs("scenarios/oom_rank3"))
+    root = report.findings[0]
+    assert [(e.source, e.line) for e in root.evidence] == [("rank3.log", 38)]
+    assert report.to_json()["summary"]["sources"] == 4
+    single = _diagnose_files(_inputs("classes/cuda_oom.log"))
+    assert all(e.source is None for f in single.findings for e in f.evidence)
+
+
+def test_straggler_that_timed_out_itself_is_marked_and_first() -> None:
+    report = _text(
+        "[rank0]:[E0501 12:10:41.1 1 ProcessGroupNCCL.cpp:1] [PG 0 Rank 0] Timeout at NCCL work: 9, last enqueued NCCL work: 9, last completed NCCL work: 8.",
+        "[rank1]:[E0501 12:10:40.1 1 ProcessGroupNCCL.cpp:1] [PG 0 Rank 1] Timeout at NCCL work: 9, last enqueued NCCL work: 9, last completed NCCL work: 8.",
+        "[rank2]:[E0501 12:10:42.1 1 ProcessGroupNCCL.cpp:1] [PG 0 Rank 2] Timeout at NCCL work: 7, last enqueued NCCL work: 9, last completed NCCL work: 6.",
+    )
+    ranks = [f.rank for f in report.findings]
+    assert ranks == [2, 1, 0]
+    straggler = report.findings[0]
+    assert straggler.details["straggler_rank"] == 2
+    assert (straggler.details["last_completed"], straggler.details["others_last_completed"]) == (6, 8)
+    assert all(f.details["straggler_rank"] == 2 for f in report.findings)
+
+
+def test_no_straggler_when_ranks_agree() -> None:
+    timeout = "[rank{0}]: [Rank {0}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600100 milliseconds before timing out."
+    report = _text(timeout.format(0), timeout.format(1))
+    assert len(report.findings) == 2
+    assert all("straggler_rank" not in f.details for f in report.findings)
+
+
+def test_xid_on_a_node_is_the_root_cause_of_its_ranks_errors() -> None:
+    report = _diagnose_files(_inputs("scenarios/xid79_with_nccl.log"))
+    root = report.findings[0]
+    assert root.class_id == "xid_79" and root.severity is Severity.CRITICAL
+    assert root.count == 1  # the driver's own line and its single-line twin are one fault
+    assert len(report.events) == 2
+    others = report.findings[1:]
+    assert all(f.details.get("likely_caused_by") == root.id for f in others)
+
+
+def test_unknown_xid_code_is_reported_as_unknown() -> None:
+    report = _text("[ 12.5] NVRM: Xid (PCI:0000:3b:00): 999, pid=7, name=python3, something new")
+    [finding] = report.findings
+    assert finding.class_id == "xid_999"
+    assert (finding.severity, finding.action, finding.playbook) == (
+        Severity.UNKNOWN,
+        Action.CONTACT_SUPPORT,
+        "contact-support",
+    )
+    assert "999" in finding.evidence[0].text
+
+
+def test_mixed_nccl_versions_across_hosts_are_a_library_mismatch() -> None:
+    report = _text(
+        "node1:1:1 [0] NCCL INFO NCCL version 2.20.5+cuda12.2",
+        "node2:1:1 [0] NCCL INFO NCCL version 2.18.1+cuda12.1",
+        "node3:1:1 [0] NCCL INFO NCCL version 2.20.5+cuda12.2",
+    )
+    [finding] = report.findings
+    assert (finding.class_id, finding.id) == ("nccl_lib_mismatch", "nccl_lib_mismatch:versions")
+    assert finding.details["versions"] == "2.18.1, 2.20.5"
+
+
+def test_socket_error_on_a_docker_address_says_so() -> None:
+    report = _diagnose_files(_inputs("classes/socket_connect_error.log"))
+    assert "docker" in str(report.findings[0].details["address_hint"])
+
+
+def test_torchrun_exit_report_is_placed_on_the_killed_worker() -> None:
+    report = _diagnose_files(_inputs("classes/host_oom_killed.log"))
+    root = report.findings[0]
+    assert root.count == 2  # the summary's exit code and its traceback, both about pid 40233
+    assert [e.text.strip() for e in root.evidence] == [
+        "exitcode  : -9 (pid: 40233)",
+        "traceback : Signal 9 (SIGKILL) received by PID 40233",
+    ]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 17, 4096])
+def test_same_result_whatever_the_chunk_boundaries(size: int) -> None:
+    paths = _inputs("scenarios/ib_port_then_completion.log")
+    want = _diagnose_files(paths).to_json()
+    assert _diagnose_files(paths, chunk=size).to_json() == want
+
+
+def test_random_chunk_boundaries_and_crlf() -> None:
+    data = (FIXTURES / "scenarios" / "timeout_straggler.log").read_bytes()
+    want = diagnose([(None, [data])]).to_json()
+    rng = random.Random(5)
+    cuts = sorted(rng.sample(range(len(data)), 200))
+    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    assert diagnose([(None, pieces)]).to_json() == want
+    crlf = diagnose([(None, [data.replace(b"\n", b"\r\n")])]).to_json()
+    assert [f["id"] for f in crlf["findings"]] == [f["id"] for f in want["findings"]]
+    assert [f["evidence"] for f in crlf["findings"]] == [f["evidence"] for f in want["findings"]]
+
+
+def test_ansi_colours_do_not_hide_a_fault() -> None:
+    report = _text("\x1b[31m[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\x1b[0m")
+    assert report.findings[0].class_id == "cuda_oom" and report.findings[0].rank == 3
+    assert "\x1b" not in report.findings[0].evidence[0].text
+
+
+def test_progress_bar_redraws_are_separate_lines() -> None:
+    report = _text(" 10%|#  | 1/10\r 20%|## | 2/10\r[rank1]: RuntimeError: CUDA error: out of memory")
+    assert [f.class_id for f in report.findings] == ["cuda_oom"]
+
+
+def test_empty_input_and_no_inputs() -> None:
+    assert diagnose([]).to_json() == {
+        "events": [],
+        "findings": [],
+        "summary": {"sources": 0, "lines_read": 0, "lines_skipped": 0, "events_dropped": 0},
+    }
+    report = diagnose([("empty", []), ("blank", [b"", b""])])
+    assert report.findings == [] and report.lines_read == 0
+
+
+def test_invalid_utf8_is_read_with_replacement() -> None:
+    data = b"[rank2]: RuntimeError: CUDA error: out of memory \xff\xfe\xc3\n\xc3\x28 ERROR \xa0\xa1\n"
+    report = diagnose([(None, [data])])
+    assert [f.class_id for f in report.findings] == ["cuda_oom"]
+    assert "\ufffd" in report.findings[0].evidence[0].text
+
+
+def test_binary_garbage_is_skipped_cleanly() -> None:
+    rng = random.Random(1)
+    garbage = bytes(rng.randrange(256) for _ in range(1 << 20))
+    # Make sure the garbage holds trigger words, so the skipping path is really taken.
+    garbage += b"\x00WARN\x00rror\n\x00\x00ERROR" + bytes(rng.randrange(256) for _ in range(4096))
+    report = diagnose([("core", _chunks(garbage, 8192))])
+    assert report.findings == []
+    assert report.lines_skipped >= 1
+
+
+def test_a_ten_megabyte_line_is_skipped_not_held() -> None:
+    huge = b"NCCL WARN " + b"A" * (10 << 20)
+    data = b"ok\n" + huge + b"\n[rank1]: RuntimeError: CUDA error: out of memory\n"
+    report = diagnose([(None, _chunks(data, 1 << 20))])
+    assert report.lines_read == 3 and report.lines_skipped == 1
+    assert [(f.class_id, f.evidence[0].line) for f in report.findings] == [("cuda_oom", 3)]
+    unterminated = diagnose([(None, _chunks(huge, 1 << 20))])
+    assert unterminated.findings == [] and unterminated.lines_skipped == 1
+
+
+def test_a_log_cut_mid_line_still_counts_its_last_line() -> None:
+    report = diagnose([(None, [b"ok\n[rank1]: RuntimeError: CUDA error: out of memory"])])
+    assert report.lines_read == 2
+    assert [f.class_id for f in report.findings] == ["cuda_oom"]
+    cut = diagnose([(None, [b"ok\n[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to all"])])
+    assert cut.findings[0].class_id == "cuda_oom" and cut.findings[0].evidence[0].line == 2
+
+
+def test_memoryviews_and_bytearrays_are_accepted() -> None:
+    data = b"[rank1]: RuntimeError: CUDA error: out of memory\n"
+    report = diagnose([(None, [bytearray(data[:10]), memoryview(data)[10:]])])  # type: ignore[list-item]
+    assert report.findings[0].class_id == "cuda_oom"
+
+
+def test_a_failure_inside_a_kubernetes_pod_log() -> None:
+    healthy = (FIXTURES / "healthy_k8s_node2.log").read_bytes()
+    failure = (
+        b"2024-05-01T12:31:00.000000001Z stderr F \x1b[31m[default5]:[rank13]: torch.OutOfMemoryError: CUDA out of"
+        b" memory. Tried to allocate 2.00 GiB. GPU 5 has a total capacity of 79.15 GiB\x1b[0m\r\n"
+    )
+    report = diagnose([("pod-worker-1.log", [healthy, failure])])
+    [finding] = report.findings
+    assert (finding.class_id, finding.host, finding.rank, finding.gpu) == ("cuda_oom", "node2", 13, "0000:ab:00.0")
+    assert finding.evidence[0].line == healthy.count(b"\n") + 1
+
+
+def test_a_failure_in_a_slurm_labelled_log() -> None:
+    healthy = (FIXTURES / "healthy_slurm_label.log").read_bytes()
+    failure = (
+        b"2: gpu-a100-07:40222:40350 [2] misc/shmutils.cc:61 NCCL WARN Call to open failed: No such file or directory\n"
+    )
+    report = diagnose([(None, [healthy + failure])])
+    [finding] = report.findings
+    assert (finding.class_id, finding.host, finding.rank, finding.gpu) == (
+        "shm_attach_error",
+        "gpu-a100-07",
+        2,
+        "0000:3a:00.0",
+    )
+
+
+def test_a_flood_of_repeated_lines_is_counted_exactly() -> None:
+    from diagnosis.training import CACHE_ENTRIES
+
+    same = b"node1:9:10 [0] misc/socket.cc:538 NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.4<1>\n"
+    # More distinct messages than the classification caches hold, so they empty and refill on the way.
+    varied = b"".join(
+        b"[rank2]:[E0501 12:00:00.%06d 7 ProcessGroupNCCL.cpp:1] [Rank 2] Process group watchdog thread terminated"
+        b" with exception: CUDA error: out of memory (%d)\n" % (i, i)
+        for i in range(CACHE_ENTRIES + 500)
+    )
+    report = diagnose([(None, [same * 3000, varied])])
+    counts = {f.class_id: (f.count, [e.line for e in f.evidence]) for f in report.findings}
+    assert counts == {
+        "cuda_oom": (CACHE_ENTRIES + 500, [3001, 3000 + CACHE_ENTRIES + 500]),
+        "remote_peer_closed": (3000, [1, 3000]),
+    }

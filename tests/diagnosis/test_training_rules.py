@@ -1,0 +1,281 @@
+"""The shipped training-log rules, and the loader that refuses a bad rules file."""
+
+from __future__ import annotations
+
+import itertools
+from importlib import resources
+from typing import Any
+
+import pytest
+import yaml
+
+from diagnosis.actions import Action, Severity
+from diagnosis.line_scan import LineScanner
+from diagnosis.log_lines import normalise
+from diagnosis.training_rules import (
+    FIELDS,
+    Example,
+    RulesError,
+    RuleSet,
+    load_rules,
+    parse_rules,
+    parse_rules_text,
+    playbook_id,
+    unbounded_repeats,
+)
+
+# The class ids of reference/nccl-symptoms.md §0: the contract the CLI, API and runbooks rely on.
+CLASSES = {
+    "collective_timeout",
+    "watchdog_hang",
+    "collective_mismatch",
+    "size_mismatch_truncated",
+    "remote_peer_closed",
+    "socket_connect_error",
+    "rendezvous_store_error",
+    "ib_completion_timeout",
+    "ib_gdr_access_error",
+    "ib_async_event",
+    "ib_qp_setup_error",
+    "ib_memreg_error",
+    "gdr_disabled",
+    "ofi_efa_error",
+    "p2p_broken",
+    "shm_unavailable",
+    "shm_attach_error",
+    "nvswitch_fabric_error",
+    "ring_topology_error",
+    "duplicate_gpu",
+    "nccl_lib_mismatch",
+    "cuda_driver_incompatible",
+    "cuda_illegal_address",
+    "cuda_oom",
+    "gpu_hw_fault",
+    "host_oom_killed",
+    "nccl_generic_error",
+}
+
+RULES = load_rules()
+SIGNATURES = [sig for rule in RULES.rules for sig in rule.signatures] + [
+    sig for ctx in RULES.context for sig in ctx.signatures
+]
+EXAMPLES = [(rule.class_id, ex) for rule in RULES.rules for ex in rule.examples]
+
+
+def _text() -> str:
+    return resources.files("diagnosis").joinpath("data/training_rules.yaml").read_text(encoding="utf-8")
+
+
+def _doc() -> dict[str, Any]:
+    doc = yaml.safe_load(_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _reaches_prefilter(rules: RuleSet, example: Example) -> bool:
+    """Whether the scanner hands the example line to the classifier, given the line before it."""
+    scanner = LineScanner([t.encode() for t in rules.triggers], [(f.trigger.encode(), f.lines) for f in rules.follow])
+    text = example.line if example.after is None else f"{example.after}\n{example.line}"
+    lines = [c.data.decode() for c in (*scanner.feed(text.encode() + b"\n"), *scanner.finish())]
+    return example.line in lines
+
+
+def test_every_class_of_the_reference_has_exactly_one_rule() -> None:
+    ids = [r.class_id for r in RULES.rules]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == CLASSES
+
+
+def test_each_class_links_its_own_playbook_and_has_steps() -> None:
+    for rule in RULES.rules:
+        assert rule.playbook == playbook_id(rule.class_id) == "nccl-" + rule.class_id.replace("_", "-")
+        assert rule.title and len(rule.steps) >= 2
+        assert isinstance(rule.action, Action) and isinstance(rule.severity, Severity)
+        assert rule.severity is not Severity.UNKNOWN
+
+
+def test_specificity_order_follows_the_reference() -> None:
+    order = [r.class_id for r in RULES.rules]
+
+    def before(a: str, b: str) -> bool:
+        return order.index(a) < order.index(b)
+
+    chain = [
+        "gpu_hw_fault",
+        "host_oom_killed",
+        "cuda_oom",
+        "cuda_illegal_address",
+        "ib_async_event",
+        "ib_completion_timeout",
+        "shm_unavailable",
+        "p2p_broken",
+        "nvswitch_fabric_error",
+        "duplicate_gpu",
+        "ring_topology_error",
+        "nccl_lib_mismatch",
+        "socket_connect_error",
+        "size_mismatch_truncated",
+        "collective_mismatch",
+        "collective_timeout",
+        "watchdog_hang",
+        "remote_peer_closed",
+        "nccl_generic_error",
+    ]
+    assert all(before(a, b) for a, b in itertools.pairwise(chain))
+    symptoms = {r.class_id for r in RULES.rules if r.symptom}
+    assert symptoms == {"collective_timeout", "watchdog_hang", "remote_peer_closed", "nccl_generic_error"}
+
+
+@pytest.mark.parametrize(("class_id", "example"), EXAMPLES, ids=[f"{c}-{i}" for i, (c, _) in enumerate(EXAMPLES)])
+def test_example_matches_its_own_rule_and_no_more_specific_one(class_id: str, example: Example) -> None:
+    text = normalise(example.line).text
+    own = RULES.rule(class_id)
+    assert any(sig.search(text) for sig in own.signatures)
+    for rule in RULES.rules[: own.specificity]:
+        assert not any(sig.search(text) for sig in rule.signatures), f"{rule.class_id} steals it"
+    match = RULES.match(text)
+    assert match is not None and match.rule is own
+
+
+@pytest.mark.parametrize(("class_id", "example"), EXAMPLES, ids=[f"{c}-{i}" for i, (c, _) in enumerate(EXAMPLES)])
+def test_example_reaches_the_classifier_through_the_prefilter(class_id: str, example: Example) -> None:
+    assert _reaches_prefilter(RULES, example)
+
+
+def test_every_signature_has_an_example() -> None:
+    for rule in RULES.rules:
+        texts = [normalise(ex.line).text for ex in rule.examples]
+        for sig in rule.signatures:
+            assert any(sig.search(t) for t in texts), f"{rule.class_id}: no example for {sig.pattern!r}"
+
+
+@pytest.mark.parametrize("line", RULES.near_misses)
+def test_near_misses_match_no_rule(line: str) -> None:
+    assert RULES.match(normalise(line).text) is None
+
+
+def test_context_examples_match_their_context_only() -> None:
+    for ctx in RULES.context:
+        for ex in ctx.examples:
+            text = normalise(ex.line).text
+            found = RULES.match_context(text)
+            assert found is not None and found.kind is ctx.kind
+            assert RULES.match(text) is None
+            assert _reaches_prefilter(RULES, ex)
+
+
+def test_ib_completion_status_chooses_the_class() -> None:
+    base = "NET/IB : Got completion from peer 10.0.0.2<1234> with error {}, opcode 0, len 0, vendor err 129"
+    classes = {
+        status: RULES.match(base.format(status)).rule.class_id  # type: ignore[union-attr]
+        for status in (4, 5, 10, 12, 13)
+    }
+    assert classes == {
+        4: "ib_gdr_access_error",
+        5: "ib_completion_timeout",
+        10: "ib_gdr_access_error",
+        12: "ib_completion_timeout",
+        13: "ib_completion_timeout",
+    }
+    named = "NET/IB: Got completion from peer 10.0.0.2<1234> with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) vendor_err=129 hca mlx5_3"
+    match = RULES.match(named)
+    assert match is not None
+    assert match.fields == {
+        "peer": "10.0.0.2<1234>",
+        "ib_status_name": "IBV_WC_RETRY_EXC_ERR",
+        "ib_status": "12",
+        "opcode_name": "IBV_WC_SEND",
+        "opcode": "0",
+        "vendor_err": "129",
+        "hca": "mlx5_3",
+    }
+
+
+def test_every_group_name_is_a_known_field() -> None:
+    for sig in SIGNATURES:
+        assert set(sig.groupindex) <= set(FIELDS)
+
+
+def test_no_signature_repeats_without_bound() -> None:
+    for sig in SIGNATURES:
+        assert unbounded_repeats(sig.pattern) == []
+
+
+@pytest.mark.parametrize(
+    ("pattern", "offsets"),
+    [
+        (r"a.*b", [2]),
+        (r"a+", [1]),
+        (r"a{2,}", [1]),
+        (r"a{1,9}\+\*", []),
+        (r"[*+]{1,3}", []),
+        (r"[]*]", []),
+        (r"[^]+]x", []),
+        (r"(?:ab){1,4}c{0,2}", []),
+    ],
+)
+def test_unbounded_repeats(pattern: str, offsets: list[int]) -> None:
+    assert unbounded_repeats(pattern) == offsets
+
+
+def test_loader_reports_every_problem_at_once() -> None:
+    doc = _doc()
+    rules = doc["rules"]
+    rules[0]["action"] = "REBOOT_PLEASE"
+    rules[1]["severity"] = "fatal"
+    rules[2]["signatures"].append("(unclosed")
+    rules[3]["signatures"].append(r"Cuda failure.*")
+    rules[4]["signatures"].append(r"driver (?P<driver>\d{1,4})")
+    rules[5]["playbook"] = "ib-gdr"
+    rules[6]["colour"] = "red"
+    rules.append(dict(rules[7]))  # a duplicate class
+    doc["near_misses"].append("node1:1:1 [0] NCCL WARN NET/IB : Got async event : port error")
+    with pytest.raises(RulesError) as info:
+        parse_rules(doc)
+    text = str(info.value)
+    problems = info.value.problems
+    assert len(problems) >= 9
+    for needle in (
+        "unknown action 'REBOOT_PLEASE'",
+        "unknown severity 'fatal'",
+        "bad regex",
+        "unbounded repetition",
+        "unknown field (group name) 'driver'",
+        "playbook must be 'nccl-ib-gdr-access-error'",
+        "unknown key 'colour'",
+        "duplicate class",
+        "near_misses: matches 'ib_async_event'",
+    ):
+        assert needle in text
+
+
+def test_loader_rejects_an_example_stolen_by_a_more_specific_rule() -> None:
+    doc = _doc()
+    timeout = next(r for r in doc["rules"] if r["class"] == "collective_timeout")
+    timeout["examples"].append("[rank3]: RuntimeError: CUDA error: uncorrectable ECC error encountered")
+    with pytest.raises(RulesError, match="lands on more specific 'gpu_hw_fault'"):
+        parse_rules(doc)
+
+
+def test_loader_rejects_examples_the_prefilter_cannot_see() -> None:
+    doc = _doc()
+    doc["prefilter"]["triggers"] = [t for t in doc["prefilter"]["triggers"] if t != "WARN"]
+    with pytest.raises(RulesError, match="contains no prefilter trigger"):
+        parse_rules(doc)
+
+
+def test_loader_rejects_unknown_top_level_keys_and_bad_yaml() -> None:
+    doc = _doc()
+    doc["extra"] = 1
+    with pytest.raises(RulesError, match="unknown key 'extra'"):
+        parse_rules(doc)
+    with pytest.raises(RulesError, match="not valid YAML"):
+        parse_rules_text("rules: [unclosed")
+    with pytest.raises(RulesError, match="expected a mapping"):
+        parse_rules([1, 2])
+
+
+def test_shipped_text_parses_the_same_way() -> None:
+    again = parse_rules_text(_text())
+    assert [r.class_id for r in again.rules] == [r.class_id for r in RULES.rules]
+    assert again.triggers == RULES.triggers

@@ -1,0 +1,128 @@
+"""The chunk-level prefilter: the same candidate lines, numbered right, however the input is cut."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diagnosis.line_scan import Candidate, LineScanner, trigger_lines
+
+TRIGGERS = [b"ERR", b"WARN"]
+FOLLOW = [(b"Last:", 2)]
+
+
+def _scan(
+    data: bytes, cuts: list[int], *, block: int = 64, max_line: int = 1000
+) -> tuple[list[Candidate], LineScanner]:
+    scanner = LineScanner(TRIGGERS, FOLLOW, block=block, max_line=max_line)
+    out: list[Candidate] = []
+    start = 0
+    for cut in [*sorted(set(cuts)), len(data)]:
+        out += scanner.feed(data[start:cut])
+        start = cut
+    out += scanner.finish()
+    return out, scanner
+
+
+def _reference(data: bytes, max_line: int = 1000) -> tuple[list[tuple[int, bytes]], int]:
+    """The obvious line-by-line implementation the scanner must agree with."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    out: list[tuple[int, bytes]] = []
+    owed = 0
+    for number, line in enumerate(lines, start=1):
+        take = owed > 0 or any(t in line for t in TRIGGERS)
+        owed = max(0, owed - 1)
+        if take and len(line) <= max_line and b"\x00" not in line:
+            out.append((number, line))
+            for trigger, count in FOLLOW:
+                if trigger in line:
+                    owed = max(owed, count)
+                    break
+    return out, len(lines)
+
+
+def test_candidates_and_line_numbers() -> None:
+    data = b"ok\nan ERR here\nok\r\nWARN and ERR\n\nlast WARN"
+    got, scanner = _scan(data, [5, 6, 17])
+    assert [(c.line, c.data) for c in got] == [(2, b"an ERR here"), (4, b"WARN and ERR"), (6, b"last WARN")]
+    assert scanner.lines == 6
+
+
+def test_follow_takes_the_next_lines_across_a_chunk_boundary() -> None:
+    data = b"x\nERR Last:\nfirst\nsecond\nthird\n"
+    for cut in range(len(data) + 1):
+        got, _ = _scan(data, [cut], block=1)
+        assert [c.line for c in got] == [2, 3, 4], cut
+
+
+def test_a_line_longer_than_the_limit_is_skipped_and_counted() -> None:
+    data = b"ERR short\n" + b"ERR " + b"x" * 5000 + b"\nWARN after\n"
+    got, scanner = _scan(data, [100, 2000, 4000], max_line=1000)
+    assert [(c.line, c.data) for c in got] == [(1, b"ERR short"), (3, b"WARN after")]
+    assert (scanner.lines, scanner.skipped) == (3, 1)
+
+
+def test_binary_lines_are_skipped_and_counted() -> None:
+    got, scanner = _scan(b"ERR \x00\x01\x02\nWARN ok\n", [])
+    assert [c.line for c in got] == [2]
+    assert scanner.skipped == 1
+
+
+def test_empty_input_and_empty_chunks() -> None:
+    got, scanner = _scan(b"", [0, 0])
+    assert got == [] and scanner.lines == 0
+
+
+def test_bad_triggers_are_refused() -> None:
+    with pytest.raises(ValueError, match="triggers"):
+        LineScanner([])
+    with pytest.raises(ValueError, match="triggers"):
+        LineScanner([b"a\nb"])
+
+
+_PIECES = [b"ok", b"ERR", b"WARN", b"Last:", b"x" * 40, b"\x00", b" ", b"\r", b"\n", b"\n", b"\n"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.sampled_from(_PIECES), max_size=60).map(b"".join),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+    st.sampled_from([1, 7, 64, 1 << 20]),
+    st.sampled_from([10, 60, 1000]),
+)
+def test_agrees_with_the_line_by_line_reference(data: bytes, cuts: list[int], block: int, max_line: int) -> None:
+    got, scanner = _scan(data, [c for c in cuts if c <= len(data)], block=block, max_line=max_line)
+    expected, lines = _reference(data, max_line)
+    assert [(c.line, c.data) for c in got] == expected
+    assert scanner.lines == lines
+
+
+def _lines_with(data: bytes, needles: list[bytes]) -> dict[int, int]:
+    spans: dict[int, int] = {}
+    pos = 0
+    for line in data.split(b"\n")[:-1]:
+        if any(n in line for n in needles):
+            spans[pos] = pos + len(line)
+        pos += len(line) + 1
+    return spans
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    # Few distinct bytes, so that probe bytes are sometimes rare and sometimes everywhere.
+    st.lists(st.sampled_from([b"W", b"A", b"q", b"x", b"WARN", b"xq", b" ", b"\n"]), max_size=400).map(b"".join),
+    st.lists(st.sampled_from([b"WARN", b"qx", b"AW", b"xxx", b"q"]), min_size=1, max_size=4, unique=True),
+)
+def test_trigger_lines_agree_with_a_plain_search(data: bytes, needles: list[bytes]) -> None:
+    data += b"\n"
+    assert trigger_lines(data, 0, len(data), needles) == _lines_with(data, needles)
+
+
+def test_trigger_lines_fall_back_when_the_probe_byte_is_everywhere_after_the_sample() -> None:
+    # The sample (the first 16 KiB) holds no 'q', the rest is full of it: the hop budget runs out.
+    rare_then_dense = b"plain text line\n" * 2000 + b"qqqqqqqqqq qqqq\n" * 50_000 + b"the enqueued line\n"
+    spans = trigger_lines(rare_then_dense, 0, len(rare_then_dense), [b"enqueued"])
+    assert list(spans) == [len(rare_then_dense) - len(b"the enqueued line\n")]
