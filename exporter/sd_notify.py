@@ -119,10 +119,9 @@ class Notifier:
 
     def stopping(self) -> bool:
         """STOPPING=1, once, however many code paths reach shutdown: the daemon is going away on purpose."""
-        if self._stopping:
-            return False
-        self._stopping = True
-        return self.notify("STOPPING=1", "STATUS=stopping")
+        with self._lock:
+            said, self._stopping = self._stopping, True
+        return False if said else self.notify("STOPPING=1", "STATUS=stopping")
 
     def close(self) -> None:
         with self._lock:
@@ -199,7 +198,9 @@ class Watchdog:
             if healthy:
                 log.info("poll loop turning again, watchdog pings resumed")
             else:
-                log.warning("poll loop stalled: withholding watchdog pings, systemd will restart the daemon")
+                # With WatchdogSec= set, systemd restarts the daemon WatchdogSec= after the last ping.
+                watchdog_sec = None if self.interval is None else 2 * self.interval
+                log.warning("poll loop stalled: withholding watchdog pings", extra={"watchdog_sec": watchdog_sec})
             self._healthy = healthy
         assignments = []
         if healthy and self.interval is not None and now >= self._next_ping:

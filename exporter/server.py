@@ -17,6 +17,7 @@ from exporter.backends.select import open_backend
 from exporter.daemon import Daemon
 from exporter.sd_notify import Notifier, Watchdog
 from exporter.settings import Settings, parse_listen_address
+from exporter.web_config import WebConfig, WebConfigError, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +92,18 @@ def serve(settings: Settings) -> None:
     the listen sockets served; then pings the watchdog while the poll loop turns and keeps STATUS=
     current; and says STOPPING=1 when shutdown begins.
     """
+    web = WebConfig()
+    if settings.web_config_file is not None:
+        try:
+            web = load_web_config(settings.web_config_file)
+        except WebConfigError as e:
+            raise StartupError(str(e)) from e
     notifier = Notifier()
     notifier.status("starting: opening the GPU backend")
     try:
         backend = open_backend(settings.backend, scenario=settings.sim_scenario)
     except BackendError as e:
+        notifier.close()
         raise StartupError(str(e)) from e
     sockets = []
     try:
@@ -118,12 +126,14 @@ def serve(settings: Settings) -> None:
             watchdog.stop()
 
         try:
+            tls = web.tls
             config = uvicorn.Config(
-                create_app(daemon),
+                create_app(daemon, web),
                 log_config=None,
                 access_log=False,
                 lifespan="off",
                 timeout_graceful_shutdown=5,
+                ssl_context_factory=None if tls is None else lambda _config, _default: tls.context(),
             )
             for sock in sockets:
                 log.info("listening", extra={"address": "{}:{}".format(*sock.getsockname()[:2])})
