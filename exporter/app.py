@@ -15,6 +15,7 @@ from exporter.api import gpus_router
 from exporter.daemon import Daemon
 from exporter.diagnosis_api import diagnosis_router
 from exporter.sim_api import sim_router
+from exporter.web_config import WebConfig, WebConfigMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ def error(status: int, message: str, **extra: object) -> JSONResponse:
     return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
 
 
-def create_app(daemon: Daemon) -> FastAPI:
+def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
     app = FastAPI(
         title="gpu-triage",
         version=__version__,
@@ -33,6 +34,8 @@ def create_app(daemon: Daemon) -> FastAPI:
         redoc_url=None,
     )
     _add_error_handlers(app)
+    if web is not None and (web.users or web.headers):
+        app.add_middleware(WebConfigMiddleware, config=web)
     telemetry_path = daemon.settings.web_telemetry_path
 
     @app.get(telemetry_path, include_in_schema=False)

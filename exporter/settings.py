@@ -62,6 +62,7 @@ class Settings(BaseSettings):
 
     web_listen_address: Annotated[list[str], NoDecode] = [":9481"]
     web_telemetry_path: str = "/metrics"
+    web_config_file: Path | None = None
     web_disable_exporter_metrics: bool = False
     backend: BackendName = "auto"
     sim_scenario: str = "h100-training"
@@ -131,6 +132,12 @@ OPTIONS = (
         "list",
     ),
     Option("web.telemetry-path", "web_telemetry_path", "path of the metrics endpoint (default /metrics)", "PATH"),
+    Option(
+        "web.config.file",
+        "web_config_file",
+        "TLS and basic-auth configuration, in the exporter-toolkit format (default: plain HTTP, no auth)",
+        "FILE",
+    ),
     Option(
         "web.disable-exporter-metrics",
         "web_disable_exporter_metrics",

@@ -1,0 +1,235 @@
+"""--web.config.file: TLS and basic auth, in the file format every Prometheus exporter reads.
+
+The format is the exporter-toolkit's (`tls_server_config`, `basic_auth_users` with bcrypt hashes,
+`http_server_config.headers`), so one file serves node_exporter, Prometheus and gpu-triage alike, and
+`promtool check web-config` checks it. It is read strictly at start: an unknown key, a missing
+certificate or a bad hash stops the daemon with every problem listed, rather than serving in clear
+text by mistake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import ssl
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import yaml
+
+_TOP = {"tls_server_config", "http_server_config", "basic_auth_users"}
+_TLS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+_HEADERS = {
+    "Content-Security-Policy",
+    "X-Frame-Options",
+    "X-Content-Type-Options",
+    "X-XSS-Protection",
+    "Strict-Transport-Security",
+}
+# Checked against for unknown users, so a wrong user name costs the same time as a wrong password.
+_DUMMY_HASH = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))
+
+
+class WebConfigError(Exception):
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        super().__init__(f"web config file {path}: " + "; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class Tls:
+    cert_file: Path
+    key_file: Path
+    client_auth: ssl.VerifyMode = ssl.CERT_NONE
+    client_ca_file: Path | None = None
+    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
+    max_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version, context.maximum_version = self.min_version, self.max_version
+        context.load_cert_chain(self.cert_file, self.key_file)
+        context.verify_mode = self.client_auth
+        if self.client_ca_file is not None:
+            context.load_verify_locations(self.client_ca_file)
+        return context
+
+
+@dataclass(frozen=True, slots=True)
+class WebConfig:
+    tls: Tls | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def load_web_config(path: Path) -> WebConfig:
+    problems: list[str] = []
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise WebConfigError(path, [f"cannot read it: {e}"]) from e
+    if not isinstance(doc, dict):
+        raise WebConfigError(path, ["must be a YAML mapping"])
+    problems += [f"unknown key {k!r}" for k in doc if k not in _TOP]
+    tls = _tls(doc.get("tls_server_config"), path.parent, problems)
+    users = _users(doc.get("basic_auth_users"), problems)
+    headers = _headers(doc.get("http_server_config"), problems)
+    if problems:
+        raise WebConfigError(path, problems)
+    return WebConfig(tls, users, headers)
+
+
+def _tls(section: Any, base: Path, problems: list[str]) -> Tls | None:
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        problems.append("tls_server_config must be a mapping")
+        return None
+    problems += [f"tls_server_config: unknown key {k!r}" for k in section if k not in _TLS]
+    files = {}
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        if section.get(key):
+            file = base / str(section[key])  # relative paths are relative to the config file
+            if not file.is_file():
+                problems.append(f"tls_server_config.{key}: {file} does not exist")
+            files[key] = file
+    for key in ("cert_file", "key_file"):
+        if key not in files:
+            problems.append(f"tls_server_config.{key} is required")
+    auth = section.get("client_auth_type", "NoClientCert")
+    if auth not in _CLIENT_AUTH:
+        problems.append(f"tls_server_config.client_auth_type {auth!r} is not one of {sorted(_CLIENT_AUTH)}")
+    if _CLIENT_AUTH.get(auth, ssl.CERT_NONE) != ssl.CERT_NONE and "client_ca_file" not in files:
+        problems.append(f"tls_server_config.client_auth_type {auth} needs client_ca_file")
+    versions = {}
+    for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        name = section.get(key, default)
+        if name not in _VERSIONS:
+            problems.append(f"tls_server_config.{key} {name!r} is not one of {sorted(_VERSIONS)}")
+        versions[key] = _VERSIONS.get(name, _VERSIONS[default])
+    if problems or "cert_file" not in files or "key_file" not in files:
+        return None
+    tls = Tls(
+        files["cert_file"],
+        files["key_file"],
+        _CLIENT_AUTH[auth],
+        files.get("client_ca_file"),
+        versions["min_version"],
+        versions["max_version"],
+    )
+    try:
+        tls.context()
+    except (OSError, ssl.SSLError) as e:
+        problems.append(f"tls_server_config: the certificate and key do not load: {e}")
+        return None
+    return tls
+
+
+def _users(section: Any, problems: list[str]) -> dict[str, bytes]:
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        problems.append("basic_auth_users must be a mapping of user names to bcrypt hashes")
+        return {}
+    users = {}
+    for user, hashed in section.items():
+        text = str(hashed)
+        if not text.startswith(("$2a$", "$2b$", "$2y$")) or len(text) != 60:
+            problems.append(f"basic_auth_users.{user}: not a bcrypt hash (htpasswd -nBC 10 \"\" | tr -d ':\\n')")
+            continue
+        users[str(user)] = text.encode()
+    return users
+
+
+def _headers(section: Any, problems: list[str]) -> dict[str, str]:
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        problems.append("http_server_config must be a mapping")
+        return {}
+    problems += [f"http_server_config: unknown key {k!r}" for k in section if k not in {"headers", "http2"}]
+    headers = section.get("headers") or {}
+    if not isinstance(headers, dict):
+        problems.append("http_server_config.headers must be a mapping")
+        return {}
+    problems += [f"http_server_config.headers: {k!r} cannot be set here" for k in headers if k not in _HEADERS]
+    return {str(k): str(v) for k, v in headers.items() if k in _HEADERS}
+
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@functools.lru_cache(maxsize=256)
+def _password_ok(hashed: bytes, password: bytes) -> bool:
+    # bcrypt is slow on purpose (~70 ms at cost 10); Prometheus sends the same credentials every scrape.
+    try:
+        return bcrypt.checkpw(password, hashed)
+    except ValueError:  # longer than bcrypt's 72 bytes: not a password we issued
+        return False
+
+
+class WebConfigMiddleware:
+    """Basic auth (when users are configured) and the configured response headers, for every request."""
+
+    def __init__(self, app: App, config: WebConfig) -> None:
+        self.app = app
+        self.config = config
+        self._headers = [(k.lower().encode(), v.encode()) for k, v in config.headers.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.config.users and not await self._authorised(scope):
+            await self._deny(send)
+            return
+
+        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and self._headers:
+                message["headers"] = [*message.get("headers", []), *self._headers]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+    async def _authorised(self, scope: Scope) -> bool:
+        header = dict(scope.get("headers", [])).get(b"authorization", b"")
+        scheme, _, value = header.partition(b" ")
+        if scheme.lower() != b"basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(value, validate=True).partition(b":")
+        except ValueError:
+            return False
+        hashed = self.config.users.get(user.decode(errors="replace"))
+        # Off the event loop: a cache miss costs a full bcrypt round.
+        ok = await asyncio.to_thread(_password_ok, hashed or _DUMMY_HASH, password)
+        return ok and hashed is not None
+
+    async def _deny(self, send: Send) -> None:
+        body = b'{"error": "authentication required", "status": 401}'
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b'Basic realm="gpu-triage"'),
+                    (b"content-length", str(len(body)).encode()),
+                    *self._headers,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
