@@ -13,7 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from exporter import __version__
 from exporter.api import gpus_router
 from exporter.daemon import Daemon
-from exporter.diagnosis_api import diagnosis_router
+from exporter.diagnosis_api import diagnose_router, diagnosis_router
+from exporter.runbooks import runbooks_router
 from exporter.sim_api import sim_router
 from exporter.web_config import WebConfig, WebConfigMiddleware
 
@@ -63,6 +64,8 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
 
     app.include_router(gpus_router(daemon))
     app.include_router(diagnosis_router(daemon))
+    app.include_router(diagnose_router(daemon))
+    app.include_router(runbooks_router(daemon.verdicts.open_findings))
     if daemon.backend.name == "sim":
         app.include_router(sim_router(daemon))
     return app
@@ -99,6 +102,7 @@ def _landing_page(daemon: Daemon, telemetry_path: str) -> str:
         ("/api/v1/diagnosis", "the node's verdict: which GPU, what happened, what to do"),
         ("/api/v1/gpus", "GPUs, as JSON"),
         ("/api/v1/events", "XID history"),
+        ("/runbooks/", "playbooks: what to do for every XID, condition and training-log failure"),
         ("/healthz", "liveness"),
         ("/readyz", "readiness"),
         ("/openapi.json", "API description (OpenAPI)"),

@@ -70,18 +70,27 @@ def _render(playbook: Playbook, referrers: list[str]) -> _Page:
     for name, text in playbook.sections:
         parts.append(f'<h2 id="{name.lower()}">{name}</h2>\n{_md.render(text)}')
     if referrers:
-        parts.append(f'<p class="muted">Used for: {_esc(", ".join(referrers))}.</p>')
+        parts.append(f'<p class="muted">Used for: {_esc(_used_for(referrers))}.</p>')
     return _Page(playbook, "\n".join(parts))
 
 
+def _used_for(referrers: list[str]) -> str:
+    """'XID 8', 'XID 11', 'condition x' -> 'XIDs 8, 11, condition x': one action page serves dozens of codes."""
+    codes = [r.removeprefix("XID ") for r in referrers if r.startswith("XID ")]
+    xids = [f"XID{'s' if len(codes) > 1 else ''} {', '.join(codes)}"] if codes else []
+    actions = [r for r in referrers if r.startswith("action ")]
+    rest = [r for r in referrers if not r.startswith(("XID ", "action "))]
+    return ", ".join(actions + xids + rest)
+
+
 def _when(value: str | int | None) -> str:
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return _esc(value)
-    if seconds is None:
+    """Unix seconds from a finding's details as UTC; anything else is shown as it came, escaped."""
+    if value is None:
         return "—"
-    return _esc(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds)))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(value)))
+    except (ValueError, OverflowError, OSError):
+        return _esc(value)
 
 
 def _evidence(finding: Finding) -> str:
@@ -89,7 +98,7 @@ def _evidence(finding: Finding) -> str:
     for ev in finding.evidence:
         where = f"{ev.source}:{ev.line}" if ev.source else f"line {ev.line}"
         lines.append(f"{_esc(where)}: {_esc(ev.text)}")
-    return f"<pre>{chr(10).join(lines)}</pre>" if lines else ""
+    return "<pre>" + "\n".join(lines) + "</pre>" if lines else ""
 
 
 def _live_section(found: list[Finding]) -> str:
@@ -120,19 +129,37 @@ def _group(pid: str) -> str:
         return "XID codes"
     if pid.startswith("nccl-"):
         return "Training-log classes"
-    return "Other"
+    return "Monitoring and other"
 
 
-def _order(pid: str) -> tuple[int, int, str]:
-    if pid in ACTION_PLAYBOOKS:
-        return (ACTION_PLAYBOOKS[pid].rank, 0, pid)
-    code = pid.removeprefix("xid-")
-    return (0, int(code) if code.isdigit() else 10_000, pid)  # xid-nvlink5 after the numbered codes
+def _order(p: Playbook) -> tuple[int, int, str]:
+    """Actions by urgency, XID pages by their lowest code (xid-nvlink5 sits at 144), the rest by id."""
+    if p.id in ACTION_PLAYBOOKS:
+        return (ACTION_PLAYBOOKS[p.id].rank, 0, p.id)
+    codes = [int(c) for c in p.applies_to if c.isdigit()]
+    return (0, min(codes, default=0), p.id)
 
 
-def _index(pages: Mapping[str, _Page], live: dict[str, list[Finding]], note: str) -> HTMLResponse:
-    groups: dict[str, list[str]] = {"Actions": [], "XID codes": [], "Training-log classes": [], "Other": []}
-    for pid in sorted(pages, key=_order):
+def _conditions_table() -> str:
+    rows = "\n".join(
+        f'<tr><td><code>{_esc(cid)}</code></td><td>{_esc(c.title)}</td><td><a href="{_esc(c.playbook)}">'
+        f"{_esc(c.playbook)}</a></td></tr>"
+        for cid, c in load_conditions().items()
+    )
+    return (
+        "<h2>Telemetry conditions</h2><table><tr><th>Condition</th><th>Meaning</th><th>Runbook</th></tr>\n"
+        f"{rows}</table>"
+    )
+
+
+def _index(pages: Mapping[str, _Page], live: dict[str, list[Finding]], note: str, conditions: str) -> HTMLResponse:
+    groups: dict[str, list[str]] = {
+        "Actions": [],
+        "XID codes": [],
+        "Training-log classes": [],
+        "Monitoring and other": [],
+    }
+    for pid in sorted(pages, key=lambda pid: _order(pages[pid].playbook)):
         groups[_group(pid)].append(pid)
     parts = ["<h1>gpu-triage runbooks</h1>", note]
     if live:
@@ -150,13 +177,7 @@ def _index(pages: Mapping[str, _Page], live: dict[str, list[Finding]], note: str
             f"<h2>{name}</h2><table><tr><th>Runbook</th><th>Severity</th><th>Action</th><th>Live</th></tr>\n"
             f"{rows}</table>"
         )
-    rows = "\n".join(
-        f'<tr><td><code>{_esc(cid)}</code></td><td>{_esc(c.title)}</td><td><a href="{_esc(c.playbook)}">'
-        f"{_esc(c.playbook)}</a></td></tr>"
-        for cid, c in load_conditions().items()
-    )
-    parts.append(f"<h2>Telemetry conditions</h2><table><tr><th>Condition</th><th>Meaning</th><th>Runbook</th></tr>"
-                 f"\n{rows}</table>")  # fmt: skip
+    parts.append(conditions)
     return _document("gpu-triage runbooks", "\n".join(parts))
 
 
@@ -173,6 +194,7 @@ def runbooks_router(live_findings: Callable[[], list[Finding]]) -> APIRouter:
     playbooks = load_playbooks()  # raises at start-up on a bad or missing playbook, never per request
     refs = playbook_references()
     pages = {pid: _render(p, refs.get(pid, [])) for pid, p in playbooks.items()}
+    conditions = _conditions_table()
     valid = sorted(pages)
     router = APIRouter(prefix="/runbooks", tags=["runbooks"])
 
@@ -195,7 +217,7 @@ def runbooks_router(live_findings: Callable[[], list[Finding]]) -> APIRouter:
     @router.get("/", response_class=HTMLResponse, summary="Every runbook, and which have live findings")
     def index() -> HTMLResponse:
         by_playbook, note = live()
-        return _index(pages, by_playbook, note)
+        return _index(pages, by_playbook, note, conditions)
 
     # Registered before /{pid}, which would otherwise take "xid-79.md" as an id.
     @router.get("/{pid}.md", summary="A runbook's Markdown source", response_model=None)
