@@ -60,6 +60,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
     check.add_argument("--json", action="store_true", help="print the whole diagnosis as JSON")
+    diagnose = sub.add_parser(
+        "diagnose",
+        help="diagnose kernel and training logs offline",
+        description="Find what went wrong in kernel logs (XIDs) and training logs (NCCL, PyTorch distributed): "
+        "root cause first, where (host, rank, GPU), what to do. Files may be gzipped; - reads stdin. "
+        "Exit status: 0 nothing found, 1 findings, 2 an input could not be read.",
+    )
+    diagnose.add_argument("files", nargs="*", metavar="FILE", help="log files, one per rank or interleaved (default -)")
+    diagnose.add_argument(
+        "--json", action="store_true", help="print the diagnosis JSON (same as POST /api/v1/diagnose)"
+    )
     return parser
 
 
@@ -105,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         from exporter.commands import check
 
         return check(args.url, args.timeout, args.json)
+    if args.command == "diagnose":
+        from exporter.commands import diagnose_files
+
+        return diagnose_files(args.files, args.json)
     parser.print_help(sys.stderr)
     return 2
 

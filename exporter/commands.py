@@ -1,11 +1,14 @@
-"""The one-shot commands: `gpu-triage xid` (explain a code) and `gpu-triage check` (for health-check hooks)."""
+"""The one-shot commands: `gpu-triage xid` (explain a code), `check` (for health-check hooks), `diagnose` (logs)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
-from typing import Any, TextIO
+import time
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
 
 import httpx
 
@@ -71,3 +74,68 @@ def check(url: str, timeout: float, as_json: bool, out: TextIO = sys.stdout) -> 
             out.write(f"  {where}: {finding['title']} [{finding['severity']}] -> {finding['action']}")
             out.write(f" (runbook: {url.rstrip('/')}/runbooks/{finding['playbook']})\n")
     return EXIT_CODES[health]
+
+
+class _Progress:
+    """A one-line progress bar on stderr for big inputs, redrawn at most four times a second."""
+
+    def __init__(self, name: str, size: int, err: TextIO) -> None:
+        self.name, self.size, self.err = name, size, err
+        self._last = 0.0
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self._last < 0.25 and done < self.size:
+            return
+        self._last = now
+        width = 30
+        filled = int(width * done / self.size) if self.size else width
+        self.err.write(
+            f"\r{self.name}: [{'#' * filled}{'.' * (width - filled)}] {done * 100 // max(self.size, 1):3d}% "
+            f"of {self.size / 2**20:.0f} MiB"
+        )
+        if done >= self.size:
+            self.err.write("\n")
+        self.err.flush()
+
+
+PROGRESS_MIN_BYTES = 64 << 20
+
+
+def diagnose_files(
+    paths: list[str], as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr, stdin: BinaryIO | None = None
+) -> int:
+    """Offline diagnosis of kernel and training logs. Exit 0: nothing found, 1: findings, 2: cannot read."""
+    from diagnosis.training import diagnose
+    from exporter.log_input import decoded, read_chunks
+    from exporter.report_text import render
+
+    files: list[BinaryIO] = []
+    sources = []
+    try:
+        for path in paths or ["-"]:
+            if path == "-":
+                f = stdin or sys.stdin.buffer
+                name = "stdin"
+            else:
+                try:
+                    f = Path(path).open("rb")  # noqa: SIM115 - closed below, after the lazy read
+                except OSError as e:
+                    err.write(f"gpu-triage: cannot read {path}: {e.strerror or e}\n")
+                    return 2
+                files.append(f)
+                name = path
+            progress = None
+            if err.isatty() and path != "-" and (size := os.fstat(f.fileno()).st_size) >= PROGRESS_MIN_BYTES:
+                progress = _Progress(name, size, err)
+            sources.append((name, decoded(read_chunks(f, progress))))
+        report = diagnose(sources).to_json()
+    finally:
+        for f in files:
+            f.close()
+    if as_json:
+        json.dump(report, out, indent=2)
+        out.write("\n")
+    else:
+        out.write(render(report, colour=out.isatty() and not os.environ.get("NO_COLOR")))
+    return 1 if report["findings"] else 0

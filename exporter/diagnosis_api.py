@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 import time
+import zlib
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, Query
+from fastapi import APIRouter, Body, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
 
 from diagnosis.xid_catalog import load_catalog
 from exporter.daemon import Daemon
+from exporter.log_input import InputTooLargeError, decoded
 from exporter.settings import parse_duration
 
 
@@ -98,5 +101,43 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
         daemon.acknowledge(state.identity.uuid, note)
         gpus: list[dict[str, Any]] = daemon.diagnosis()["gpus"]
         return next(g for g in gpus if g["gpu"] == gpu)
+
+    return router
+
+
+def diagnose_router(daemon: Daemon) -> APIRouter:
+    router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
+    limit = daemon.settings.diagnose_max_bytes
+    mib = f"{limit / 2**20:g} MiB"
+
+    @router.post(
+        "/diagnose",
+        summary="Diagnose kernel and training logs: root cause first (text/plain body, optionally gzip)",
+        responses={413: {"description": f"body over the limit ({mib} by default)"}},
+    )
+    async def diagnose(request: Request) -> dict[str, Any]:
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(413, f"the log is over the {mib} limit (--diagnose.max-bytes); send less")
+            chunks.append(chunk)
+        if size == 0:
+            raise HTTPException(422, "empty body: POST the log text (text/plain, optionally gzip-compressed)")
+
+        def run() -> dict[str, Any]:
+            from diagnosis.training import diagnose as diagnose_logs
+
+            return diagnose_logs([(None, decoded(chunks, limit))]).to_json()
+
+        try:
+            return await run_in_threadpool(run)
+        except InputTooLargeError:
+            raise HTTPException(
+                413, f"the log decompresses to more than the {mib} limit (--diagnose.max-bytes)"
+            ) from None
+        except zlib.error as e:
+            raise HTTPException(422, f"the body looks gzip-compressed but does not decompress: {e}") from None
 
     return router

@@ -44,7 +44,24 @@ def parse_duration(value: Any) -> Any:
     return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
+_SIZE = re.compile(r"(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
+
+
+def parse_size(value: Any) -> Any:
+    """'64MiB', '1GiB', '500MB' or a plain number of bytes -> bytes."""
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, str):
+        return value
+    m = _SIZE.fullmatch(value.strip())
+    if m is None:
+        raise ValueError(f"{value!r} is not a size (examples: 64MiB, 1GiB, 500MB, 1048576)")
+    return int(m[1]) * _SIZE_UNITS[(m[2] or "b").lower()]
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 LogLevel = Literal["debug", "info", "warn", "error"]
 LogFormat = Literal["logfmt", "json"]
 
@@ -74,6 +91,7 @@ class Settings(BaseSettings):
     kmsg_path: Path = Path("/dev/kmsg")
     source_kmsg: bool = True
     source_events: bool = True
+    diagnose_max_bytes: Size = 64 * 1024**2
     log_level: LogLevel = "info"
     log_format: LogFormat = "logfmt"
 
@@ -183,6 +201,12 @@ OPTIONS = (
         "source_events",
         "read XIDs from the driver's event API, NVML or the simulator (default on)",
         kind="toggle",
+    ),
+    Option(
+        "diagnose.max-bytes",
+        "diagnose_max_bytes",
+        "largest log POST /api/v1/diagnose accepts, compressed and decompressed (default 64MiB)",
+        "SIZE",
     ),
     Option("log.level", "log_level", "debug, info, warn or error (default info)", "LEVEL"),
     Option("log.format", "log_format", "logfmt or json (default logfmt)", "FORMAT"),

@@ -1,0 +1,75 @@
+"""Log input as byte chunks for `diagnosis.training.diagnose`: files, stdin, HTTP bodies, gzip or not.
+
+Chunks stream: a multi-gigabyte log never sits in memory whole. Gzip is recognised by its magic bytes
+(a .gz name is not needed, and a gzip file without one still works) and may hold several members, as
+`cat a.gz b.gz` makes. Decompression of untrusted input is bounded, so a small gzip bomb stays small.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO
+
+CHUNK_BYTES = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class InputTooLargeError(Exception):
+    """More (decompressed) input than the limit allows."""
+
+
+def _gunzip(chunks: Iterable[bytes], limit: int | None) -> Iterator[bytes]:
+    inflater = zlib.decompressobj(wbits=31)
+    total = 0
+    for chunk in chunks:
+        data = chunk
+        while data:
+            # Never inflate more than a chunk's worth at once: memory stays bounded whatever the ratio.
+            out = inflater.decompress(data, CHUNK_BYTES)
+            total += len(out)
+            if limit is not None and total > limit:
+                raise InputTooLargeError(f"decompressed input is over the limit of {limit} bytes")
+            if out:
+                yield out
+            data = inflater.unconsumed_tail
+            if inflater.eof:  # another gzip member may follow
+                data = inflater.unused_data + data
+                inflater = zlib.decompressobj(wbits=31)
+                if not data.startswith(_GZIP_MAGIC):
+                    return  # trailing garbage after the last member: ignore it, as gzip -d does
+    tail = inflater.flush()
+    if tail:
+        yield tail
+
+
+def decoded(chunks: Iterable[bytes], limit: int | None = None) -> Iterator[bytes]:
+    """`chunks` as plain bytes: gunzipped (within `limit`) if they start with gzip's magic bytes."""
+    stream = iter(chunks)
+    first = b""
+    for chunk in stream:
+        if chunk:
+            first = chunk
+            break
+    if not first:
+        return
+    rest = _prepend(first, stream)
+    if first.startswith(_GZIP_MAGIC):
+        yield from _gunzip(rest, limit)
+    else:
+        yield from rest
+
+
+def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
+
+
+def read_chunks(f: BinaryIO, progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
+    """A file's bytes, a chunk at a time; `progress` gets the bytes read so far."""
+    done = 0
+    while chunk := f.read(CHUNK_BYTES):
+        done += len(chunk)
+        if progress is not None:
+            progress(done)
+        yield chunk
