@@ -29,6 +29,9 @@ from diagnosis.actions import Action, Severity
 from diagnosis.findings import Evidence, Finding
 from diagnosis.xid_catalog import XidCatalog, load_catalog
 
+# A code missing from the catalog (a newer driver's, most likely): we cannot say how bad it is, so
+# find out on the drained GPU rather than guess. The daemon and offline diagnosis both use this.
+UNKNOWN_XID = (Action.RUN_DIAGNOSTICS, Severity.UNKNOWN, "run-diagnostics")
 BURST_GAP_SECONDS = 180.0
 REPEAT_WINDOW_SECONDS = 86400.0
 REPEAT_INCIDENTS = 3
@@ -94,7 +97,7 @@ def decide(
 def _base(occ: Occurrence, catalog: XidCatalog) -> tuple[Action, Severity]:
     entry = catalog.get(occ.code)
     if entry is None:
-        return Action.RUN_DIAGNOSTICS, Severity.UNKNOWN
+        return UNKNOWN_XID[0], UNKNOWN_XID[1]
     action = entry.action
     if occ.code in _NVLINK5 and (decoded := catalog.decode_nvlink5(occ.code, occ.details)) is not None:
         action = decoded.action
@@ -233,7 +236,7 @@ def findings(decisions: Sequence[Decision], gpu: str | None, catalog: XidCatalog
                 title=entry.title
                 if entry
                 else f"Xid {code}: not in NVIDIA's catalog; the raw line says what the driver saw",
-                playbook=entry.playbook if entry else "run-diagnostics",
+                playbook=entry.playbook if entry else UNKNOWN_XID[2],
                 gpu=gpu,
                 evidence=evidence,
                 count=len(group),

@@ -15,8 +15,8 @@ everything that can be learnt has been.
 
 Ordering (root cause first, the straggler of a collective timeout) lives in `root_cause`; XID
 findings take their verdict from the XID catalog. An XID code missing from the catalog becomes a
-finding of severity UNKNOWN with action CONTACT_SUPPORT (playbook `contact-support`): the catalog
-already treats codes a modern GPU should not raise that way, and the raw line goes with it.
+finding of severity UNKNOWN with the daemon's verdict for such codes (`incidents.UNKNOWN_XID`: run
+diagnostics on the drained GPU), and the raw line goes with it.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnosis.actions import Action, Severity
+from diagnosis.actions import Action
 from diagnosis.collapse import Collapser, Seen, Spec, Tally, Where, build
 from diagnosis.findings import Finding
 from diagnosis.identity import IdentityBook, Who
+from diagnosis.incidents import UNKNOWN_XID
 from diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser
 from diagnosis.line_scan import LineScanner
 from diagnosis.log_lines import LogLine, normalise
@@ -89,16 +90,17 @@ _XID_CHECK = "On the node, read `dmesg -T | grep -i xid` and `nvidia-smi -q` for
 def _xid_spec(code: int, entry: XidEntry | None, rules: RuleSet) -> Spec:
     """What an XID finding says: the catalog's verdict, and where it ranks among training-log classes."""
     if entry is None:
+        action, severity, playbook = UNKNOWN_XID
         return Spec(
             f"xid_{code}",
-            Severity.UNKNOWN,
-            Action.CONTACT_SUPPORT,
+            severity,
+            action,
             f"XID {code}: code not in the XID catalog",
-            "contact-support",
+            playbook,
             (
                 "Keep the full NVRM line for the case: the code is newer than this catalog or undocumented.",
                 _XID_CHECK,
-                Action.CONTACT_SUPPORT.description,
+                action.description,
             ),
             -1.0,
         )

@@ -187,8 +187,8 @@ def test_unknown_xid_code_is_reported_as_unknown() -> None:
     assert finding.class_id == "xid_999"
     assert (finding.severity, finding.action, finding.playbook) == (
         Severity.UNKNOWN,
-        Action.CONTACT_SUPPORT,
-        "contact-support",
+        Action.RUN_DIAGNOSTICS,
+        "run-diagnostics",
     )
     assert "999" in finding.evidence[0].text
 
