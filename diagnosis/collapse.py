@@ -83,6 +83,14 @@ class Collapser:
         for name, value in details.items():
             tally.details.setdefault(name, value)
 
+    def respec(self, change: Callable[[Who, Tally], tuple[Spec, dict[str, str | int]] | None]) -> None:
+        """Let a later, wider view (an XID's incident) change what a tally says, and add details."""
+        for (_, who), tally in self._tallies.items():
+            new = change(who, tally)
+            if new is not None:
+                tally.spec = new[0]
+                tally.details.update(new[1])
+
     def merged(self, place: Callable[[Who], Place]) -> Iterable[tuple[Where, Tally]]:
         """Tallies per resolved place, merged where several turned out to be the same."""
         out: dict[Where, Tally] = {}

@@ -29,7 +29,7 @@ from diagnosis.actions import Action
 from diagnosis.collapse import Collapser, Seen, Spec, Tally, Where, build
 from diagnosis.findings import Finding
 from diagnosis.identity import IdentityBook, Who
-from diagnosis.incidents import UNKNOWN_XID
+from diagnosis.incidents import UNKNOWN_XID, Decision, Occurrence, decide
 from diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser
 from diagnosis.line_scan import LineScanner
 from diagnosis.log_lines import LogLine, normalise
@@ -87,6 +87,15 @@ def _rule_spec(rules: RuleSet) -> dict[str, Spec]:
 _XID_CHECK = "On the node, read `dmesg -T | grep -i xid` and `nvidia-smi -q` for the GPU with this bus id."
 
 
+def _xid_tier(action: Action, rules: RuleSet) -> float:
+    """Where an XID with this action ranks among the training-log classes."""
+    if action.rank <= Action.RUN_DIAGNOSTICS.rank:
+        return -1.0  # a hardware verdict: the GPU it names is the root cause of its ranks' errors
+    if action is Action.IGNORE:
+        return float(len(rules.rules))
+    return rules.rule("cuda_illegal_address").specificity - 0.5  # the application's own fault
+
+
 def _xid_spec(code: int, entry: XidEntry | None, rules: RuleSet) -> Spec:
     """What an XID finding says: the catalog's verdict, and where it ranks among training-log classes."""
     if entry is None:
@@ -104,12 +113,7 @@ def _xid_spec(code: int, entry: XidEntry | None, rules: RuleSet) -> Spec:
             ),
             -1.0,
         )
-    if entry.action.rank <= Action.RUN_DIAGNOSTICS.rank:
-        tier = -1.0  # a hardware verdict: the GPU it names is the root cause of its ranks' errors
-    elif entry.action is Action.IGNORE:
-        tier = float(len(rules.rules))
-    else:
-        tier = rules.rule("cuda_illegal_address").specificity - 0.5  # the application's own fault
+    tier = _xid_tier(entry.action, rules)
     return Spec(
         f"xid_{code}",
         entry.severity,
@@ -130,6 +134,7 @@ class _Diagnosis:
         self.symptoms = frozenset(r.class_id for r in rules.rules if r.symptom)
         self.xid_specs: dict[int, Spec] = {}
         self.xid79_seen: set[tuple[int, str | None]] = set()
+        self.xid_occurrences: dict[tuple[int, str | None], list[Occurrence]] = {}  # by (input, GPU)
         self._lines: dict[str, tuple[LogLine, Match | None, ContextMatch | None]] = {}
         self._verdicts: dict[str, tuple[Match | None, ContextMatch | None]] = {}
         self.collapser = Collapser()
@@ -302,6 +307,9 @@ class _Diagnosis:
             details.setdefault("causes", "; ".join(entry.causes)[:200])
         seen = Seen(src.index, event.line, event.text[:EVIDENCE_CHARS], line.stamp)
         self.collapser.add(Who(src.index, host=line.host, gpu=event.pci_bus_id), spec, seen, details)
+        if len(self.events) < MAX_EVENTS:  # the same bound as the events listed
+            occurrence = Occurrence(event.code, event.text, ref=event.line, details=event.details)
+            self.xid_occurrences.setdefault((src.index, event.pci_bus_id), []).append(occurrence)
 
     # -- resolving ----------------------------------------------------------------------------
 
@@ -309,9 +317,10 @@ class _Diagnosis:
         names = [s.name for s in self.sources]
         if len(names) > 1:
             self.label = lambda source: names[source] or f"input-{source + 1}"
+        xid_symptoms = self._xid_context()
         ranked = order(self._resolve())
         findings = self._straggler(ranked)
-        link_symptoms(findings, lambda class_id: class_id in self.symptoms)
+        link_symptoms(findings, lambda class_id: class_id in self.symptoms or class_id in xid_symptoms)
         events = []
         for e in self.events:
             source = self.label(e.pop("_source"))
@@ -319,6 +328,34 @@ class _Diagnosis:
                 e["source"] = source
             events.append(e)
         return Report(events, findings, names, lines, skipped, self.events_dropped)
+
+    def _xid_context(self) -> set[str]:
+        """Judge each GPU's XIDs together, as the daemon does (`incidents.decide`): the root cause of a
+        burst keeps the action its neighbours call for (Xid 154's recovery action, 48 with 63/64), the
+        rest are symptoms. Returns the XID classes that were only ever symptoms."""
+        verdicts: dict[tuple[int, str | None], dict[int, Decision]] = {}
+        for key, occurrences in self.xid_occurrences.items():
+            lead: dict[int, Decision] = {}
+            for d in decide(occurrences):
+                held = lead.get(d.occurrence.code)
+                if held is None or (d.root and (not held.root or d.action.rank < held.action.rank)):
+                    lead[d.occurrence.code] = d
+            verdicts[key] = lead
+
+        def change(who: Who, tally: Tally) -> tuple[Spec, dict[str, str | int]] | None:
+            spec = tally.spec
+            if not spec.class_id.startswith("xid_"):
+                return None
+            d = verdicts.get((who.source, who.gpu), {}).get(int(spec.class_id.removeprefix("xid_")))
+            if d is None or (d.action, d.severity) == (spec.action, spec.severity):
+                return None
+            tier = _xid_tier(d.action, self.rules) if d.root else float(len(self.rules.rules))
+            new = Spec(spec.class_id, d.severity, d.action, spec.title, spec.playbook, spec.steps, tier, not d.root)
+            return new, ({"note": d.note} if d.note else {})
+
+        self.collapser.respec(change)
+        roots = {f"xid_{code}" for lead in verdicts.values() for code, d in lead.items() if d.root}
+        return {f"xid_{code}" for lead in verdicts.values() for code in lead} - roots
 
     def _resolve(self) -> list[Ranked]:
         out = [build(where, tally, self.label) for where, tally in self.collapser.merged(self.identity.place)]

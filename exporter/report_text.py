@@ -40,6 +40,8 @@ def render(report: dict[str, Any], colour: bool = False) -> str:
         count = f"  (x{f['count']})" if f.get("count", 1) > 1 else ""
         lines.append(f"{paint(head, _BOLD)} {f['title']}  {severity}{count}")
         lines.append(f"    class {f['class']}; where: {_where(f)}")
+        if f["details"].get("note"):
+            lines.append(f"    why: {f['details']['note']}")
         if f["details"].get("likely_caused_by"):
             lines.append(f"    likely a symptom of: {f['details']['likely_caused_by']}")
         if i == 0 or f["severity"] in ("critical", "unknown"):

@@ -343,3 +343,30 @@ def test_a_flood_of_repeated_lines_is_counted_exactly() -> None:
         "cuda_oom": (CACHE_ENTRIES + 500, [3001, 3000 + CACHE_ENTRIES + 500]),
         "remote_peer_closed": (3000, [1, 3000]),
     }
+
+
+def test_xids_of_one_gpu_are_judged_together_as_the_daemon_does() -> None:
+    """48 with a remap and Xid 154 asking for a reboot: 48 is the root cause and the reboot its action;
+    the remap event, the sympathetic 45 and the 154 itself are symptoms."""
+    report = _text(
+        "May  1 14:03:10 node2 kernel: NVRM: Xid (PCI:0000:ab:00): 48, pid=1, name=python3, DBE",
+        "May  1 14:03:10 node2 kernel: NVRM: Xid (PCI:0000:ab:00): 63, pid=1, name=python3, Row remapper",
+        "May  1 14:03:11 node2 kernel: NVRM: Xid (PCI:0000:ab:00): 45, pid=1, name=python3, Ch 00000008",
+        "May  1 14:03:11 node2 kernel: NVRM: Xid (PCI:0000:ab:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+    )
+    root, *rest = report.findings
+    assert (root.class_id, root.action, root.severity) == ("xid_48", Action.REBOOT_NODE, Severity.CRITICAL)
+    assert "154" in str(root.details["note"])
+    assert [f.class_id for f in rest] == ["xid_63", "xid_45", "xid_154"]
+    assert all(f.action is Action.IGNORE and f.details["likely_caused_by"] == root.id for f in rest)
+
+
+def test_the_same_code_on_two_gpus_is_judged_per_gpu() -> None:
+    report = _text(
+        "NVRM: Xid (PCI:0000:ab:00): 48, pid=1, name=python3, DBE",
+        "NVRM: Xid (PCI:0000:ab:00): 63, pid=1, name=python3, Row remapper",
+        "NVRM: Xid (PCI:0000:18:00): 48, pid=2, name=python3, DBE",
+    )
+    verdicts = {(f.class_id, f.gpu): f.action for f in report.findings}
+    assert verdicts[("xid_48", "0000:ab:00.0")] is Action.DRAIN_AND_RESET
+    assert verdicts[("xid_48", "0000:18:00.0")] is Action.RESET_GPU
