@@ -12,12 +12,13 @@ losing history is bad, a daemon stuck in a crash loop is worse.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,30 +167,14 @@ class Journal:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def record(self, events: Iterable[Event], cursor: tuple[str, int] | None = None) -> list[Event]:
-        """Store `events` and advance the kernel-log cursor, all in one transaction."""
-        stored = []
+    @contextlib.contextmanager
+    def _transaction(self, cursor: tuple[str, int] | None) -> Iterator[sqlite3.Connection]:
+        """One transaction under the lock, which also moves the kernel-log cursor (never backwards)."""
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
-                for e in events:
-                    row = db.execute(
-                        "INSERT INTO events_v1 (ts, boot_id, kmsg_seq, sources, kind, code, gpu_index, uuid,"
-                        " pci_bus_id, pid, process, text, details) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        (
-                            e.ts, e.boot_id, e.kmsg_seq, e.sources, e.kind, e.code, e.gpu_index, e.uuid,
-                            e.pci_bus_id, e.pid, e.process, e.text, json.dumps(dict(e.details)),
-                        ),
-                    )  # fmt: skip
-                    db.execute(
-                        "INSERT INTO totals_v1 (kind, uuid, gpu_index, pci_bus_id, code, count, last_seen)"
-                        " VALUES (?,?,?,?,?,1,?) ON CONFLICT (kind, uuid, pci_bus_id, code) DO UPDATE SET"
-                        " count = count + 1, last_seen = max(last_seen, excluded.last_seen),"
-                        " gpu_index = excluded.gpu_index",
-                        (e.kind, e.uuid or "", e.gpu_index, e.pci_bus_id or "", e.code, e.ts),
-                    )
-                    stored.append(_with_id(e, int(row.lastrowid or 0)))
+                yield db
                 if cursor is not None:
                     db.execute(
                         "INSERT INTO cursor_v1 (boot_id, seq) VALUES (?, ?) ON CONFLICT (boot_id) DO UPDATE"
@@ -200,40 +185,41 @@ class Journal:
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+
+    def record(self, events: Iterable[Event], cursor: tuple[str, int] | None = None) -> list[Event]:
+        """Store `events` and advance the kernel-log cursor, all in one transaction."""
+        stored = []
+        with self._transaction(cursor) as db:
+            for e in events:
+                row = db.execute(
+                    "INSERT INTO events_v1 (ts, boot_id, kmsg_seq, sources, kind, code, gpu_index, uuid,"
+                    " pci_bus_id, pid, process, text, details) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        e.ts, e.boot_id, e.kmsg_seq, e.sources, e.kind, e.code, e.gpu_index, e.uuid,
+                        e.pci_bus_id, e.pid, e.process, e.text, json.dumps(dict(e.details)),
+                    ),
+                )  # fmt: skip
+                db.execute(
+                    "INSERT INTO totals_v1 (kind, uuid, gpu_index, pci_bus_id, code, count, last_seen)"
+                    " VALUES (?,?,?,?,?,1,?) ON CONFLICT (kind, uuid, pci_bus_id, code) DO UPDATE SET"
+                    " count = count + 1, last_seen = max(last_seen, excluded.last_seen),"
+                    " gpu_index = excluded.gpu_index",
+                    (e.kind, e.uuid or "", e.gpu_index, e.pci_bus_id or "", e.code, e.ts),
+                )
+                stored.append(_with_id(e, int(row.lastrowid or 0)))
         return stored
 
     def merge(self, event: Event, cursor: tuple[str, int] | None = None) -> None:
         """A second source reported an already-journaled event: keep the richer record, count nothing."""
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                db.execute(
-                    "UPDATE events_v1 SET sources = ?, text = ?, details = ?, pid = ?, process = ?, kmsg_seq = ?"
-                    " WHERE id = ?",
-                    (
-                        event.sources, event.text, json.dumps(dict(event.details)), event.pid, event.process,
-                        event.kmsg_seq, event.id,
-                    ),
-                )  # fmt: skip
-                if cursor is not None:
-                    db.execute(
-                        "INSERT INTO cursor_v1 (boot_id, seq) VALUES (?, ?) ON CONFLICT (boot_id) DO UPDATE"
-                        " SET seq = max(seq, excluded.seq)",
-                        cursor,
-                    )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-
-    def advance_cursor(self, boot_id: str, seq: int) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO cursor_v1 (boot_id, seq) VALUES (?, ?) ON CONFLICT (boot_id) DO UPDATE"
-                " SET seq = max(seq, excluded.seq)",
-                (boot_id, seq),
-            )
+        with self._transaction(cursor) as db:
+            db.execute(
+                "UPDATE events_v1 SET sources = ?, text = ?, details = ?, pid = ?, process = ?, kmsg_seq = ?"
+                " WHERE id = ?",
+                (
+                    event.sources, event.text, json.dumps(dict(event.details)), event.pid, event.process,
+                    event.kmsg_seq, event.id,
+                ),
+            )  # fmt: skip
 
     def note_boot(self, boot_id: str, ts: float) -> bool:
         """Remember a boot; True if it was not seen before (the node rebooted since we last ran)."""
