@@ -71,6 +71,17 @@ def _parser() -> argparse.ArgumentParser:
     diagnose.add_argument(
         "--json", action="store_true", help="print the diagnosis JSON (same as POST /api/v1/diagnose)"
     )
+    alerts = sub.add_parser("alerts", help="the Prometheus alert rules")
+    alert_commands = alerts.add_subparsers(dest="alerts_command", metavar="COMMAND", required=True)
+    render = alert_commands.add_parser(
+        "render",
+        help="rewrite the rules' runbook (and dashboard) links for a published copy",
+        description="Print the alert rules with every runbook_url pointing at BASE/<playbook id> instead of the "
+        "daemon on the alerting node, e.g. --runbook-base https://wiki.example.com/gpu-runbooks.",
+    )
+    render.add_argument("file", nargs="?", default="-", help="the rules file (alerts/gpu-triage.rules.yml; - stdin)")
+    render.add_argument("--runbook-base", metavar="URL", help="where the playbooks are published")
+    render.add_argument("--dashboard-base", metavar="URL", help="the Grafana URL, for absolute dashboard links")
     return parser
 
 
@@ -120,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         from exporter.commands import diagnose_files
 
         return diagnose_files(args.files, args.json)
+    if args.command == "alerts":
+        from exporter.commands import render_alerts
+
+        return render_alerts(args.file, args.runbook_base, args.dashboard_base)
     parser.print_help(sys.stderr)
     return 2
 

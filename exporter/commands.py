@@ -139,3 +139,16 @@ def diagnose_files(
     else:
         out.write(render(report, colour=out.isatty() and not os.environ.get("NO_COLOR")))
     return 1 if report["findings"] else 0
+
+
+def render_alerts(path: str, runbook_base: str | None, dashboard_base: str | None, out: TextIO = sys.stdout) -> int:
+    """`gpu-triage alerts render`: the rules with their links pointed elsewhere."""
+    from exporter.alert_rules import render
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        out.write(render(text, runbook_base, dashboard_base=dashboard_base))
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"gpu-triage alerts render: {e}\n")
+        return 2
+    return 0

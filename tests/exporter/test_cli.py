@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import REPO, free_port
 
 GPU_TRIAGE = str(Path(sys.executable).with_name("gpu-triage"))
 
@@ -160,3 +160,16 @@ def test_check_exit_codes_follow_the_node_verdict(served: str) -> None:
 def test_check_without_a_daemon_is_unknown() -> None:
     result = run("check", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "1")
     assert result.returncode == 3 and result.stdout.startswith("UNKNOWN - cannot get a verdict")
+
+
+def test_alerts_render_points_runbooks_at_a_published_copy(tmp_path: Path) -> None:
+    rules = REPO / "alerts" / "gpu-triage.rules.yml"
+    result = run("alerts", "render", "--runbook-base", "https://wiki.example.com/gpu/", str(rules))
+    assert result.returncode == 0
+    urls = [
+        line.split(":", 1)[1].strip() for line in result.stdout.splitlines() if line.strip().startswith("runbook_url:")
+    ]
+    assert urls and all(url.startswith('"https://wiki.example.com/gpu/') for url in urls)
+    assert result.stdout.count("runbook_url:") == rules.read_text().count("runbook_url:")
+    missing = run("alerts", "render", "--runbook-base", "https://x", str(tmp_path / "nope.yml"))
+    assert missing.returncode == 2 and "gpu-triage alerts render:" in missing.stderr
