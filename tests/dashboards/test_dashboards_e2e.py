@@ -1,0 +1,254 @@
+"""Every panel of the shipped dashboards has data, against a real Prometheus scraping real daemons.
+
+Two simulated nodes are scraped once for the module: one healthy (h100-training) and one put through every
+kind of fault the panels show (thermal slowdown, ECC, XIDs, an NVLink link down, a pending row remap, a lost
+GPU), injected at once instead of waiting for the scenario's schedule. Each query is then run the way
+Grafana runs it (variables interpolated, instant or over the range) for the healthy node, the faulty node and
+both, and must return series with values whose legends name them apart. The panels that show faults are also
+checked for the fault they must show, so that a panel of zeros cannot pass for one that works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from diagnosis.actions import Action
+from diagnosis.playbooks import action_playbook, load_playbooks
+from tests.dashboards.grafana import (
+    Context,
+    Query,
+    Series,
+    Window,
+    all_dashboards,
+    all_queries,
+    legend,
+    legend_labels,
+    load,
+    queries,
+    run,
+    values,
+)
+from tests.e2e.servers import Server, gpu_triage, prometheus, query, wait_for
+
+pytestmark = pytest.mark.e2e
+
+FAULTS = [
+    {"gpu": 2, "kind": "thermal_slowdown"},
+    {"gpu": 5, "kind": "ecc_correctable", "count": 3},
+    {"gpu": 1, "kind": "xid", "xid": 13},
+    {"gpu": 4, "kind": "nvlink_down", "link": 7},
+    {"gpu": 6, "kind": "ecc_uncorrectable"},
+    {"gpu": 6, "kind": "xid", "xid": 48},
+    {"gpu": 6, "kind": "row_remap_pending"},
+    {"gpu": 3, "kind": "xid", "xid": 79},
+    {"gpu": 3, "kind": "gpu_lost"},
+]
+# What Prometheus must hold before the panels are read: each fault has reached it.
+FAULTS_SEEN = [
+    'nvidia_gpu_clock_event_reason_active{gpu="2",reason="hw_thermal_slowdown"} == 1',
+    'nvidia_gpu_ecc_errors_total{gpu="5",error="corrected"} > 0',
+    'nvidia_gpu_ecc_errors_total{gpu="6",error="uncorrected"} > 0',
+    'nvidia_gpu_nvlink_up{gpu="4",link="7"} == 0',
+    'nvidia_gpu_row_remap_pending{gpu="6"} == 1',
+    "count(nvidia_gpu_xid_errors_total) == 3",
+    'nvidia_gpu_up{gpu="3"} == 0',
+]
+RATE_INTERVAL = 5  # seconds: Grafana's $__rate_interval is at least 4 scrape intervals (1 s here)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    prom: Server
+    faulty: str  # instance label
+    healthy: str
+    window: Window
+
+    def context(self, who: str) -> Context:
+        instances = {"faulty": [self.faulty], "healthy": [self.healthy], "both": []}[who]
+        return Context(
+            values={"instance": instances},
+            rate_interval=f"{RATE_INTERVAL}s",
+            interval=f"{self.window.step:g}s",
+            range_seconds=self.window.seconds,
+        )
+
+
+def _instance(server: Server) -> str:
+    return server.url.removeprefix("http://")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with contextlib.ExitStack() as stack:
+        faulty = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("faulty"), scenario="h100-faults"))
+        healthy = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("healthy")))
+        prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), [_instance(faulty), _instance(healthy)]))
+        start = time.time()
+        # A few clean scrapes first, so that counters have a zero before the faults move them.
+        wait_for(lambda: len(query(prom, "count_over_time(up[1m]) >= 3")) == 2, what="3 scrapes of both daemons")
+        for fault in FAULTS:
+            httpx.post(f"{faulty.url}/api/v1/sim/faults", json=fault, timeout=5).raise_for_status()
+        injected = time.time()
+        for expr in FAULTS_SEEN:
+            wait_for(functools.partial(query, prom, expr), what=expr)
+        # Let a rate window pass over the faults, as it would before anyone looks at the dashboard.
+        time.sleep(max(0.0, injected + RATE_INTERVAL - time.time()))
+        end = time.time()
+        yield Fleet(prom, _instance(faulty), _instance(healthy), Window(start, end, 1.0))
+
+
+WHO = ["healthy", "faulty", "both"]
+
+
+def _legend_check(q: Query, result: list[Series]) -> None:
+    if q.table or q.legend is None:
+        return
+    names = [legend(q.legend, s["metric"]) for s in result]
+    for s in result:
+        missing = [label for label in legend_labels(q.legend) if label not in s["metric"]]
+        assert not missing, f"{q}: legend {q.legend!r} names labels {missing} the series lacks: {s['metric']}"
+    assert len(set(names)) == len(names), f"{q}: legend {q.legend!r} names two series alike: {sorted(names)}"
+
+
+@pytest.mark.parametrize("who", WHO)
+@pytest.mark.parametrize("q", [q for q in all_queries() if q.panel is not None], ids=str)
+def test_every_panel_query_returns_data(fleet: Fleet, q: Query, who: str) -> None:
+    result = run(fleet.prom.url, q, fleet.context(who), fleet.window)
+    assert result, f"{q} is empty for the {who} node(s)"
+    assert any(not math.isnan(v) for s in result for v in values(s)), f"{q} has only NaN for the {who} node(s)"
+    _legend_check(q, result)
+    if q.table and q.panel is not None and len(q.panel["targets"]) > 1:
+        # Grafana's merge joins rows on every column they share: a __name__ column would keep them apart.
+        assert all("__name__" not in s["metric"] for s in result), f"{q}: keeps __name__, the rows will not merge"
+    instances = {s["metric"].get("instance") for s in result} - {None}
+    if who != "both" and instances:
+        assert instances == {getattr(fleet, who)}, f"{q} leaks other nodes: {instances}"
+
+
+def test_variables_list_the_nodes_and_gpus(fleet: Fleet) -> None:
+    for dashboard in all_dashboards().values():
+        found = {}
+        for v in dashboard["templating"]["list"]:
+            if v["type"] != "query":
+                continue
+            selector, label = v["definition"].removeprefix("label_values(").removesuffix(")").rsplit(", ", 1)
+            match = Query("", None, v["name"], "var", selector, None, True, False)
+            expr = run(fleet.prom.url, match, fleet.context("both"), fleet.window)
+            found[v["name"]] = {s["metric"][label] for s in expr}
+        assert found == {
+            "job": {"gpu-triage"},
+            "instance": {fleet.faulty, fleet.healthy},
+            "gpu": {str(i) for i in range(8)},
+        }
+
+
+def _panel(dashboard: str, panel_id: int, ref: str = "A") -> Query:
+    (q,) = [q for q in queries(dashboard, load(dashboard)) if q.panel and q.panel["id"] == panel_id and q.ref == ref]
+    return q
+
+
+def _series(fleet: Fleet, who: str, dashboard: str, panel_id: int, ref: str = "A") -> list[Series]:
+    return run(fleet.prom.url, _panel(dashboard, panel_id, ref), fleet.context(who), fleet.window)
+
+
+def _peak(result: list[Series], **labels: str) -> float:
+    """The highest value of the series that carry `labels`."""
+    chosen = [s for s in result if all(s["metric"].get(k) == v for k, v in labels.items())]
+    assert chosen, f"no series with {labels} in {[s['metric'] for s in result]}"
+    return max(v for s in chosen for v in values(s))
+
+
+FLEET, NODE = "gpu-triage-fleet.json", "gpu-triage-node.json"
+
+
+def test_fleet_shows_the_faulty_node_and_what_to_do(fleet: Fleet) -> None:
+    assert _peak(_series(fleet, "both", FLEET, 2, "C"), status="unhealthy") == 1  # nodes by health
+    assert _peak(_series(fleet, "both", FLEET, 2, "A"), status="healthy") == 1
+    assert _peak(_series(fleet, "both", FLEET, 4, "B")) == 1  # GPUs lost
+    assert _peak(_series(fleet, "both", FLEET, 27), instance=fleet.faulty) >= 1  # throttled by heat
+    rows = [s["metric"] | {"value": values(s)[0]} for s in _series(fleet, "both", FLEET, 6)]
+    served = set(load_playbooks())
+    for row in rows:
+        assert row["playbook"] == action_playbook(Action(row["action"])) and row["playbook"] in served, row
+    healthy = [r for r in rows if r["instance"] == fleet.healthy]
+    assert [(r["gpu"], r["action"], r["playbook"], r["value"]) for r in healthy] == [("all", "IGNORE", "no-action", 0)]
+    faulty = {r["gpu"]: r for r in rows if r["instance"] == fleet.faulty}
+    assert {"2", "3", "4", "6"} <= set(faulty), faulty
+    assert faulty["3"]["value"] == 3 and faulty["3"]["action"] != "IGNORE"  # XID 79: off the bus, unhealthy
+
+
+def test_xid_panels_count_the_first_xid_of_each_code(fleet: Fleet) -> None:
+    # A counter born at 1 is invisible to increase(); these panels must still count it.
+    by_node = _series(fleet, "both", FLEET, 11)
+    for xid in ("13", "48", "79"):
+        assert _peak(by_node, instance=fleet.faulty, xid=xid) >= 1
+    assert _peak(by_node, instance=fleet.healthy, xid="none") == 0
+    in_range = _series(fleet, "faulty", FLEET, 12)
+    assert {s["metric"]["xid"]: values(s)[0] for s in in_range} == {"13": 1, "48": 1, "79": 1}
+    by_gpu = _series(fleet, "faulty", NODE, 71)
+    for gpu, xid in (("1", "13"), ("6", "48"), ("3", "79")):
+        assert _peak(by_gpu, gpu=gpu, xid=xid) >= 1
+    seen = _series(fleet, "faulty", NODE, 72, "B")
+    assert {(s["metric"]["gpu"], s["metric"]["xid"]): values(s)[0] for s in seen} == {
+        ("1", "13"): 1,
+        ("6", "48"): 1,
+        ("3", "79"): 1,
+    }
+
+
+def test_xid_annotations_mark_when_each_xid_happened(fleet: Fleet) -> None:
+    (annotation,) = [q for q in queries(NODE, load(NODE)) if q.panel is None]
+    marks = run(fleet.prom.url, annotation, fleet.context("faulty"), fleet.window)
+    assert {s["metric"]["xid"] for s in marks} == {"13", "48", "79"}
+    for s in marks:
+        assert fleet.window.start * 1000 <= values(s)[-1] <= fleet.window.end * 1000
+    assert run(fleet.prom.url, annotation, fleet.context("healthy"), fleet.window) == []
+
+
+def test_node_panels_show_each_fault(fleet: Fleet) -> None:
+    def peak(panel_id: int, ref: str = "A", **labels: str) -> float:
+        return _peak(_series(fleet, "faulty", NODE, panel_id, ref), **labels)
+
+    assert peak(2) == 3  # node health: unhealthy
+    assert peak(4) == 1  # one GPU lost
+    assert peak(8, gpu="3") == 3  # GPU 3's health over time reaches unhealthy
+    assert peak(32, gpu="2") == 6  # the worst clock-event reason of GPU 2: HW thermal slowdown
+    assert peak(33, reason="hw_thermal_slowdown") == 1
+    assert peak(41, gpu="5", error="corrected") >= 1
+    assert peak(41, gpu="6", error="uncorrected") >= 1
+    assert peak(42, "B", gpu="6") >= 1  # uncorrected in range (increase() extrapolates)
+    assert peak(42, "E", gpu="6") == 1  # remap pending
+    assert peak(61, gpu="4") == 1  # one NVLink link down
+    assert peak(62, gpu="4", error="replay") > 0
+    assert peak(63, gpu="4", link="7") == 0  # the table names the link that is down
+    assert peak(63, gpu="0", link="all") == 1
+
+
+def test_healthy_node_shows_zeros_and_none_rather_than_no_data(fleet: Fleet) -> None:
+    def rows(panel_id: int, ref: str = "A") -> list[dict[str, str]]:
+        return [s["metric"] for s in _series(fleet, "healthy", NODE, panel_id, ref)]
+
+    assert {(r["gpu"], r["xid"]) for r in rows(72, "A")} == {("any", "none")}
+    assert {r["link"] for r in rows(63)} == {"all"}
+    assert len(rows(7)) == 8 and {r["action"] for r in rows(7)} == {"IGNORE"}
+    assert _peak(_series(fleet, "healthy", NODE, 2)) == 0  # node health: healthy
+
+
+def test_runbook_and_node_links_resolve(fleet: Fleet) -> None:
+    # The runbook link is http://<instance>/runbooks/<playbook>: the instance label must be the daemon's
+    # address (it is, for a plain static or service-discovery scrape) and the playbook one it serves.
+    served = set(load_playbooks())
+    for row in _series(fleet, "both", NODE, 7):
+        labels = row["metric"]
+        assert labels["instance"] in (fleet.faulty, fleet.healthy)
+        assert labels["playbook"] in served
+    answer = httpx.get(f"http://{fleet.faulty}/api/v1/xid/79", timeout=5)
+    assert answer.status_code == 200 and answer.json()["playbook"] in served
