@@ -161,6 +161,7 @@ class Daemon:
             if self._own is not None:
                 families.extend(self._own.collect())
             self.metrics.update(families)
+            self.verdicts.node = node
 
     def poll_soon(self) -> None:
         """Read the fast fields now, in the background (after a simulated fault, say)."""

@@ -77,7 +77,8 @@ class Verdicts:
             self._xids.setdefault(key, deque(maxlen=_HISTORY_PER_GPU)).append(occurrence(event))
 
     def update(self, snapshot: Snapshot, now: float) -> NodeVerdict:
-        """Recompute every GPU's verdict; the result is also kept in `self.node`."""
+        """Recompute every GPU's verdict. The caller publishes it (`self.node = ...`) once the metrics
+        that show it are rendered too, so the API and /metrics never disagree."""
         marks = self._journal.marks()
         with self._lock:
             gpus = []
@@ -97,7 +98,6 @@ class Verdicts:
                     gpus.append(orphan)
             node = assess_node(gpus, sxid_findings(list(self._sxids), boot_id=self._boot_id))
             self._stamp(node, now)
-            self.node = node
         return node
 
     def _assess(
