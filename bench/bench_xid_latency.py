@@ -29,7 +29,9 @@ BUSES = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]  # the simulated node's
 
 
 def line(seq: int, gpu: int, code: int) -> str:
-    return f"4,{seq},{seq},-;NVRM: Xid (PCI:0000:{BUSES[gpu]}:00): {code}, pid={1000 + seq}, name=python3, bench\n"
+    # A syslog-style line: the daemon numbers it by line and stamps it when read, as it would a real
+    # kernel log file (a /dev/kmsg record would carry its own time since boot).
+    return f"Nov 30 01:00:00 node kernel: NVRM: Xid (PCI:0000:{BUSES[gpu]}:00): {code}, pid={seq}, name=python3\n"
 
 
 def pct(values: list[float], p: float) -> float:

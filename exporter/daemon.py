@@ -30,6 +30,7 @@ from exporter.xid_metrics import source_families, xid_families
 
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
+PURGE_EVERY_SECONDS = 3600.0
 
 
 def read_boot_id() -> str:
@@ -85,6 +86,7 @@ class Daemon:
                 own(registry=self._own)
         self._render_lock = threading.Lock()
         self._discovered: list[GpuIdentity] = []
+        self._purged_at = float("-inf")
 
     @property
     def snapshot(self) -> Snapshot:
@@ -96,7 +98,7 @@ class Daemon:
     def start(self) -> None:
         """Find the GPUs, take the first snapshot, then poll and follow the XID sources in the background."""
         self._discovered = self.poller.discover()
-        self.journal.purge(self.clock() - self.settings.journal_retention)
+        self._purge_now_and_then(self.clock())
         self.verdicts.load(self.clock())
         self.pipeline.start()
         for source in (self.kmsg, self.driver_events):
@@ -124,6 +126,12 @@ class Daemon:
         self.journal.close()
         self.backend.close()
 
+    def _purge_now_and_then(self, now: float) -> None:
+        """Retention by age, applied hourly: the daemon runs for months."""
+        if now - self._purged_at >= PURGE_EVERY_SECONDS:
+            self._purged_at = now
+            self.journal.purge(now - self.settings.journal_retention)
+
     def _on_events(self, events: list[Event]) -> None:
         for event in events:
             self.verdicts.add(event)
@@ -145,7 +153,9 @@ class Daemon:
         """Render /metrics again: a new snapshot or a new event changed what it says."""
         with self._render_lock:
             snapshot = self.snapshot
-            node = self.verdicts.update(snapshot, self.clock())
+            now = self.clock()
+            self._purge_now_and_then(now)
+            node = self.verdicts.update(snapshot, now)
             families: list[Metric] = [
                 *gpu_families(snapshot),
                 *xid_families(self.journal.totals()),

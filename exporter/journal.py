@@ -124,17 +124,24 @@ class Mark:
     note: str
 
 
+_WRITABLE = "--state.dir must name a directory the daemon can write"
+
+
 class JournalError(Exception):
-    pass
+    """The journal cannot be used at all (not: it was corrupt; that one is moved aside)."""
 
 
 class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._open()
+        except OSError as e:
+            raise JournalError(f"cannot create {path.parent}: {e.strerror or e} ({_WRITABLE})") from e
+        except sqlite3.OperationalError as e:  # cannot open or write it: not corruption
+            raise JournalError(f"cannot open the event journal {path}: {e} ({_WRITABLE})") from e
         except sqlite3.DatabaseError as e:
             aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
             log.error(

@@ -15,6 +15,7 @@ from exporter.app import create_app
 from exporter.backends.base import BackendError
 from exporter.backends.select import open_backend
 from exporter.daemon import Daemon
+from exporter.journal import JournalError
 from exporter.sd_notify import Notifier, Watchdog
 from exporter.settings import Settings, parse_listen_address
 from exporter.web_config import WebConfig, WebConfigError, load_web_config
@@ -108,7 +109,10 @@ def serve(settings: Settings) -> None:
     sockets = []
     try:
         sockets = [bind(address) for address in settings.web_listen_address]
-        daemon = Daemon(backend, settings)
+        try:
+            daemon = Daemon(backend, settings)
+        except JournalError as e:
+            raise StartupError(str(e)) from e
         try:
             daemon.start()
         except BackendError as e:

@@ -173,3 +173,19 @@ def test_alerts_render_points_runbooks_at_a_published_copy(tmp_path: Path) -> No
     assert result.stdout.count("runbook_url:") == rules.read_text().count("runbook_url:")
     missing = run("alerts", "render", "--runbook-base", "https://x", str(tmp_path / "nope.yml"))
     assert missing.returncode == 2 and "gpu-triage alerts render:" in missing.stderr
+
+
+def test_an_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = run(
+        "serve",
+        "--backend",
+        "sim",
+        f"--web.listen-address=127.0.0.1:{free_port()}",
+        "--state.dir",
+        str(blocker / "state"),
+    )
+    assert result.returncode == 1
+    assert "--state.dir must name a directory the daemon can write" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -192,3 +192,23 @@ def test_an_injected_xid_is_on_metrics_without_waiting_for_a_poll(tmp_path: Path
         assert event.sources == "sim" and event.gpu_index == 0
     finally:
         d.stop()
+
+
+def test_retention_is_applied_while_the_daemon_runs(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.write_text("NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=python3, a plain line: stamped when read\n")
+    clock = FakeClock()
+    d = Daemon(
+        SimBackend(load_scenario("h100-training"), clock=clock),
+        settings(tmp_path, journal_retention="2h"),
+        clock=clock,
+        boot_id="b1",
+    )
+    d.start()
+    try:
+        assert d.pipeline.wait_idle() and len(d.journal.events()) == 1
+        clock.advance(3 * 3600)  # older than the retention now, and the hourly purge is due
+        d.refresh()
+        assert d.journal.events() == [] and xid_count(d, 31) == 1, "the event goes, the counter stays"
+    finally:
+        d.stop()

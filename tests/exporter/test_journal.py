@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.journal import Event, Journal, Mark
+from exporter.journal import Event, Journal, JournalError, Mark
 
 
 def xid(code: int, ts: float, uuid: str = "GPU-a", gpu: int = 0, **kw: object) -> Event:
@@ -135,3 +135,14 @@ def test_a_killed_writer_leaves_a_consistent_journal(tmp_path: Path) -> None:
     # Every committed batch is whole: 50 events per cursor step, totals agree with the rows.
     assert len(events) == 50 * cursor
     assert sum(t.count for t in j.totals()) == len(events)
+
+
+def test_an_unusable_state_dir_is_a_clear_error_not_corruption(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(JournalError, match=r"cannot create .*a-file.*--state.dir must name a directory"):
+        Journal(blocker / "state" / "journal.sqlite3")
+    (tmp_path / "journal.sqlite3").mkdir()  # something sqlite cannot open: nothing to move aside
+    with pytest.raises(JournalError, match="cannot open the event journal"):
+        Journal(tmp_path / "journal.sqlite3")
+    assert not [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
