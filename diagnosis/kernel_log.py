@@ -6,7 +6,8 @@ a timestamp and otherwise ignored. Lines that cannot be parsed are counted in `S
 
 Only lines holding one of the two trigger literals, `NVRM:` (every NVIDIA driver message) and `Xid (`
 (which also covers NVSwitch `SXid (` lines), are parsed. `scan` is the fast path for big inputs: it
-searches whole chunks for the literals and never looks at other lines. Line numbers count from 1.
+finds the lines holding the literals with `line_scan` (the scanner training-log diagnosis uses too) and
+never looks at other lines. Line numbers count from 1.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from diagnosis.line_scan import LineScanner
 from diagnosis.pci import canonical_bus_id
 
 # Real NVRM lines stay well under 1 KiB; a longer line is garbage, and the cap bounds the regex work.
@@ -128,6 +130,9 @@ _TS_LEADING = re.compile(
 
 def _strip_eol(text: str) -> str:
     return text.rstrip("\r\n")
+
+
+_TRIGGERS = (b"NVRM:", b"Xid (")
 
 
 def _has_trigger(text: str) -> bool:
@@ -386,123 +391,6 @@ class KernelLogParser:
         self._pending = None
 
 
-class _Finder:
-    """Next occurrence of a trigger literal, at memchr speed where one of its bytes is rare.
-
-    `bytes.find` of one byte is memchr; of several bytes it is several times slower. So, where the probe
-    byte is rare, hop from one occurrence of it to the next and compare the literal there. A false hit
-    costs about as much as the plain search over a thousand bytes or more, so a sample at the start of
-    the span decides whether hopping pays, and a budget of false hits covers a span that changes later.
-    """
-
-    __slots__ = ("budget", "needle", "offset", "probe")
-
-    def __init__(self, needle: bytes, offset: int, buf: bytes, start: int, end: int) -> None:
-        self.needle = needle
-        self.offset = offset
-        self.probe = needle[offset : offset + 1]
-        sample_hits = buf.count(self.probe, start, min(end, start + _SAMPLE))
-        self.budget = (end - start) // _BREAK_EVEN if sample_hits * _BREAK_EVEN <= _SAMPLE else -1
-
-    def next(self, buf: bytes, pos: int, end: int) -> int:
-        needle, offset, probe = self.needle, self.offset, self.probe
-        if self.budget < 0:
-            return buf.find(needle, pos, end)
-        hit = buf.find(probe, pos + offset, end)
-        while hit != -1:
-            if buf.startswith(needle, hit - offset, end):
-                return hit - offset
-            self.budget -= 1
-            if self.budget < 0:
-                return buf.find(needle, hit - offset + 1, end)
-            hit = buf.find(probe, hit + 1, end)
-        return -1
-
-
-_SAMPLE = 8192
-_BREAK_EVEN = 2500  # bytes per false hit below which hopping loses to the plain search (measured)
-
-
-def _candidate_spans(buf: bytes, start: int, end: int) -> list[tuple[int, int]]:
-    """Byte spans of the lines in buf[start:end] that hold a trigger; `end` is the offset of a newline."""
-    # 'V' and 'X': the rarest bytes of the two literals in ordinary kernel-log text.
-    nvrm, sxid = _Finder(b"NVRM:", 1, buf, start, end), _Finder(b"Xid (", 0, buf, start, end)
-    spans: list[tuple[int, int]] = []
-    a = nvrm.next(buf, start, end)
-    b = sxid.next(buf, start, end)
-    while a != -1 or b != -1:
-        hit = a if b == -1 or (a != -1 and a < b) else b
-        first = buf.rfind(b"\n", start, hit) + 1 or start
-        last = buf.find(b"\n", hit, end + 1)
-        spans.append((first, last))
-        if a != -1 and a < last:
-            a = nvrm.next(buf, last, end)
-        if b != -1 and b < last:
-            b = sxid.next(buf, last, end)
-    return spans
-
-
-def _bytes_trigger(raw: bytes) -> bool:
-    return b"NVRM:" in raw or b"Xid (" in raw
-
-
-def _candidate_lines(chunks: Iterable[bytes], stats: ScanStats) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line) for each line holding a trigger, in order; lines may straddle chunks.
-
-    Over-long candidates are counted here and not yielded; `stats.lines` is kept up to date.
-    """
-    line_no = 1  # number of the line that starts at the current position
-    carry = b""  # start of a line that continues in the next chunk
-    dropping = False  # the carried line outgrew the limit: its bytes are dropped as they come
-    dropped_trigger = False  # … and whether the dropped bytes held a trigger
-    for chunk in chunks:
-        pos = 0
-        if carry or dropping:
-            newline = chunk.find(b"\n")
-            piece = chunk if newline == -1 else chunk[:newline]
-            if dropping:
-                dropped_trigger = dropped_trigger or _bytes_trigger(piece)
-            elif len(carry) + len(piece) > _MAX_LINE_BYTES:
-                dropping, dropped_trigger, carry = True, _bytes_trigger(carry + piece), b""
-            else:
-                carry += piece
-            if newline == -1:
-                continue
-            if dropping and dropped_trigger:
-                stats.candidates += 1
-                stats.overlong += 1
-            elif not dropping and _bytes_trigger(carry):
-                yield line_no, carry
-            carry, dropping, dropped_trigger = b"", False, False
-            line_no += 1
-            pos = newline + 1
-        end = chunk.rfind(b"\n", pos)
-        if end == -1:
-            carry = chunk[pos:]
-        else:
-            counted = pos
-            for first, last in _candidate_spans(chunk, pos, end):
-                line_no += chunk.count(b"\n", counted, first)
-                counted = first
-                if last - first <= _MAX_LINE_BYTES:
-                    yield line_no, chunk[first:last]
-                else:
-                    stats.candidates += 1
-                    stats.overlong += 1
-            line_no += chunk.count(b"\n", counted, end + 1)
-            carry = chunk[end + 1 :]
-        if len(carry) > _MAX_LINE_BYTES:
-            dropping, dropped_trigger, carry = True, _bytes_trigger(carry), b""
-        stats.lines = line_no - 1
-    if dropping or carry:
-        if dropping and dropped_trigger:
-            stats.candidates += 1
-            stats.overlong += 1
-        elif carry and _bytes_trigger(carry):
-            yield line_no, carry
-        stats.lines = line_no
-
-
 def _decode(raw: bytes, stats: ScanStats) -> str:
     try:
         return raw.decode("utf-8")
@@ -517,6 +405,14 @@ def scan(chunks: Iterable[bytes], stats: ScanStats | None = None) -> Iterator[Ke
     Equivalent to feeding every line, decoded as UTF-8 with bad bytes replaced, to a `KernelLogParser`.
     """
     parser = KernelLogParser(stats)
-    for line_no, raw in _candidate_lines(chunks, parser.stats):
-        yield from parser.feed(_decode(raw, parser.stats), line_no)
+    # Binary lines go to the parser, which counts them; over-long ones the scanner drops and counts.
+    scanner = LineScanner(_TRIGGERS, max_line=_MAX_LINE_BYTES, keep_binary=True)
+    for chunk in chunks:
+        for candidate in scanner.feed(chunk):
+            yield from parser.feed(_decode(candidate.data, parser.stats), candidate.line)
+    for candidate in scanner.finish():
+        yield from parser.feed(_decode(candidate.data, parser.stats), candidate.line)
+    parser.stats.lines = scanner.lines
+    parser.stats.overlong += scanner.skipped
+    parser.stats.candidates += scanner.skipped
     yield from parser.finish()

@@ -116,6 +116,7 @@ class LineScanner:
         *,
         block: int = DEFAULT_BLOCK,
         max_line: int = DEFAULT_MAX_LINE,
+        keep_binary: bool = False,
     ) -> None:
         if not triggers or any(not t or b"\n" in t for t in triggers):
             raise ValueError("triggers must be non-empty literals without newlines")
@@ -123,6 +124,7 @@ class LineScanner:
         self._follow = tuple(follow)
         self._block = block
         self._max_line = max_line
+        self._keep_binary = keep_binary  # the caller wants lines with NUL bytes too (and counts them itself)
         self._parts: list[bytes] = []
         self._parts_len = 0
         self._pending = b""  # the unfinished last line
@@ -241,7 +243,7 @@ class LineScanner:
             pos = line_end + 1
 
     def _examinable(self, line: bytes) -> bool:
-        if len(line) > self._max_line or b"\x00" in line:
+        if len(line) > self._max_line or (not self._keep_binary and b"\x00" in line):
             self.skipped += 1
             return False
         return True
