@@ -82,7 +82,7 @@ class Poller:
             raise BackendError("GPU discovery did not answer in time: the driver may be hung")
         self._gpus = box[0]
         # Reads take micro- to milliseconds; a few workers keep up with many GPUs.
-        self._pool = ReadPool(workers=min(8, max(2, len(self._gpus))))
+        self._pool = ReadPool(workers=min(4, max(2, len(self._gpus))))
         return self._gpus
 
     def start(self) -> None:
