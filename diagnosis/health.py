@@ -163,7 +163,8 @@ def _open(d: Decision, boot_id: str, now: float, cleared_at: float | None, reset
         return False
     if d.action in _CURED_BY_RESET and any(r > ts for r in resets):
         return False
-    return not (d.action in _APP_ACTIONS and now - ts > APP_FINDING_SECONDS)
+    last = d.incident_end if d.incident_end is not None else ts
+    return not (d.action in _APP_ACTIONS and now - last > APP_FINDING_SECONDS)
 
 
 def assess_gpu(
@@ -179,7 +180,8 @@ def assess_gpu(
 ) -> GpuVerdict:
     """One GPU's verdict from its XID history (all boots: history matters), telemetry and clears."""
     catalog = catalog or load_catalog()
-    decisions = decide(occurrences, recovery_now=telemetry.recovery_action, catalog=catalog)
+    boundaries = [*resets, *([cleared_at] if cleared_at is not None else [])]
+    decisions = decide(occurrences, recovery_now=telemetry.recovery_action, boundaries=boundaries, catalog=catalog)
     live = [d for d in decisions if _open(d, boot_id, now, cleared_at, resets)]
     xid_findings = findings(live, gpu, catalog)
     if telemetry.recovery_action:  # the XID root cause already carries it; keep one finding, not two

@@ -20,6 +20,7 @@ Time is passed in with the occurrences; nothing here reads a clock or a file bey
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,28 +66,45 @@ class Decision:
     severity: Severity
     root: bool  # False: a symptom of the incident's root cause, which drives no action
     note: str | None = None  # why the catalog's action was changed, or what it is a symptom of
+    incident_end: float | None = None  # time of the incident's last XID: findings age from there
 
 
-def incidents(occurrences: Sequence[Occurrence]) -> list[list[Occurrence]]:
-    """Split one GPU's XIDs into bursts: a gap of BURST_GAP_SECONDS or more starts a new one."""
+def incidents(occurrences: Sequence[Occurrence], boundaries: Sequence[float] = ()) -> list[list[Occurrence]]:
+    """Split one GPU's XIDs into bursts: a gap of BURST_GAP_SECONDS or more starts a new one, and so do a
+    new boot and each of `boundaries` (a GPU reset, an acknowledgement): what comes after those is news,
+    never a symptom of what came before."""
     ordered = sorted(occurrences, key=lambda o: (o.ts is None, o.ts or 0.0, o.ref))
+    cuts = sorted(boundaries)
     out: list[list[Occurrence]] = []
     for occ in ordered:
         last = out[-1][-1] if out else None
-        if last is None or (occ.ts is not None and last.ts is not None and occ.ts - last.ts >= BURST_GAP_SECONDS):
+        if last is None or last.boot_id != occ.boot_id or _apart(last.ts, occ.ts, cuts):
             out.append([occ])
         else:
             out[-1].append(occ)
     return out
 
 
+def _apart(before: float | None, after: float | None, cuts: list[float]) -> bool:
+    if before is None or after is None:
+        return False
+    if after - before >= BURST_GAP_SECONDS:
+        return True
+    i = bisect.bisect_right(cuts, before)
+    return i < len(cuts) and cuts[i] <= after
+
+
 def decide(
-    occurrences: Sequence[Occurrence], *, recovery_now: int | None = None, catalog: XidCatalog | None = None
+    occurrences: Sequence[Occurrence],
+    *,
+    recovery_now: int | None = None,
+    boundaries: Sequence[float] = (),
+    catalog: XidCatalog | None = None,
 ) -> list[Decision]:
     """A decision for every occurrence of one GPU, in time order. `recovery_now` is the NVML
     recovery action read now: it applies to the latest incident."""
     catalog = catalog or load_catalog()
-    bursts = incidents(occurrences)
+    bursts = incidents(occurrences, boundaries)
     decisions: list[Decision] = []
     for i, burst in enumerate(bursts):
         live_recovery = recovery_now if i == len(bursts) - 1 else None
@@ -127,12 +145,13 @@ def _decide_incident(burst: list[Occurrence], catalog: XidCatalog, recovery_now:
         action, note = recovery
         severity = Severity.CRITICAL
     out = []
+    end = burst[-1].ts
     for occ in burst:
         if occ is root:
-            out.append(Decision(occ, action, severity, True, note))
+            out.append(Decision(occ, action, severity, True, note, end))
         else:
             why = f"symptom of Xid {root.code}" + (" (sympathetic)" if _sympathetic(occ) else "")
-            out.append(Decision(occ, Action.IGNORE, Severity.INFO, False, why))
+            out.append(Decision(occ, Action.IGNORE, Severity.INFO, False, why, end))
     return out
 
 
@@ -177,7 +196,7 @@ def _escalate(decisions: list[Decision]) -> list[Decision]:
         history.recent.append(occ)
         if occ.boot_id:
             history.boots.add(occ.boot_id)
-        out.append(d if upgrade is None else Decision(occ, upgrade[0], upgrade[1], True, upgrade[2]))
+        out.append(d if upgrade is None else Decision(occ, upgrade[0], upgrade[1], True, upgrade[2], d.incident_end))
     return out
 
 

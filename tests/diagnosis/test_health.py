@@ -148,3 +148,23 @@ def test_every_condition_is_used_and_complete() -> None:
             GPU,
         )
     } | {"gpu_unresponsive", "sxid_fatal", "sxid_nonfatal"} == set(conditions)
+
+
+@pytest.mark.parametrize("clear", ["reset", "acknowledgement"])
+def test_an_xid_after_a_clear_is_news_not_a_symptom_of_the_old_one(clear: str) -> None:
+    """The reset did not fix it: the same XID a minute after the reset (or the acknowledgement) must show."""
+    kw: dict[str, object] = {"resets": [960.0]} if clear == "reset" else {"cleared_at": 960.0}
+    v = verdict([occ(48, 900), occ(48, 1020)], now=1030.0, **kw)
+    assert (v.health, v.action) == (Health.UNHEALTHY, Action.RESET_GPU)
+    assert v.findings[0].count == 1 and v.findings[0].evidence[0].text.startswith("NVRM: Xid")
+
+
+def test_an_xid_after_a_reboot_is_its_own_incident() -> None:
+    v = assess_gpu(GPU, [occ(48, 900, boot="b0"), occ(48, 1000, boot="b1")], QUIET, boot_id="b1", now=1010.0)
+    assert (v.health, v.action) == (Health.UNHEALTHY, Action.CONTACT_SUPPORT), "back after a reboot: RMA"
+
+
+def test_an_application_fault_stays_open_while_it_keeps_coming() -> None:
+    every_minute = [occ(13, 60.0 * i) for i in range(120)]  # two hours of Xid 13, one incident
+    assert verdict(every_minute, now=120 * 60.0).health is Health.DEGRADED
+    assert verdict(every_minute, now=119 * 60.0 + APP_FINDING_SECONDS + 1).health is Health.HEALTHY
