@@ -71,7 +71,8 @@ class Daemon:
             self.kmsg = KmsgFollower(
                 settings.kmsg_path,
                 self.pipeline.from_kernel,
-                start_after=self.journal.cursor(self.boot_id),
+                cursor=self.journal.cursor,
+                boot_id=self.boot_id,
                 boot_time=boot_time(),
                 clock=clock,
             )

@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 # A fault seen by both the kernel log and the driver's events arrives within this many seconds twice.
 MERGE_WINDOW_SECONDS = 10.0
+_MAX_WAITING = 10_000  # per (kind, GPU, code): a storm beyond this merges less, never slower
 _KERNEL = "kmsg"
 
 
@@ -57,17 +58,18 @@ class EventPipeline:
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._parser = KernelLogParser(self.stats.parse)
         self._bound: dict[str, str] = {}  # pci bus id -> uuid, from the kernel log's binding lines
-        # Events waiting for the other kind of source to report them too, by (kind, gpu, code).
-        self._unpaired: dict[tuple[str, str, int], deque[Event]] = defaultdict(deque)
+        # Reports waiting for the other kind of source to report them too, by (kind, gpu, code).
+        self._waiting: dict[tuple[str, str, int], tuple[deque[_Slot], deque[_Slot]]] = {}
         self._thread: threading.Thread | None = None
         self.idle = threading.Event()  # set while nothing is queued: tests and benchmarks wait on it
         self.idle.set()
 
     # -- feeding (any thread) ------------------------------------------------------------------
 
-    def from_kernel(self, records: list[Record]) -> None:
+    def from_kernel(self, origin: str, records: list[Record]) -> None:
+        """`records` of the kernel log `origin` (see KmsgFollower), in order."""
         self.idle.clear()
-        self._queue.put(("kernel", records))
+        self._queue.put(("kernel", (origin, records)))
 
     def from_driver(self, xids: list[DriverXid], source: str) -> None:
         if xids:
@@ -116,24 +118,25 @@ class EventPipeline:
         """Journal one batch of source items; returns the new events (merged ones are not new)."""
         gpus = {g.pci_bus_id: g for g in self._gpus()}
         by_index = {g.index: g for g in gpus.values()}
-        fresh: list[Event] = []
-        cursor: int | None = None
+        fresh: list[_Slot] = []
+        cursor: tuple[str, int] | None = None
         for kind, payload in items:
             if kind == "kernel":
-                for record in payload:
+                origin, records = payload
+                for record in records:
                     self.stats.kmsg_lines += 1
-                    cursor = record.seq
+                    cursor = (origin, record.seq)
                     for ke in self._parser.feed(record.text, record.seq):
                         event = self._from_kernel(ke, record, gpus)
                         if event is not None:
-                            self._add(event, fresh)
+                            self._add(event, fresh, cursor)
             else:
                 source, xids = payload
                 for xid in xids:
-                    self._add(self._from_driver(xid, source, by_index), fresh)
-        stored = self.journal.record(fresh, (self.boot_id, cursor) if cursor is not None else None)
-        for event in stored:
-            self._remember(event)
+                    self._add(self._from_driver(xid, source, by_index), fresh, None)
+        stored = self.journal.record([slot.event for slot in fresh], cursor)
+        for slot, event in zip(fresh, stored, strict=True):
+            slot.event = event
         self.stats.events += len(stored)
         if stored:
             self._on_events(stored)
@@ -185,36 +188,36 @@ class EventPipeline:
             details=dict(xid.extra),
         )
 
-    def _add(self, event: Event, fresh: list[Event]) -> None:
-        """Append `event` to `fresh`, unless it is the other kind of source's report of an event we have."""
-        key = (event.kind, event.uuid or event.pci_bus_id or "", event.code)
-        waiting = self._unpaired[key]
-        while waiting and waiting[0].ts < event.ts - 2 * MERGE_WINDOW_SECONDS:
-            waiting.popleft()
-        from_kernel = event.sources == _KERNEL
-        for i, other in enumerate(waiting):
-            if (other.sources == _KERNEL) != from_kernel and abs(other.ts - event.ts) <= MERGE_WINDOW_SECONDS:
-                del waiting[i]
-                kernel, driver = (event, other) if from_kernel else (other, event)
-                # The kernel's record is the richer one (text, pid, process, payload); keep it.
-                merged = replace(kernel, sources=f"{_KERNEL},{driver.sources}", id=other.id, ts=min(event.ts, other.ts))
-                self.stats.merged += 1
-                if other.id:
-                    cursor = (self.boot_id, merged.kmsg_seq) if merged.kmsg_seq is not None else None
-                    self.journal.merge(merged, cursor)
-                else:
-                    fresh[fresh.index(other)] = merged
-                return
-        fresh.append(event)
-        waiting.append(event)
+    def _add(self, event: Event, fresh: list[_Slot], cursor: tuple[str, int] | None) -> None:
+        """Append `event` to `fresh`, unless it is the other kind of source's report of an event we have.
 
-    def _remember(self, event: Event) -> None:
-        """Point the unpaired entry of a newly stored event at its stored copy (which has an id)."""
+        Each (kind, GPU, code) keeps two time-ordered queues, of reports from the kernel log and from
+        the driver, each waiting for its twin: a report looks only at the other queue's oldest entries,
+        so a storm of XIDs costs constant time per report, not a scan of the window.
+        """
         key = (event.kind, event.uuid or event.pci_bus_id or "", event.code)
-        waiting = self._unpaired.get(key)
-        if not waiting:
+        queues = self._waiting.setdefault(key, (deque(maxlen=_MAX_WAITING), deque(maxlen=_MAX_WAITING)))
+        from_kernel = event.sources == _KERNEL
+        others = queues[0] if from_kernel else queues[1]  # [0]: driver reports, [1]: kernel reports
+        while others and others[0].event.ts < event.ts - MERGE_WINDOW_SECONDS:
+            others.popleft()  # too old to be anyone's twin now
+        if others and abs(others[0].event.ts - event.ts) <= MERGE_WINDOW_SECONDS:
+            slot = others.popleft()
+            other = slot.event
+            kernel, driver = (event, other) if from_kernel else (other, event)
+            # The kernel's record is the richer one (text, pid, process, payload); keep it.
+            slot.event = replace(kernel, sources=f"{_KERNEL},{driver.sources}", id=other.id, ts=min(event.ts, other.ts))
+            self.stats.merged += 1
+            if other.id:  # already journaled in an earlier batch
+                self.journal.merge(slot.event, cursor)
             return
-        for i, other in enumerate(waiting):
-            if other.id == 0 and other.ts == event.ts and other.sources == event.sources:
-                waiting[i] = event
-                return
+        slot = _Slot(event)
+        fresh.append(slot)
+        (queues[1] if from_kernel else queues[0]).append(slot)
+
+
+@dataclass
+class _Slot:
+    """An event waiting for its twin; the journal's stored copy (with its id) replaces it in place."""
+
+    event: Event

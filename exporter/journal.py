@@ -1,7 +1,7 @@
 """The event journal: every XID and SXID the daemon saw, in SQLite, surviving crashes and restarts.
 
 WAL mode and one transaction per batch mean a crash loses at most the batch in flight and never
-corrupts what was committed. The kernel-log cursor (boot id, last sequence number) is committed in
+corrupts what was committed. The kernel-log cursor (origin, last sequence number) is committed in
 the same transaction as the events it covers, so after a restart the daemon reads on from exactly
 where it stopped: what happened while it was down is counted, nothing is counted twice. Per-GPU
 totals live in their own table, outside retention, so `nvidia_gpu_xid_errors_total` never goes down.
@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS totals_v1 (
     last_seen REAL NOT NULL,
     PRIMARY KEY (kind, uuid, pci_bus_id, code)
 );
-CREATE TABLE IF NOT EXISTS cursor_v1 (boot_id TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS cursor_v1 (origin TEXT PRIMARY KEY, seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS boots_v1 (boot_id TEXT PRIMARY KEY, first_seen REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS marks_v1 (
     id INTEGER PRIMARY KEY,
@@ -184,7 +184,7 @@ class Journal:
                 yield db
                 if cursor is not None:
                     db.execute(
-                        "INSERT INTO cursor_v1 (boot_id, seq) VALUES (?, ?) ON CONFLICT (boot_id) DO UPDATE"
+                        "INSERT INTO cursor_v1 (origin, seq) VALUES (?, ?) ON CONFLICT (origin) DO UPDATE"
                         " SET seq = max(seq, excluded.seq)",
                         cursor,
                     )
@@ -250,9 +250,10 @@ class Journal:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def cursor(self, boot_id: str) -> int | None:
+    def cursor(self, origin: str) -> int | None:
+        """How far the kernel log `origin` (kmsg:<boot id>, file:<dev>:<inode>) was counted."""
         with self._lock:
-            row = self._db.execute("SELECT seq FROM cursor_v1 WHERE boot_id = ?", (boot_id,)).fetchone()
+            row = self._db.execute("SELECT seq FROM cursor_v1 WHERE origin = ?", (origin,)).fetchone()
         return None if row is None else int(row[0])
 
     def events(

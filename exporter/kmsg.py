@@ -5,9 +5,10 @@ boot, so the daemon can say exactly which records it has already counted. The ri
 from its start, records at or below the cursor are skipped. When the kernel overwrites records
 before we read them, read() fails with EPIPE: counted, and reading goes on with the next record.
 
-A regular file is followed like `tail -F`: lines in the /dev/kmsg record format
-(`6,1234,5678901,-;NVRM: Xid ...`) keep their sequence numbers and timestamps; other lines (dmesg,
-syslog) are numbered by line and stamped when read.
+A regular file is followed like `tail -F`, its lines numbered from 1 (the cursor), a rotated file
+followed from its start. Lines in the /dev/kmsg record format (`6,1234,5678901,-;NVRM: Xid ...`) keep
+their timestamps; other lines (dmesg, syslog) are stamped when read, which is why a file of them seen
+for the first time is followed from its end rather than replayed as if it all happened now.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -71,21 +73,28 @@ def boot_time() -> float:
 
 
 class KmsgFollower:
-    """Reads records after `start_after` and hands them, in batches, to `deliver`. Runs in its own thread."""
+    """Reads the records not yet counted and hands them, in batches, to `deliver(origin, records)`.
+
+    `origin` names what the sequence numbers count within: `kmsg:<boot id>` for /dev/kmsg (the ring
+    buffer starts over at each boot), `file:<device>:<inode>` for a file (a rotated file is a new one).
+    `cursor(origin)` says how far that origin was counted before. Runs in its own thread.
+    """
 
     def __init__(
         self,
         path: Path,
-        deliver: Callable[[list[Record]], None],
+        deliver: Callable[[str, list[Record]], None],
         *,
-        start_after: int | None,
+        cursor: Callable[[str], int | None],
+        boot_id: str,
         boot_time: float,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
         self.stats = KmsgStats()
         self._deliver = deliver
-        self._after = start_after if start_after is not None else -1
+        self._cursor = cursor
+        self._boot_id = boot_id
         self._boot_time = boot_time
         self._clock = clock
         self._stop = threading.Event()
@@ -129,15 +138,20 @@ class KmsgFollower:
         if was_down:
             log.info("reading the kernel log again", extra={"path": str(self.path)})
 
-    def _emit(self, batch: list[Record]) -> None:
-        fresh = [r for r in batch if r.seq > self._after]
+    def _emit(self, origin: str, batch: list[Record], after: int) -> int:
+        """Deliver the records past `after`; returns the new `after`."""
+        fresh = [r for r in batch if r.seq > after]
         if fresh:
-            self._after = fresh[-1].seq
             with self.stats.lock:
                 self.stats.records += len(fresh)
-            self._deliver(fresh)
+            self._deliver(origin, fresh)
+            return fresh[-1].seq
+        return after
 
     def _follow_device(self) -> None:
+        origin = f"kmsg:{self._boot_id}"
+        after = self._cursor(origin)
+        after = -1 if after is None else after
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         self._up()
         try:
@@ -148,7 +162,7 @@ class KmsgFollower:
                 try:
                     raw = os.read(fd, _RECORD_BYTES)
                 except BlockingIOError:
-                    self._emit(batch)
+                    after = self._emit(origin, batch, after)
                     batch = []
                     poller.poll(500)
                     continue
@@ -165,21 +179,27 @@ class KmsgFollower:
                     continue
                 batch.append(record)
                 if len(batch) >= 1000:
-                    self._emit(batch)
+                    after = self._emit(origin, batch, after)
                     batch = []
         finally:
             os.close(fd)
 
     def _follow_file(self) -> None:
+        """A file's lines are numbered from 1: that number is the cursor, whatever the lines hold."""
         with self.path.open("rb") as f:
+            opened = os.fstat(f.fileno())
+            origin = f"file:{opened.st_dev}:{opened.st_ino}"
             self._up()
-            line_no = 0
-            pending = b""
+            after = self._cursor(origin)
+            if after is None:
+                after = _first_sight(f)
+            line_no, pending = 0, b""
             while not self._stop.is_set():
                 chunk = f.read(1 << 20)
                 if not chunk:
-                    if self.path.stat().st_size < f.tell():  # truncated or replaced: start over
-                        return
+                    now = self.path.stat()
+                    if now.st_ino != opened.st_ino or now.st_size < f.tell():
+                        return  # rotated or truncated: follow the new file from its start
                     self._stop.wait(_FILE_POLL_SECONDS)
                     continue
                 lines = (pending + chunk).split(b"\n")
@@ -187,7 +207,28 @@ class KmsgFollower:
                 batch = []
                 for raw in lines:
                     line_no += 1
+                    if line_no <= after:
+                        continue
                     text = raw.decode("utf-8", errors="replace").rstrip("\r")
                     record = parse_record(text, self._boot_time)
-                    batch.append(record or Record(line_no, self._clock(), text))
-                self._emit(batch)
+                    # A kmsg record keeps its own time; a plain line is stamped when read.
+                    batch.append(
+                        Record(line_no, record.ts, record.text) if record else Record(line_no, self._clock(), text)
+                    )
+                after = self._emit(origin, batch, after)
+
+
+def _first_sight(f: BinaryIO) -> int:
+    """How much of a file seen for the first time to skip: nothing if it holds kmsg records (they carry
+    their own time), else everything already there, since plain lines would be stamped 'now' and old
+    faults would look new. Leaves the file at its start."""
+    first = f.readline(_RECORD_BYTES)
+    if not first or parse_record(first.decode("utf-8", errors="replace"), 0.0) is not None:
+        f.seek(0)
+        return 0
+    f.seek(0)
+    lines = 0
+    while chunk := f.read(1 << 20):
+        lines += chunk.count(b"\n")
+    f.seek(0)
+    return lines

@@ -23,7 +23,7 @@ def pipeline(tmp_path: Path) -> tuple[EventPipeline, list[Event]]:
 
 
 def line(seq: int, ts: float, text: str) -> tuple[str, list[Record]]:
-    return ("kernel", [Record(seq, ts, text)])
+    return ("kernel", ("kmsg:b1", [Record(seq, ts, text)]))
 
 
 def driver(gpu: int, code: int, ts: float) -> tuple[str, tuple[str, list[DriverXid]]]:
@@ -39,7 +39,7 @@ def test_kernel_events_land_on_the_right_gpu(tmp_path: Path) -> None:
     (event,) = seen
     assert (event.gpu_index, event.uuid, event.pci_bus_id, event.code) == (1, "GPU-bbbb", "0000:2a:00.0", 79)
     assert (event.pid, event.process, event.kmsg_seq, event.sources) == (77, "python3", 1, "kmsg")
-    assert p.journal.cursor("b1") == 1
+    assert p.journal.cursor("kmsg:b1") == 1
 
 
 def test_the_same_fault_from_both_sources_is_one_event(tmp_path: Path) -> None:
@@ -100,8 +100,8 @@ def test_sxids_are_their_own_kind(tmp_path: Path) -> None:
 
 def test_lines_without_events_still_move_the_cursor(tmp_path: Path) -> None:
     p, seen = pipeline(tmp_path)
-    p.process([("kernel", [Record(i, 1.0, f"usb 1-1: new device {i}") for i in range(1, 101)])])
-    assert seen == [] and p.journal.cursor("b1") == 100
+    p.process([("kernel", ("kmsg:b1", [Record(i, 1.0, f"usb 1-1: new device {i}") for i in range(1, 101)]))])
+    assert seen == [] and p.journal.cursor("kmsg:b1") == 100
 
 
 # -- through the daemon ------------------------------------------------------------------------
@@ -148,19 +148,6 @@ def test_restart_neither_loses_nor_double_counts(tmp_path: Path) -> None:
     d.stop()
 
 
-def test_a_new_boot_reads_its_ring_buffer_from_the_start(tmp_path: Path) -> None:
-    kmsg = tmp_path / "kmsg.log"
-    kmsg.write_text(kmsg_line(1, 48))
-    d = start_daemon(tmp_path, "boot-1", kmsg)
-    assert d.pipeline.wait_idle()
-    d.stop()
-    d = start_daemon(tmp_path, "boot-2", kmsg)  # after a reboot, sequence numbers start over
-    time.sleep(0.2)
-    assert d.pipeline.wait_idle()
-    assert d.rebooted and xid_count(d, 48) == 2
-    d.stop()
-
-
 def test_a_burst_of_ten_thousand_lines_is_journaled_completely(tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg.log"
     kmsg.touch()
@@ -196,7 +183,7 @@ def test_an_injected_xid_is_on_metrics_without_waiting_for_a_poll(tmp_path: Path
 
 def test_retention_is_applied_while_the_daemon_runs(tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg.log"
-    kmsg.write_text("NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=python3, a plain line: stamped when read\n")
+    kmsg.touch()
     clock = FakeClock()
     d = Daemon(
         SimBackend(load_scenario("h100-training"), clock=clock),
@@ -206,7 +193,12 @@ def test_retention_is_applied_while_the_daemon_runs(tmp_path: Path) -> None:
     )
     d.start()
     try:
-        assert d.pipeline.wait_idle() and len(d.journal.events()) == 1
+        with kmsg.open("a") as f:  # a plain line, stamped when read
+            f.write("NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=python3, details\n")
+        deadline = time.monotonic() + 5
+        while not d.journal.events():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         clock.advance(3 * 3600)  # older than the retention now, and the hourly purge is due
         d.refresh()
         assert d.journal.events() == [] and xid_count(d, 31) == 1, "the event goes, the counter stays"

@@ -40,11 +40,11 @@ def test_record_and_query(tmp_path: Path) -> None:
 
 def test_cursor_moves_with_the_events_it_covers(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.sqlite3")
-    assert j.cursor("b1") is None
-    j.record([xid(13, 1.0, kmsg_seq=10)], cursor=("b1", 10))
-    j.record([], cursor=("b1", 25))
-    j.record([], cursor=("b1", 20))  # never backwards
-    assert j.cursor("b1") == 25 and j.cursor("b2") is None
+    assert j.cursor("kmsg:b1") is None
+    j.record([xid(13, 1.0, kmsg_seq=10)], cursor=("kmsg:b1", 10))
+    j.record([], cursor=("kmsg:b1", 25))
+    j.record([], cursor=("kmsg:b1", 20))  # never backwards
+    assert j.cursor("kmsg:b1") == 25 and j.cursor("kmsg:b2") is None
 
 
 def test_merge_keeps_the_richer_record_and_counts_nothing(tmp_path: Path) -> None:
@@ -62,10 +62,10 @@ def test_merge_keeps_the_richer_record_and_counts_nothing(tmp_path: Path) -> Non
         kmsg_seq=44,
         id=first.id,
     )
-    j.merge(richer, cursor=("b1", 44))
+    j.merge(richer, cursor=("kmsg:b1", 44))
     (event,) = j.events()
     assert (event.sources, event.pid, event.kmsg_seq) == ("kmsg,nvml", 7, 44)
-    assert [t.count for t in j.totals()] == [1] and j.cursor("b1") == 44
+    assert [t.count for t in j.totals()] == [1] and j.cursor("kmsg:b1") == 44
 
 
 def test_retention_drops_events_but_not_totals(tmp_path: Path) -> None:
@@ -88,10 +88,10 @@ def test_boots(tmp_path: Path) -> None:
 def test_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     j = Journal(path)
-    j.record([xid(48, 1.0)], cursor=("b1", 3))
+    j.record([xid(48, 1.0)], cursor=("kmsg:b1", 3))
     j.close()
     again = Journal(path)
-    assert [e.code for e in again.events()] == [48] and again.cursor("b1") == 3
+    assert [e.code for e in again.events()] == [48] and again.cursor("kmsg:b1") == 3
 
 
 def test_corrupt_file_is_moved_aside_loudly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -115,7 +115,7 @@ print("ready", flush=True)
 while True:
     n += 1
     j.record([Event(ts=float(n), boot_id="b1", sources="kmsg", kind="xid", code=31, text="x" * 200, uuid="GPU-a")] * 50,
-             cursor=("b1", n))
+             cursor=("kmsg:b1", n))
 """
 
 
@@ -130,7 +130,7 @@ def test_a_killed_writer_leaves_a_consistent_journal(tmp_path: Path) -> None:
     j = Journal(path)
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     events = j.events(limit=10**9)
-    cursor = j.cursor("b1")
+    cursor = j.cursor("kmsg:b1")
     assert events and cursor is not None
     # Every committed batch is whole: 50 events per cursor step, totals agree with the rows.
     assert len(events) == 50 * cursor

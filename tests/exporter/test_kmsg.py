@@ -22,13 +22,19 @@ def test_parse_record() -> None:
 
 
 class Collect:
-    def __init__(self) -> None:
+    """Stands in for the event pipeline: keeps what it is given, and a cursor per origin like the journal."""
+
+    def __init__(self, cursors: dict[str, int] | None = None) -> None:
         self.records: list[Record] = []
+        self.origins: list[str] = []
+        self.cursors = dict(cursors or {})
         self.arrived = threading.Condition()
 
-    def __call__(self, batch: list[Record]) -> None:
+    def __call__(self, origin: str, batch: list[Record]) -> None:
         with self.arrived:
             self.records.extend(batch)
+            self.origins.extend([origin] * len(batch))
+            self.cursors[origin] = batch[-1].seq
             self.arrived.notify_all()
 
     def wait_for(self, n: int, timeout: float = 5.0) -> list[Record]:
@@ -37,11 +43,16 @@ class Collect:
             return list(self.records)
 
 
-def follow(path: Path, start_after: int | None = None) -> tuple[KmsgFollower, Collect]:
-    got = Collect()
-    follower = KmsgFollower(path, got, start_after=start_after, boot_time=1000.0, clock=lambda: 5.0)
+def follow(path: Path, got: Collect | None = None, boot_id: str = "b1") -> tuple[KmsgFollower, Collect]:
+    got = got or Collect()
+    follower = KmsgFollower(path, got, cursor=got.cursors.get, boot_id=boot_id, boot_time=1000.0, clock=lambda: 5.0)
     follower.start()
     return follower, got
+
+
+def file_origin(path: Path) -> str:
+    st = path.stat()
+    return f"file:{st.st_dev}:{st.st_ino}"
 
 
 def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
@@ -49,7 +60,8 @@ def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
     log.write_text("6,10,2000000,-;first record\n[ 12.3] a plain dmesg line\n")
     follower, got = follow(log)
     try:
-        assert got.wait_for(2) == [Record(10, 1002.0, "first record"), Record(2, 5.0, "[ 12.3] a plain dmesg line")]
+        # Lines are numbered by line; a kmsg record keeps its own time, a plain line is stamped when read.
+        assert got.wait_for(2) == [Record(1, 1002.0, "first record"), Record(2, 5.0, "[ 12.3] a plain dmesg line")]
         with log.open("a") as f:
             f.write("6,11,3000000,-;appended")  # no newline yet: not a whole line
             f.flush()
@@ -57,9 +69,10 @@ def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
             assert len(got.records) == 2
             f.write("\n")
         started = time.monotonic()
-        assert got.wait_for(3)[-1] == Record(11, 1003.0, "appended")
+        assert got.wait_for(3)[-1] == Record(3, 1003.0, "appended")
         assert time.monotonic() - started < 0.5
         assert follower.stats.up and follower.stats.records == 3
+        assert set(got.origins) == {file_origin(log)}
     finally:
         follower.stop()
 
@@ -67,11 +80,58 @@ def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
 def test_skips_what_was_already_counted(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("".join(f"6,{seq},0,-;line {seq}\n" for seq in range(1, 11)))
-    follower, got = follow(log, start_after=7)
+    follower, got = follow(log, Collect({file_origin(log): 7}))
     try:
         assert [r.seq for r in got.wait_for(3)] == [8, 9, 10]
     finally:
         follower.stop()
+
+
+def test_a_plain_text_file_seen_for_the_first_time_is_followed_from_its_end(tmp_path: Path) -> None:
+    """Its old lines carry no time we trust: replayed, yesterday's XID would page as if it were now."""
+    log = tmp_path / "kern.log"
+    log.write_text("Nov 29 03:00:00 node kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, yesterday\n")
+    follower, got = follow(log)
+    try:
+        time.sleep(0.2)
+        assert got.records == []
+        with log.open("a") as f:
+            f.write("Nov 30 03:00:00 node kernel: NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, now\n")
+        assert [(r.seq, r.text.endswith("now")) for r in got.wait_for(1)] == [(2, True)]
+    finally:
+        follower.stop()
+
+
+def test_a_rotated_file_is_followed_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"6,{i},0,-;old {i}\n" for i in range(1, 101)))
+    follower, got = follow(log)
+    try:
+        got.wait_for(100)
+        log.rename(tmp_path / "kern.log.1")
+        log.write_text("6,1,0,-;new file, line 1\n")  # line 1 again, but of another file
+        assert got.wait_for(101)[-1].text == "new file, line 1"
+        assert got.origins[-1] == file_origin(log) != got.origins[0]
+    finally:
+        follower.stop()
+
+
+def test_a_reboot_does_not_replay_a_file(tmp_path: Path) -> None:
+    """The cursor of a file belongs to the file, not to the boot: a new boot id changes nothing."""
+    log = tmp_path / "kern.log"
+    log.write_text("6,1,0,-;before the reboot\n")
+    follower, got = follow(log, boot_id="b1")
+    got.wait_for(1)
+    follower.stop()
+    with log.open("a") as f:
+        f.write("6,2,0,-;after the reboot\n")
+    again, _ = follow(log, got, boot_id="b2")
+    try:
+        assert [r.text for r in got.wait_for(2)] == ["before the reboot", "after the reboot"]
+        time.sleep(0.1)
+        assert len(got.records) == 2
+    finally:
+        again.stop()
 
 
 def test_missing_log_is_reported_and_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,6 +180,30 @@ def test_the_real_dev_kmsg() -> None:
         records = got.wait_for(1)
         seqs = [r.seq for r in records]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-        assert follower.stats.up
+        assert follower.stats.up and set(got.origins) == {"kmsg:b1"}
     finally:
         follower.stop()
+
+
+def test_dev_kmsg_is_counted_per_boot() -> None:
+    """The ring buffer starts over at each boot: a known boot resumes after its cursor, a new one reads
+    from the start."""
+    device = Path("/dev/kmsg")
+    if not os.access(device, os.R_OK):
+        pytest.skip("/dev/kmsg is not readable here")
+    first, got = follow(device, boot_id="this-boot")
+    try:
+        got.wait_for(1)
+        time.sleep(0.3)  # the whole ring buffer
+    finally:
+        first.stop()
+    counted = got.cursors["kmsg:this-boot"]
+    resumed, again = follow(device, Collect({"kmsg:this-boot": counted}), boot_id="this-boot")
+    time.sleep(0.3)
+    resumed.stop()
+    assert all(r.seq > counted for r in again.records), "nothing counted twice"
+    fresh, anew = follow(device, Collect({"kmsg:this-boot": counted}), boot_id="next-boot")
+    try:
+        assert anew.wait_for(1)[0].seq == got.records[0].seq, "a new boot reads from the start"
+    finally:
+        fresh.stop()

@@ -45,11 +45,11 @@ def faulty_node_page(state_dir: Path) -> bytes:
         [
             ("driver", ("sim", sim.wait_xids(0.0))),
             ("driver", ("sim", [DriverXid(gpu=6, code=94, timestamp=clock.now - 2)])),
-            ("kernel", [
+            ("kernel", ("kmsg:boot-1", [
                 Record(101, clock.now - 1, "NVRM: Xid (PCI:0000:ba:00): 94, pid=41102, name=python3, Ch 00000008"),
                 Record(102, clock.now, "NVRM: Xid (PCI:0000:e1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."),
                 Record(103, clock.now, "nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61 egress non-posted PRIV error (First)"),
-            ]),
+            ])),
         ]
     )  # fmt: skip
     daemon.refresh()
