@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
     check.add_argument("--json", action="store_true", help="print the whole diagnosis as JSON")
+    check.add_argument("--ca-file", metavar="FILE", help="CA certificate for a daemon served over TLS")
+    check.add_argument("--user", help="basic-auth user, when the daemon's web config asks for one")
+    check.add_argument("--password-file", metavar="FILE", help="file holding that user's password")
     diagnose = sub.add_parser(
         "diagnose",
         help="diagnose kernel and training logs offline",
@@ -126,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         from exporter.commands import check
 
-        return check(args.url, args.timeout, args.json)
+        return check(
+            args.url, args.timeout, args.json, ca_file=args.ca_file, user=args.user, password_file=args.password_file
+        )
     if args.command == "diagnose":
         from exporter.commands import diagnose_files
 

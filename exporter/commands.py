@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
@@ -51,14 +53,28 @@ def explain_xid(code: int, as_json: bool, out: TextIO = sys.stdout) -> int:
     return 0
 
 
-def check(url: str, timeout: float, as_json: bool, out: TextIO = sys.stdout) -> int:
+def check(
+    url: str,
+    timeout: float,
+    as_json: bool,
+    out: TextIO = sys.stdout,
+    *,
+    ca_file: str | None = None,
+    user: str | None = None,
+    password_file: str | None = None,
+) -> int:
     """The node verdict from the local daemon: exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     try:
-        answer = httpx.get(f"{url.rstrip('/')}/api/v1/diagnosis", timeout=timeout)
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
+        auth = None
+        if user is not None:
+            password = Path(password_file).read_text().strip() if password_file else ""
+            auth = (user, password)
+        answer = httpx.get(f"{url.rstrip('/')}/api/v1/diagnosis", timeout=timeout, verify=verify, auth=auth)
         answer.raise_for_status()
         body: dict[str, Any] = answer.json()
         health = Health(body["node"]["health"])
-    except (httpx.HTTPError, ValueError, KeyError) as e:
+    except (httpx.HTTPError, ValueError, KeyError, OSError) as e:
         out.write(f"UNKNOWN - cannot get a verdict from gpu-triage at {url}: {e}\n")
         return EXIT_CODES[Health.UNKNOWN]
     if as_json:
@@ -129,7 +145,11 @@ def diagnose_files(
             if err.isatty() and path != "-" and (size := os.fstat(f.fileno()).st_size) >= PROGRESS_MIN_BYTES:
                 progress = _Progress(name, size, err)
             sources.append((name, decoded(read_chunks(f, progress))))
-        report = diagnose(sources).to_json()
+        try:
+            report = diagnose(sources).to_json()
+        except (zlib.error, EOFError) as e:
+            err.write(f"gpu-triage: an input looks gzip-compressed but does not decompress: {e}\n")
+            return 2
     finally:
         for f in files:
             f.close()

@@ -88,6 +88,7 @@ class Daemon:
         self._render_lock = threading.Lock()
         self._discovered: list[GpuIdentity] = []
         self._purged_at = float("-inf")
+        self._stopped = False
 
     @property
     def snapshot(self) -> Snapshot:
@@ -124,7 +125,9 @@ class Daemon:
                 source.stop()
         self.pipeline.stop()
         self.poller.stop()
-        self.journal.close()
+        with self._render_lock:
+            self._stopped = True  # a late render (a poll started by a fault) must not use the journal
+            self.journal.close()
         self.backend.close()
 
     def _purge_now_and_then(self, now: float) -> None:
@@ -153,6 +156,8 @@ class Daemon:
     def refresh(self) -> None:
         """Render /metrics again: a new snapshot or a new event changed what it says."""
         with self._render_lock:
+            if self._stopped:
+                return
             snapshot = self.snapshot
             now = self.clock()
             self._purge_now_and_then(now)

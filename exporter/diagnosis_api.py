@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 import zlib
 from datetime import datetime
@@ -15,6 +16,8 @@ from diagnosis.xid_catalog import load_catalog
 from exporter.daemon import Daemon
 from exporter.log_input import InputTooLargeError, decoded
 from exporter.settings import parse_duration
+
+MAX_CONCURRENT_DIAGNOSES = 2
 
 
 def parse_time(value: str, now: float) -> float:
@@ -68,7 +71,7 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
         return daemon.diagnosis()
 
     @router.get("/events", summary="Journaled XID and SXID events, oldest first, filterable")
-    async def events(
+    def events(
         gpu: Annotated[int | None, Query(description="NVML index")] = None,
         uuid: str | None = None,
         xid: Annotated[int | None, Query(description="XID code")] = None,
@@ -94,7 +97,7 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
         return xid_json(code)
 
     @router.post("/gpus/{gpu}/acknowledge", summary="Mark a GPU's XID findings so far as dealt with")
-    async def acknowledge(gpu: int, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
+    def acknowledge(gpu: int, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
         state = daemon.snapshot.gpu(gpu)
         if state is None:
             raise HTTPException(404, f"no GPU {gpu}: this node has {len(daemon.snapshot.gpus)} GPUs")
@@ -109,6 +112,8 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
     limit = daemon.settings.diagnose_max_bytes
     mib = f"{limit / 2**20:g} MiB"
+    # Each request may hold `limit` bytes: a few at a time, so a burst of uploads cannot exhaust memory.
+    slots = threading.BoundedSemaphore(MAX_CONCURRENT_DIAGNOSES)
 
     @router.post(
         "/diagnose",
@@ -116,6 +121,14 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
         responses={413: {"description": f"body over the limit ({mib} by default)"}},
     )
     async def diagnose(request: Request) -> dict[str, Any]:
+        if not slots.acquire(blocking=False):
+            raise HTTPException(429, f"{MAX_CONCURRENT_DIAGNOSES} diagnoses are running already; try again shortly")
+        try:
+            return await _diagnose(request)
+        finally:
+            slots.release()
+
+    async def _diagnose(request: Request) -> dict[str, Any]:
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
@@ -137,7 +150,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
             raise HTTPException(
                 413, f"the log decompresses to more than the {mib} limit (--diagnose.max-bytes)"
             ) from None
-        except zlib.error as e:
+        except (zlib.error, EOFError) as e:
             raise HTTPException(422, f"the body looks gzip-compressed but does not decompress: {e}") from None
 
     return router

@@ -41,6 +41,8 @@ def _gunzip(chunks: Iterable[bytes], limit: int | None) -> Iterator[bytes]:
     tail = inflater.flush()
     if tail:
         yield tail
+    if not inflater.eof and total:
+        raise EOFError("the gzip data is truncated")
 
 
 def decoded(chunks: Iterable[bytes], limit: int | None = None) -> Iterator[bytes]:

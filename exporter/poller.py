@@ -99,7 +99,9 @@ class Poller:
 
     def stop(self) -> None:
         if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
+            # Wait for a poll in progress (bounded by its read deadline) so it does not render after
+            # the journal is closed.
+            self._scheduler.shutdown(wait=True)
             self._scheduler = None
         if self._pool is not None:
             self._pool.shutdown()  # never waits: a hung driver call must not hang the shutdown
@@ -132,7 +134,7 @@ class Poller:
                     key = (gpu.index, collector)
                     running = self._inflight.get(key)
                     if running is None or running.done():
-                        running = self._pool.submit(self._read, gpu, collector)
+                        running = self._pool.submit(self._read, gpu, collector, lane=gpu.index)
                         self._inflight[key] = running
                     tasks[key] = running
         return tasks

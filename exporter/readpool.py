@@ -4,18 +4,23 @@ A small fixed set of workers runs the reads. When a read runs past its deadline,
 writes it off: the pool starts a replacement worker so the other reads are not starved, and the
 stuck thread leaves the pool once its call finally returns. A hung driver call therefore costs
 one thread for as long as it hangs, and the pool shrinks back afterwards.
+
+Reads are grouped in lanes (one per GPU), each running at most LANE_LIMIT reads at once: a GPU
+whose calls all hang holds that many workers, not all of them, while the others' reads go on.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-_Task = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+LANE_LIMIT = 2
+_Task = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], Hashable]
 
 
 class ReadPool:
@@ -25,6 +30,8 @@ class ReadPool:
         self._target = workers
         self._alive = 0
         self._written_off: set[Future[Any]] = set()
+        self._running: dict[Hashable, int] = {}  # per lane
+        self._waiting: dict[Hashable, deque[_Task]] = {}  # per lane, beyond LANE_LIMIT
         self._name = name
         self._closed = False
         for _ in range(workers):
@@ -35,9 +42,15 @@ class ReadPool:
         with self._lock:
             return self._alive
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+    def submit(self, fn: Callable[..., T], *args: Any, lane: Hashable = None) -> Future[T]:
         future: Future[T] = Future()
-        self._queue.put((future, fn, args))
+        task: _Task = (future, fn, args, lane)
+        with self._lock:
+            if self._running.get(lane, 0) >= LANE_LIMIT:
+                self._waiting.setdefault(lane, deque()).append(task)
+                return future
+            self._running[lane] = self._running.get(lane, 0) + 1
+        self._queue.put(task)
         return future
 
     def write_off(self, future: Future[Any]) -> None:
@@ -68,14 +81,18 @@ class ReadPool:
             task = self._queue.get()
             if task is None:
                 break
-            future, fn, args = task
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # delivered to whoever waits on the future
-                future.set_exception(e)
+            future, fn, args, lane = task
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # delivered to whoever waits on the future
+                    future.set_exception(e)
             with self._lock:
+                following = self._waiting.get(lane)
+                if following:
+                    self._queue.put(following.popleft())  # the lane's slot passes to its next read
+                else:
+                    self._running[lane] -= 1
                 if future in self._written_off:
                     self._written_off.discard(future)
                     self._target -= 1

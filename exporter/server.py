@@ -67,14 +67,27 @@ class StartupError(Exception):
 
 
 def bind(address: str) -> socket.socket:
+    """A listening socket for `address`; ':port' is every address, IPv6 and IPv4 where the host has both."""
     host, port = parse_listen_address(address)
+    sock: socket.socket | None = None
     try:
-        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
+        if host:
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            sock = socket.socket(family, kind, proto)
+        else:
+            try:
+                sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                sockaddr = ("::", port)
+            except OSError:  # no IPv6 on this host
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockaddr = ("0.0.0.0", port)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
         sock.listen(1024)
     except OSError as e:
+        if sock is not None:
+            sock.close()
         hint = " (is another gpu-triage already running?)" if e.errno == errno.EADDRINUSE else ""
         raise StartupError(f"cannot listen on {address}: {e.strerror or e}{hint}") from e
     return sock

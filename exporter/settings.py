@@ -99,7 +99,9 @@ class Settings(BaseSettings):
     @classmethod
     def _split_addresses(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return [a.strip() for a in value.split(",") if a.strip()]
+            value = [value]
+        if isinstance(value, list):  # each flag, env value or config entry may list several
+            return [a.strip() for item in value for a in str(item).split(",") if a.strip()]
         return value
 
     @field_validator("web_listen_address")
@@ -125,11 +127,11 @@ class Settings(BaseSettings):
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
-    """':9481' -> ('0.0.0.0', 9481); '127.0.0.1:0'; '[::1]:9481'."""
+    """':9481' -> ('', 9481) (every address); '127.0.0.1:0'; '[::1]:9481'."""
     m = re.fullmatch(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", address)
     if m is None or int(m["port"]) > 65535:
         raise ValueError(f"{address!r} is not host:port (examples: :9481, 127.0.0.1:9481, [::1]:9481)")
-    return m["v6"] or m["host"] or "0.0.0.0", int(m["port"])
+    return m["v6"] or m["host"] or "", int(m["port"])
 
 
 @dataclass(frozen=True)

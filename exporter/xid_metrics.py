@@ -42,7 +42,9 @@ def xid_families(totals: Iterable[Total]) -> list[Metric]:
     )
     for t in totals:
         if t.kind == "xid":
-            labels = ["" if t.gpu_index is None else str(t.gpu_index), t.uuid, str(t.code)]
+            # A GPU the driver does not list has no index: its bus id tells it apart from other such GPUs.
+            gpu = str(t.gpu_index) if t.gpu_index is not None else (t.pci_bus_id or "")
+            labels = [gpu, t.uuid, str(t.code)]
             xids.add_metric(labels, float(t.count))
             xid_seen.add_metric(labels, t.last_seen)
         else:

@@ -42,7 +42,7 @@ from exporter.backends.base import (
     Thermal,
     Utilization,
 )
-from exporter.backends.nvml_query import BROKEN, LOST, FieldLog, Query, describe_init_error, error_name
+from exporter.backends.nvml_query import BROKEN, FieldLog, Query, describe_init_error, error_name
 
 log = logging.getLogger(__name__)
 MHZ = 1e6
@@ -160,12 +160,12 @@ class NvmlBackend:
             try:
                 data = pynvml.nvmlEventSetWait_v2(events, wait_ms)
             except pynvml.NVMLError as err:
-                if err.value == pynvml.NVML_ERROR_TIMEOUT:
-                    return out
-                if err.value in LOST or err.value in BROKEN:
-                    log.error("NVML event wait failed; re-registering", extra={"nvml": error_name(err)})
-                    self._drop_event_set()
-                return out
+                if err.value == pynvml.NVML_ERROR_TIMEOUT or out:
+                    return out  # a persistent error comes back on the next call
+                # Start over with a fresh event set, after the caller's back-off: an error that
+                # persists (a GPU lost from the set) must not turn this into a busy loop.
+                self._drop_event_set()
+                raise BackendError(f"NVML event wait failed: {error_name(err)}") from err
             if data.eventType == pynvml.nvmlEventTypeXidCriticalError:
                 try:
                     index = int(pynvml.nvmlDeviceGetIndex(data.device))
@@ -297,7 +297,10 @@ class NvmlBackend:
 
     def _link_count(self, q: Query, h: Any, gpu: int) -> int:
         if gpu not in self._links:
+            failed = len(q.failed)
             (count,) = q.fields(h, [(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)], ["nvlink_link_count"])
+            if len(q.failed) > failed:
+                return 0  # a failed read, not an answer: ask again next poll
             self._links[gpu] = int(count or 0)
         return self._links[gpu]
 

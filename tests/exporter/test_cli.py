@@ -189,3 +189,18 @@ def test_an_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "--state.dir must name a directory the daemon can write" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_every_address_means_ipv6_and_ipv4() -> None:
+    from exporter.server import bind
+
+    sock = bind(":0")
+    try:
+        port = sock.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+        if sock.family == socket.AF_INET6:
+            with socket.create_connection(("::1", port), timeout=2):
+                pass
+    finally:
+        sock.close()

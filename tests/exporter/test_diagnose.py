@@ -90,3 +90,45 @@ def test_decoded_streams_and_bounds() -> None:
         list(decoded([gzip.compress(b"A" * 10_000)], limit=1000))
     with pytest.raises(zlib.error):
         list(decoded([b"\x1f\x8b\x08\x00not deflate at all"]))
+
+
+def test_broken_and_truncated_gzip_inputs_are_errors(tmp_path: Path) -> None:
+    whole = gzip.compress(XID79.read_bytes())
+    (tmp_path / "cut.log.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "bad.log.gz").write_bytes(b"\x1f\x8b\x08\x00this is not deflate data")
+    for name in ("cut.log.gz", "bad.log.gz"):
+        result = cli(str(tmp_path / name))
+        assert result.returncode == 2, name
+        assert b"does not decompress" in result.stderr and b"Traceback" not in result.stderr
+
+
+def test_only_a_few_diagnoses_run_at_once(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import diagnosis.training
+
+    release, started = threading.Event(), threading.Semaphore(0)
+    real = diagnosis.training.diagnose
+
+    def slow(sources):  # type: ignore[no-untyped-def]
+        started.release()
+        release.wait(10)
+        return real(sources)
+
+    monkeypatch.setattr(diagnosis.training, "diagnose", slow)
+    answers: list[int] = []
+
+    def post() -> None:
+        answers.append(client.post("/api/v1/diagnose", content=b"x\n").status_code)
+
+    running = [threading.Thread(target=post) for _ in range(2)]
+    for t in running:
+        t.start()
+    assert started.acquire(timeout=5) and started.acquire(timeout=5), "two diagnoses should be running"
+    third = client.post("/api/v1/diagnose", content=b"x\n")
+    assert third.status_code == 429 and "running already" in third.json()["error"]
+    release.set()
+    for t in running:
+        t.join(10)
+    assert answers == [200, 200]
+    assert client.post("/api/v1/diagnose", content=b"x\n").status_code == 200

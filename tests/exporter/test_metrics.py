@@ -89,7 +89,7 @@ def test_page_shows_the_faults(tmp_path: Path) -> None:
     assert "nvidia_gpu_fan_speed_ratio" not in families or not families["nvidia_gpu_fan_speed_ratio"].samples
     assert value("nvidia_gpu_xid_errors", gpu="1", xid="13") == 1
     assert value("nvidia_gpu_xid_errors", gpu="6", xid="94") == 1, "kernel log and driver events: one fault"
-    assert value("nvidia_gpu_xid_errors", gpu="", uuid="", xid="79") == 1
+    assert value("nvidia_gpu_xid_errors", gpu="0000:e1:00.0", uuid="", xid="79") == 1, "no index: the bus id"
     assert value("nvidia_nvswitch_sxid_errors", pci_bus_id="0000:85:00.0", sxid="12028") == 1
 
 

@@ -167,7 +167,8 @@ def test_xid_events(fake: FakeNvml, nvml: NvmlBackend) -> None:
 
 def test_xid_event_wait_survives_a_lost_driver(fake: FakeNvml, nvml: NvmlBackend) -> None:
     fake.errors[("nvmlEventSetWait_v2", None)] = pynvml.NVML_ERROR_GPU_IS_LOST
-    assert nvml.wait_xids(0.1) == []
+    with pytest.raises(BackendError, match="GpuIsLost"):  # the caller backs off and marks the source down
+        nvml.wait_xids(0.1)
     del fake.errors[("nvmlEventSetWait_v2", None)]
     fake.events.put((1, 48))
     assert [(e.gpu, e.code) for e in nvml.wait_xids(1.0)] == [(1, 48)]
@@ -199,3 +200,12 @@ def test_this_machine_without_a_driver() -> None:
         assert "--backend sim" in str(e)
     else:
         pytest.skip("this machine has a working NVIDIA driver")
+
+
+def test_a_failed_link_count_is_asked_again(fake: FakeNvml, nvml: NvmlBackend) -> None:
+    gpu = nvml.discover()[4]
+    fake.field_errors[pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT] = pynvml.NVML_ERROR_UNKNOWN
+    first = nvml.read(gpu, Collector.NVLINK)
+    assert first.reading.links == () and first.failed_fields == ("nvlink_link_count",)  # type: ignore[union-attr]
+    del fake.field_errors[pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT]
+    assert len(nvml.read(gpu, Collector.NVLINK).reading.links) == 18  # type: ignore[union-attr]

@@ -123,3 +123,16 @@ def test_snapshot_listener_sees_every_snapshot(sim: SimBackend, clock: FakeClock
     first = p.poll(Collector)
     second = p.poll(FAST)
     assert seen == [first, second]
+
+
+def test_a_gpu_whose_every_call_hangs_does_not_take_the_others_down(sim: CountingSim, clock: FakeClock) -> None:
+    """Its reads would fill every worker; lanes keep them to two, and the other GPUs are read in time."""
+    p = poller(sim, clock, timeout=0.5)
+    p.poll(Collector)
+    fault = sim.inject(FaultSpec(gpu=3, kind="hung_call"))
+    snapshot = p.poll(FAST)
+    assert [g.identity.index for g in snapshot.gpus if not g.up] == [3]
+    assert sum(sim.calls[(3, c)] for c in FAST) - len(FAST) == 2, "two of its reads started (and hang)"
+    sim.clear_fault(fault.id)
+    time.sleep(0.2)
+    assert all(g.up for g in p.poll(FAST).gpus)

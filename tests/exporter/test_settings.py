@@ -80,3 +80,11 @@ def test_bad_config_files(tmp_path: Path, content: str | None, message: str) -> 
         path.write_text(content)
     with pytest.raises(SettingsError, match=message):
         load_settings({}, path)
+
+
+def test_listen_addresses_may_be_comma_separated_in_flags_too() -> None:
+    assert load_settings({"web_listen_address": ["127.0.0.1:1,[::1]:2", ":3"]}, None).web_listen_address == [
+        "127.0.0.1:1",
+        "[::1]:2",
+        ":3",
+    ]

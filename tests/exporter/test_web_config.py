@@ -170,3 +170,31 @@ def test_a_bad_web_config_stops_the_start(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert f"web config file {config}: basic_auth_users.prometheus: not a bcrypt hash" in result.stderr
+
+
+def test_check_reaches_a_secured_daemon(tmp_path: Path, cert: tuple[Path, Path]) -> None:
+    config = write(tmp_path, GOOD["tls only"] + f"basic_auth_users:\n  prometheus: '{HASH}'\n", cert)
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    port = free_port()
+    (tmp_path / "kmsg.log").touch()
+    proc = subprocess.Popen(
+        [GPU_TRIAGE, "serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{port}", "--web.config.file",
+         str(config), "--state.dir", str(tmp_path), "--kmsg.path", str(tmp_path / "kmsg.log")],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"https://127.0.0.1:{port}"
+    try:
+        args = [GPU_TRIAGE, "check", "--url", url, "--ca-file", str(cert[0]), "--user", "prometheus"]
+        deadline = time.monotonic() + 20
+        while (
+            ok := subprocess.run([*args, "--password-file", str(password)], check=False, capture_output=True, text=True)
+        ).returncode != 0:
+            assert time.monotonic() < deadline, ok.stdout
+            time.sleep(0.2)
+        assert ok.stdout.startswith("OK - 8 GPUs")
+        denied = subprocess.run(args, check=False, capture_output=True, text=True)  # no password
+        assert denied.returncode == 3 and "401" in denied.stdout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
