@@ -147,7 +147,8 @@ class EventPipeline:
             if ke.pci_bus_id and ke.uuid:
                 self._bound[ke.pci_bus_id] = ke.uuid
                 self.stats.bindings += 1
-                # The driver prints this line whenever it initialises the GPU: at boot, and after a reset.
+                # The driver prints this line when it brings the GPU up: before the GPU's first Xid of a
+                # boot, and on some drivers after a reset. Marked, it closes what a reset cures.
                 self.journal.mark(Mark(record.ts, ke.uuid, "init", ke.pci_bus_id))
             return None
         if ke.code is None:
