@@ -17,6 +17,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from exporter.settings import load_settings
 
 SERVER = """
 import sys
+import tempfile
+from pathlib import Path
 from fastapi.responses import Response
 import uvicorn
 from exporter.app import create_app
@@ -34,7 +37,10 @@ from exporter.backends.sim import SimBackend, load_scenario
 from exporter.daemon import Daemon
 from exporter.settings import load_settings
 
-daemon = Daemon(SimBackend(load_scenario("h100-training")), load_settings({"backend": "sim"}, None))
+state = tempfile.mkdtemp(prefix="gpu-triage-bench-")
+(Path(state) / "kmsg.log").touch()
+settings = load_settings({"backend": "sim", "state_dir": state, "kmsg_path": f"{state}/kmsg.log"}, None)
+daemon = Daemon(SimBackend(load_scenario("h100-training")), settings)
 daemon.start()
 app = create_app(daemon)
 
@@ -52,7 +58,10 @@ def render_cost(gpus: int, repeats: int) -> tuple[float, int]:
     shape = scenario.node.gpus.model_copy(update={"count": gpus})
     scenario = scenario.model_copy(update={"node": scenario.node.model_copy(update={"gpus": shape})})
     clock = [1_000_000.0]
-    daemon = Daemon(SimBackend(scenario, clock=lambda: clock[0]), load_settings({"backend": "sim"}, None))
+    state = tempfile.mkdtemp(prefix="gpu-triage-bench-")
+    (Path(state) / "kmsg.log").touch()
+    settings = load_settings({"backend": "sim", "state_dir": state, "kmsg_path": f"{state}/kmsg.log"}, None)
+    daemon = Daemon(SimBackend(scenario, clock=lambda: clock[0]), settings)
     daemon.poller.discover()
     clock[0] += 600  # mid-training: every series present
     daemon.poller.poll(Collector)

@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS totals_v1 (
     last_seen REAL NOT NULL,
     PRIMARY KEY (kind, uuid, pci_bus_id, code)
 );
-CREATE TABLE IF NOT EXISTS cursor_v1 (origin TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS cursor_v2 (origin TEXT PRIMARY KEY, seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS boots_v1 (boot_id TEXT PRIMARY KEY, first_seen REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS marks_v1 (
     id INTEGER PRIMARY KEY,
@@ -184,7 +184,7 @@ class Journal:
                 yield db
                 if cursor is not None:
                     db.execute(
-                        "INSERT INTO cursor_v1 (origin, seq) VALUES (?, ?) ON CONFLICT (origin) DO UPDATE"
+                        "INSERT INTO cursor_v2 (origin, seq) VALUES (?, ?) ON CONFLICT (origin) DO UPDATE"
                         " SET seq = max(seq, excluded.seq)",
                         cursor,
                     )
@@ -253,7 +253,7 @@ class Journal:
     def cursor(self, origin: str) -> int | None:
         """How far the kernel log `origin` (kmsg:<boot id>, file:<dev>:<inode>) was counted."""
         with self._lock:
-            row = self._db.execute("SELECT seq FROM cursor_v1 WHERE origin = ?", (origin,)).fetchone()
+            row = self._db.execute("SELECT seq FROM cursor_v2 WHERE origin = ?", (origin,)).fetchone()
         return None if row is None else int(row[0])
 
     def events(

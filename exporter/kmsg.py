@@ -119,6 +119,10 @@ class KmsgFollower:
             except OSError as e:
                 self._down(e)
                 self._stop.wait(_RETRY_SECONDS)
+            except Exception as e:  # a bug here must cost a retry, never the kernel-log source for good
+                log.exception("kernel-log reader failed; retrying")
+                self._down(OSError(f"{type(e).__name__}: {e}"))
+                self._stop.wait(_RETRY_SECONDS)
 
     def _down(self, e: OSError) -> None:
         error = f"{e.strerror or e} ({self.path})"

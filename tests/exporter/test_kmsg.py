@@ -207,3 +207,25 @@ def test_dev_kmsg_is_counted_per_boot() -> None:
         assert anew.wait_for(1)[0].seq == got.records[0].seq, "a new boot reads from the start"
     finally:
         fresh.stop()
+
+
+def test_an_unexpected_failure_costs_a_retry_not_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kmsg, "_RETRY_SECONDS", 0.05)
+    log = tmp_path / "kern.log"
+    log.write_text("6,1,0,-;a record\n")
+    got = Collect()
+    answers = iter([RuntimeError("the journal fell over")])
+
+    def cursor(origin: str) -> int | None:
+        error = next(answers, None)
+        if error is not None:
+            raise error
+        return got.cursors.get(origin)
+
+    follower = KmsgFollower(log, got, cursor=cursor, boot_id="b1", boot_time=0.0, clock=lambda: 5.0)
+    follower.start()
+    try:
+        assert got.wait_for(1)[0].text == "a record"
+        assert follower.stats.up
+    finally:
+        follower.stop()
