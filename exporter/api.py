@@ -36,6 +36,15 @@ def gpu_json(state: GpuState) -> dict[str, Any]:
     return out
 
 
+def gpu_or_404(daemon: Daemon, gpu: int) -> GpuState:
+    """The GPU with NVML index `gpu`, or a 404 that says which indexes there are."""
+    snapshot = daemon.snapshot
+    state = snapshot.gpu(gpu)
+    if state is None:
+        raise HTTPException(404, f"no GPU {gpu}: this node has {len(snapshot.gpus)} GPUs")
+    return state
+
+
 def gpus_router(daemon: Daemon) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["gpus"])
 
@@ -50,9 +59,6 @@ def gpus_router(daemon: Daemon) -> APIRouter:
 
     @router.get("/gpus/{gpu}", summary="One GPU by NVML index")
     async def gpu(gpu: int) -> dict[str, Any]:
-        state = daemon.snapshot.gpu(gpu)
-        if state is None:
-            raise HTTPException(404, f"no GPU {gpu}: this node has {len(daemon.snapshot.gpus)} GPUs")
-        return gpu_json(state)
+        return gpu_json(gpu_or_404(daemon, gpu))
 
     return router

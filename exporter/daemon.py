@@ -15,14 +15,14 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.backends.base import GpuBackend, GpuIdentity, XidEventSource
+from exporter.backends.base import GpuBackend, XidEventSource
 from exporter.driver_events import DriverEvents
 from exporter.events import EventPipeline
 from exporter.exposition import MetricsCache
 from exporter.journal import Event, Journal, Mark
 from exporter.kmsg import KmsgFollower, boot_time
 from exporter.metrics import daemon_families, gpu_families
-from exporter.poller import FAST, Poller
+from exporter.poller import Poller
 from exporter.settings import Settings
 from exporter.snapshot import Snapshot
 from exporter.verdicts import Verdicts, diagnosis_json, summary, verdict_families
@@ -63,9 +63,10 @@ class Daemon:
             on_snapshot=lambda _: self.refresh(),
         )
         self.journal = Journal(settings.state_dir / JOURNAL_FILE)
-        self.rebooted = self.journal.note_boot(self.boot_id, clock())
         self.verdicts = Verdicts(self.journal, self.boot_id)
-        self.pipeline = EventPipeline(self.journal, boot_id=self.boot_id, gpus=self._gpus, on_events=self._on_events)
+        self.pipeline = EventPipeline(
+            self.journal, boot_id=self.boot_id, gpus=lambda: self.poller.gpus, on_events=self._on_events
+        )
         self.kmsg: KmsgFollower | None = None
         if settings.source_kmsg:
             self.kmsg = KmsgFollower(
@@ -86,7 +87,6 @@ class Daemon:
             for own in (ProcessCollector, PlatformCollector, GCCollector):
                 own(registry=self._own)
         self._render_lock = threading.Lock()
-        self._discovered: list[GpuIdentity] = []
         self._purged_at = float("-inf")
         self._stopped = False
 
@@ -94,12 +94,9 @@ class Daemon:
     def snapshot(self) -> Snapshot:
         return self.poller.snapshot
 
-    def _gpus(self) -> list[GpuIdentity]:
-        return [g.identity for g in self.snapshot.gpus] or self._discovered
-
     def start(self) -> None:
         """Find the GPUs, take the first snapshot, then poll and follow the XID sources in the background."""
-        self._discovered = self.poller.discover()
+        self.poller.discover()
         self._purge_now_and_then(self.clock())
         self.verdicts.load(self.clock())
         self.pipeline.start()
@@ -181,13 +178,17 @@ class Daemon:
 
     def poll_soon(self) -> None:
         """Read the fast fields now, in the background (after a simulated fault, say)."""
-        threading.Thread(target=self.poller.poll, args=(FAST,), name="poll-now", daemon=True).start()
+        self.poller.poll_now()
+
+    @property
+    def stale_after(self) -> float:
+        """Seconds after which the last poll counts as stale: three missed intervals and a hung read."""
+        return 3 * self.settings.collector_interval + self.settings.read_timeout
 
     def alive(self) -> bool:
         """The poll loop is turning (polls never block on the driver, so a stale loop is a bug)."""
         last = self.poller.last_poll_monotonic
-        limit = 3 * self.settings.collector_interval + self.settings.read_timeout + 5.0
-        return last is not None and time.monotonic() - last < limit
+        return last is not None and time.monotonic() - last < self.stale_after + 5.0
 
     def readiness(self) -> str | None:
         """None when ready to be scraped; otherwise why not."""
@@ -197,6 +198,6 @@ class Daemon:
         if not snapshot.backend_up:
             return f"the {snapshot.backend} backend is failing"
         age = self.clock() - snapshot.taken_at
-        if age > 3 * self.settings.collector_interval + self.settings.read_timeout:
+        if age > self.stale_after:
             return f"the last snapshot is {age:.0f}s old"
         return None

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Body, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from diagnosis.xid_catalog import load_catalog
+from exporter.api import gpu_or_404
 from exporter.daemon import Daemon
 from exporter.log_input import InputTooLargeError, decoded
 from exporter.settings import parse_duration
@@ -98,10 +99,7 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
 
     @router.post("/gpus/{gpu}/acknowledge", summary="Mark a GPU's XID findings so far as dealt with")
     def acknowledge(gpu: int, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
-        state = daemon.snapshot.gpu(gpu)
-        if state is None:
-            raise HTTPException(404, f"no GPU {gpu}: this node has {len(daemon.snapshot.gpus)} GPUs")
-        daemon.acknowledge(state.identity.uuid, note)
+        daemon.acknowledge(gpu_or_404(daemon, gpu).identity.uuid, note)
         gpus: list[dict[str, Any]] = daemon.diagnosis()["gpus"]
         return next(g for g in gpus if g["gpu"] == gpu)
 

@@ -55,7 +55,6 @@ CREATE TABLE IF NOT EXISTS totals_v1 (
     PRIMARY KEY (kind, uuid, pci_bus_id, code)
 );
 CREATE TABLE IF NOT EXISTS cursor_v2 (origin TEXT PRIMARY KEY, seq INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS boots_v1 (boot_id TEXT PRIMARY KEY, first_seen REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS marks_v1 (
     id INTEGER PRIMARY KEY,
     ts REAL NOT NULL,
@@ -228,12 +227,6 @@ class Journal:
                 ),
             )  # fmt: skip
 
-    def note_boot(self, boot_id: str, ts: float) -> bool:
-        """Remember a boot; True if it was not seen before (the node rebooted since we last ran)."""
-        with self._lock:
-            row = self._db.execute("INSERT OR IGNORE INTO boots_v1 (boot_id, first_seen) VALUES (?, ?)", (boot_id, ts))
-            return row.rowcount == 1
-
     def mark(self, mark: Mark) -> None:
         with self._lock:
             self._db.execute(
@@ -300,10 +293,6 @@ class Journal:
         with self._lock:
             rows = self._db.execute("SELECT ts, uuid, kind, note FROM marks_v1 ORDER BY ts").fetchall()
         return [Mark(*row) for row in rows]
-
-    def boots(self) -> dict[str, float]:
-        with self._lock:
-            return dict(self._db.execute("SELECT boot_id, first_seen FROM boots_v1").fetchall())
 
 
 def _with_id(e: Event, event_id: int) -> Event:

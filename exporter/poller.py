@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 from apscheduler.executors.pool import ThreadPoolExecutor as JobExecutor
@@ -22,7 +23,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from exporter.backends.base import BackendError, Collector, GpuBackend, GpuIdentity, GpuLostError, Result
 from exporter.readpool import ReadPool
-from exporter.snapshot import CollectorStatus, GpuState, GpuStatus, Snapshot
+from exporter.snapshot import CollectorStatus, GpuState, GpuStatus, Snapshot, gpu_status
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Poller:
         self._on_snapshot = on_snapshot
         self.snapshot = Snapshot(taken_at=0.0, backend=backend.name)
         self.last_poll_monotonic: float | None = None  # for liveness: the loop is turning
-        self._gpus: list[GpuIdentity] = []
+        self.gpus: list[GpuIdentity] = []  # found by discover(), fixed for the daemon's life
         self._inflight: dict[tuple[int, Collector], Future[_Outcome]] = {}
         self._lock = threading.Lock()
         self._pool: ReadPool | None = None
@@ -80,10 +81,10 @@ class Poller:
             raise errors[0]
         if not box:
             raise BackendError("GPU discovery did not answer in time: the driver may be hung")
-        self._gpus = box[0]
+        self.gpus = box[0]
         # Reads take micro- to milliseconds; a few workers keep up with many GPUs.
-        self._pool = ReadPool(workers=min(4, max(2, len(self._gpus))))
-        return self._gpus
+        self._pool = ReadPool(workers=min(4, max(2, len(self.gpus))))
+        return self.gpus
 
     def start(self) -> None:
         """Discover, take the first full snapshot, then poll on schedule in the background."""
@@ -97,6 +98,11 @@ class Poller:
         scheduler.start()
         self._scheduler = scheduler
 
+    def poll_now(self) -> None:
+        """Bring the next fast poll forward to now; the scheduler still runs one at a time, in order."""
+        if self._scheduler is not None:
+            self._scheduler.modify_job("fast", next_run_time=datetime.now(UTC))
+
     def stop(self) -> None:
         if self._scheduler is not None:
             # Wait for a poll in progress (bounded by its read deadline) so it does not render after
@@ -109,7 +115,6 @@ class Poller:
     def poll(self, collectors: Iterable[Collector]) -> Snapshot:
         """Read `collectors` of every GPU and publish the merged snapshot."""
         collectors = tuple(collectors)
-        started = time.monotonic()
         now = self._clock()
         tasks = self._submit(collectors)
         wait(list(tasks.values()), timeout=self.timeout)
@@ -119,17 +124,17 @@ class Poller:
             if fut.running():
                 self._pool.write_off(fut)
         with self._lock:
-            snapshot = self._merge(collectors, outcomes, now, started)
+            snapshot = self._merge(collectors, outcomes, now)
             self.snapshot = snapshot
             self.last_poll_monotonic = time.monotonic()
-            self._on_snapshot(snapshot)
+        self._on_snapshot(snapshot)  # outside the lock: rendering must not hold up the next poll
         return snapshot
 
     def _submit(self, collectors: tuple[Collector, ...]) -> dict[tuple[int, Collector], Future[_Outcome]]:
         assert self._pool is not None, "discover() first"
         tasks = {}
         with self._lock:
-            for gpu in self._gpus:
+            for gpu in self.gpus:
                 for collector in collectors:
                     key = (gpu.index, collector)
                     running = self._inflight.get(key)
@@ -152,14 +157,13 @@ class Poller:
         collectors: tuple[Collector, ...],
         outcomes: dict[tuple[int, Collector], _Outcome | None],
         now: float,
-        started: float,
     ) -> Snapshot:
         old = self.snapshot
         ok = dict.fromkeys(collectors, True)
         seconds = dict.fromkeys(collectors, 0.0)
         backend_up = True
         gpus = []
-        for gpu in self._gpus:
+        for gpu in self.gpus:
             previous = old.gpu(gpu.index) or GpuState(gpu)
             readings = dict(previous.readings)
             problems = {c: p for c, p in previous.problems.items() if c not in collectors}
@@ -206,7 +210,7 @@ def _log_changes(gpu: int, before: Mapping[Collector, str], after: Mapping[Colle
     """Log a GPU going lost or hung, and coming back, once per change rather than every poll."""
     if before == after:
         return
-    was, now = _status(before), _status(after)
+    was, now = gpu_status(before), gpu_status(after)
     hung = sorted(c.value for c, p in after.items() if p == GpuStatus.HUNG and before.get(c) != GpuStatus.HUNG)
     if now == GpuStatus.LOST and was != GpuStatus.LOST:
         log.error("GPU is lost", extra={"gpu": gpu})
@@ -214,8 +218,3 @@ def _log_changes(gpu: int, before: Mapping[Collector, str], after: Mapping[Colle
         log.warning("GPU calls missed their deadline; treating the GPU as hung", extra={"gpu": gpu, "calls": hung})
     elif now == GpuStatus.UP:
         log.info("GPU answers again", extra={"gpu": gpu, "was": was})
-
-
-def _status(problems: Mapping[Collector, str]) -> str:
-    values = set(problems.values())
-    return GpuStatus.LOST if GpuStatus.LOST in values else GpuStatus.HUNG if values else GpuStatus.UP

@@ -37,11 +37,6 @@ class ReadPool:
         for _ in range(workers):
             self._spawn()
 
-    @property
-    def threads(self) -> int:
-        with self._lock:
-            return self._alive
-
     def submit(self, fn: Callable[..., T], *args: Any, lane: Hashable = None) -> Future[T]:
         future: Future[T] = Future()
         task: _Task = (future, fn, args, lane)

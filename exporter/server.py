@@ -119,16 +119,14 @@ def serve(settings: Settings) -> None:
     except BackendError as e:
         notifier.close()
         raise StartupError(str(e)) from e
-    sockets = []
+    sockets: list[socket.socket] = []
+    daemon: Daemon | None = None
     try:
         sockets = [bind(address) for address in settings.web_listen_address]
         try:
             daemon = Daemon(backend, settings)
-        except JournalError as e:
-            raise StartupError(str(e)) from e
-        try:
             daemon.start()
-        except BackendError as e:
+        except (JournalError, BackendError) as e:
             raise StartupError(str(e)) from e
         watchdog = Watchdog(
             notifier, daemon.alive, lambda: _status_line(daemon), status_interval=settings.collector_interval
@@ -158,10 +156,11 @@ def serve(settings: Settings) -> None:
         finally:
             stopping()  # again (a no-op) in case uvicorn ended without a graceful shutdown
             log.info("stopping")
-            daemon.stop()
     finally:
+        if daemon is not None:
+            daemon.stop()  # lets go of the backend too, also when start() failed half-way
+        else:
+            backend.close()
         for sock in sockets:
             sock.close()
-        if not sockets:
-            backend.close()
         notifier.close()

@@ -22,6 +22,12 @@ class GpuStatus:
     HUNG = "hung"  # a call to it did not come back before the deadline
 
 
+def gpu_status(problems: Mapping[Collector, str]) -> str:
+    """Lost if any read found the GPU lost, hung if any missed its deadline, else up."""
+    values = set(problems.values())
+    return GpuStatus.LOST if GpuStatus.LOST in values else GpuStatus.HUNG if values else GpuStatus.UP
+
+
 @dataclass(frozen=True, slots=True)
 class GpuState:
     identity: GpuIdentity
@@ -31,12 +37,7 @@ class GpuState:
 
     @property
     def status(self) -> str:
-        values = set(self.problems.values())
-        if GpuStatus.LOST in values:
-            return GpuStatus.LOST
-        if GpuStatus.HUNG in values:
-            return GpuStatus.HUNG
-        return GpuStatus.UP
+        return gpu_status(self.problems)
 
     @property
     def up(self) -> bool:

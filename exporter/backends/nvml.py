@@ -311,14 +311,17 @@ class NvmlBackend:
         )
 
     def _process_name(self, pid: int) -> str | None:
-        if pid not in self._process_names:
-            if len(self._process_names) > 4096:  # pids churn; keep the cache bounded
-                self._process_names.clear()
-            try:
-                self._process_names[pid] = Path(f"/proc/{pid}/comm").read_text().strip() or None
-            except OSError:
-                self._process_names[pid] = None  # another PID namespace, or already gone
-        return self._process_names[pid]
+        # Shared by the read workers of every GPU: never read back what another thread may clear.
+        if pid in (names := self._process_names):
+            return names[pid]
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip() or None
+        except OSError:
+            name = None  # another PID namespace, or already gone
+        if len(names) > 4096:  # pids churn; keep the cache bounded
+            names.clear()
+        names[pid] = name
+        return name
 
     def _recovery(self, q: Query, h: Any, gpu: int) -> Reading:
         (action,) = q.fields(h, [(pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)], ["recovery_action"])

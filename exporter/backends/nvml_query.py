@@ -80,11 +80,6 @@ class FieldLog:
             self._seen.add(key)
             return True
 
-    def forget(self, gpu: int, field: str) -> None:
-        """The field works again: report the next failure again."""
-        with self._lock:
-            self._seen = {k for k in self._seen if k[:2] != (gpu, field)}
-
 
 class Query:
     """Reads the fields of one GPU for one collector, applying the error policy above."""
@@ -132,15 +127,17 @@ class Query:
             log.warning("field read failed", extra={"gpu": self.gpu, "field": field, "nvml": name})
 
 
+_VALUE_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+
 def field_value(fv: Any) -> float:
     """The number in a c_nvmlFieldValue_t, read by its value type."""
-    member = {
-        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-    }.get(fv.valueType, "ullVal")
-    return float(getattr(fv.value, member))
+    return float(getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal")))

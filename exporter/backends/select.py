@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from typing import Literal
 
 from exporter.backends.base import BackendError, GpuBackend
@@ -12,18 +10,15 @@ from exporter.backends.base import BackendError, GpuBackend
 log = logging.getLogger(__name__)
 
 BackendName = Literal["auto", "nvml", "dcgm", "sim"]
-BACKENDS: tuple[BackendName, ...] = ("auto", "nvml", "dcgm", "sim")
 
 
-def open_backend(
-    name: BackendName, *, scenario: str = "h100-training", clock: Callable[[], float] = time.time
-) -> GpuBackend:
+def open_backend(name: BackendName, *, scenario: str = "h100-training") -> GpuBackend:
     """The backend called `name`, ready to `discover()`. Raises BackendError with a message for the user."""
     if name == "sim":
         from exporter.backends.sim import ScenarioError, SimBackend, load_scenario
 
         try:
-            return SimBackend(load_scenario(scenario), clock=clock)
+            return SimBackend(load_scenario(scenario))
         except ScenarioError as e:
             raise BackendError(str(e)) from e
     if name == "dcgm":

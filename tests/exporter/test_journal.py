@@ -77,14 +77,6 @@ def test_retention_drops_events_but_not_totals(tmp_path: Path) -> None:
     assert [t.count for t in j.totals()] == [3], "the counter never goes down"
 
 
-def test_boots(tmp_path: Path) -> None:
-    j = Journal(tmp_path / "j.sqlite3")
-    assert j.note_boot("b1", 1.0) is True
-    assert j.note_boot("b1", 2.0) is False
-    assert j.note_boot("b2", 3.0) is True
-    assert j.boots() == {"b1": 1.0, "b2": 3.0}
-
-
 def test_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     j = Journal(path)

@@ -130,13 +130,13 @@ class SimBackend:
         return fault
 
     def _advance(self, now: float) -> None:
-        due = bisect.bisect_right(self._pending_times, now)
-        if due:
-            with self._lock:
-                started, self._pending = self._pending[:due], self._pending[due:]
-                times, self._pending_times = self._pending_times[:due], self._pending_times[due:]
-            for fault, at in zip(started, times, strict=True):
-                self._start(FaultSpec.model_validate(fault.model_dump(exclude={"at_seconds"})), at, "scenario")
+        with self._lock:  # reads of different GPUs advance the clock concurrently: take each fault once
+            due = bisect.bisect_right(self._pending_times, now)
+            started, times = self._pending[:due], self._pending_times[:due]
+            if due:
+                del self._pending[:due], self._pending_times[:due]
+        for fault, at in zip(started, times, strict=True):
+            self._start(FaultSpec.model_validate(fault.model_dump(exclude={"at_seconds"})), at, "scenario")
         tick = int(now - self._model.start)
         with self._lock:
             for i, state in enumerate(self._model.gpus):
