@@ -10,8 +10,6 @@ as Prometheus would, and prints the daemon's RSS every 30 s, then the growth aft
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,7 +17,9 @@ from pathlib import Path
 
 import httpx
 
-GPU_TRIAGE = str(Path(sys.executable).with_name("gpu-triage"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.daemon_proc import serve
 
 
 def rss_mib(pid: int) -> float:
@@ -34,24 +34,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--scenario", default="h100-training")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    state = tempfile.mkdtemp(prefix="gpu-triage-bench-")
-    proc = subprocess.Popen(
-        [GPU_TRIAGE, "serve", "--backend", "sim", "--sim.scenario", args.scenario,
-         f"--web.listen-address=127.0.0.1:{port}", "--collector.interval", "1s", "--state.dir", state,
-         "--log.level", "warn"],
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+    daemon_args = ["--sim.scenario", args.scenario, "--collector.interval", "1s", "--log.level", "warn"]
+    with (
+        tempfile.TemporaryDirectory(prefix="gpu-triage-bench-") as state,
+        serve(Path(state), *daemon_args, capture=False) as daemon,
+    ):
+        url, proc = daemon.url, daemon.process
         start = time.monotonic()
         samples: list[tuple[float, float]] = []
         next_sample = 0.0
@@ -70,9 +58,6 @@ def main() -> None:
         peak = max(rss for _, rss in samples)
         print(f"\nscrapes: {scrapes}; RSS at the end: {samples[-1][1]:.1f} MiB; peak: {peak:.1f} MiB")
         print(f"after warm-up: min {min(warm):.1f}, max {max(warm):.1f}, growth {warm[-1] - warm[0]:+.1f} MiB")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,14 +20,16 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from exporter.backends.base import Collector
 from exporter.backends.sim import SimBackend, load_scenario
 from exporter.daemon import Daemon
 from exporter.settings import load_settings
+from tests.daemon_proc import free_port, running
 
 SERVER = """
 import sys
-import tempfile
 from pathlib import Path
 from fastapi.responses import Response
 import uvicorn
@@ -37,7 +38,7 @@ from exporter.backends.sim import SimBackend, load_scenario
 from exporter.daemon import Daemon
 from exporter.settings import load_settings
 
-state = tempfile.mkdtemp(prefix="gpu-triage-bench-")
+state = sys.argv[2]  # a directory the parent made and removes
 (Path(state) / "kmsg.log").touch()
 settings = load_settings({"backend": "sim", "state_dir": state, "kmsg_path": f"{state}/kmsg.log"}, None)
 daemon = Daemon(SimBackend(load_scenario("h100-training")), settings)
@@ -58,26 +59,20 @@ def render_cost(gpus: int, repeats: int) -> tuple[float, int]:
     shape = scenario.node.gpus.model_copy(update={"count": gpus})
     scenario = scenario.model_copy(update={"node": scenario.node.model_copy(update={"gpus": shape})})
     clock = [1_000_000.0]
-    state = tempfile.mkdtemp(prefix="gpu-triage-bench-")
-    (Path(state) / "kmsg.log").touch()
-    settings = load_settings({"backend": "sim", "state_dir": state, "kmsg_path": f"{state}/kmsg.log"}, None)
-    daemon = Daemon(SimBackend(scenario, clock=lambda: clock[0]), settings)
-    daemon.poller.discover()
-    clock[0] += 600  # mid-training: every series present
-    daemon.poller.poll(Collector)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        daemon.refresh()
-        times.append(time.perf_counter() - t0)
-    daemon.stop()
+    with tempfile.TemporaryDirectory(prefix="gpu-triage-bench-") as state:
+        (Path(state) / "kmsg.log").touch()
+        settings = load_settings({"backend": "sim", "state_dir": state, "kmsg_path": f"{state}/kmsg.log"}, None)
+        daemon = Daemon(SimBackend(scenario, clock=lambda: clock[0]), settings)
+        daemon.poller.discover()
+        clock[0] += 600  # mid-training: every series present
+        daemon.poller.poll(Collector)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            daemon.refresh()
+            times.append(time.perf_counter() - t0)
+        daemon.stop()
     return statistics.median(times) * 1000, daemon.metrics.text.count(b"\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wrk(url: str, connections: int, seconds: int) -> dict[str, float]:
@@ -100,14 +95,11 @@ def http_latency(seconds: int) -> None:
         print("wrk is not installed (apt-get install wrk): skipping the latency figures")
         return
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], cwd=Path(__file__).resolve().parent.parent)
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    url = f"http://127.0.0.1:{port}"
+    with (
+        tempfile.TemporaryDirectory(prefix="gpu-triage-bench-") as state,
+        running([sys.executable, "-c", SERVER, str(port), state], url=url, ready=f"{url}/metrics", log=None),
+    ):
         time.sleep(1)
         print(f"\n/metrics latency (wrk, {seconds}s per run, 8 simulated GPUs; ms)")
         print(f"{'clients':>8} {'route':>14} {'p50':>8} {'p99':>8} {'req/s':>9}")
@@ -119,9 +111,6 @@ def http_latency(seconds: int) -> None:
                 print(f"{connections:>8} {route:>14} {r['p50']:>8.2f} {r['p99']:>8.2f} {r['rps']:>9.0f}")
             ratio = rows["/metrics"]["p50"] / rows["/bench/memory"]["p50"]
             print(f"{connections:>8} {'ratio p50':>14} {ratio:>8.2f}")
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def main() -> None:

@@ -13,19 +13,23 @@ Figures only; no pass/fail.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
 
-GPU_TRIAGE = str(Path(sys.executable).with_name("gpu-triage"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.daemon_proc import serve, wait_for
+
 BUSES = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]  # the simulated node's GPUs, in index order
+EVENT_TIMEOUT = 30.0  # seconds for one XID line to reach /metrics or the verdict before the bench gives up
+BURST_TIMEOUT = 600.0
 
 
 def line(seq: int, gpu: int, code: int) -> str:
@@ -52,19 +56,27 @@ def latency(client: httpx.Client, url: str, kmsg: Path, events: int) -> None:
             t0 = time.perf_counter()
             log.write(line(seq, gpu, 31))
             log.flush()
-            while series not in client.get(f"{url}/metrics").content:
-                pass
+            # Polled back to back, as fast as the daemon answers: a sleep would add to every figure.
+            wait_for(partial(on_metrics, client, url, series), EVENT_TIMEOUT, 0, what=f"XID line {seq} on /metrics")
             to_metrics.append(time.perf_counter() - t0)
-            while True:
-                body = client.get(f"{url}/api/v1/diagnosis").json()
-                found = [f for f in body["gpus"][gpu]["findings"] if f["class"] == "xid_31"]
-                if found and found[0]["count"] == counts[gpu]:
-                    break
+            found = partial(in_verdict, client, url, gpu, counts[gpu])
+            wait_for(found, EVENT_TIMEOUT, 0, what=f"XID line {seq} in the verdict")
             to_verdict.append(time.perf_counter() - t0)
     print(f"event latency over {events} XID lines (ms): kernel-log line -> ...")
     for name, values in (("/metrics", to_metrics), ("/api/v1/diagnosis", to_verdict)):
         ms = [v * 1000 for v in values]
         print(f"  {name:<18} p50 {statistics.median(ms):6.1f}  p99 {pct(ms, 99):6.1f}  max {max(ms):6.1f}")
+
+
+def on_metrics(client: httpx.Client, url: str, series: bytes) -> bool:
+    return series in client.get(f"{url}/metrics").content
+
+
+def in_verdict(client: httpx.Client, url: str, gpu: int, count: int) -> bool:
+    """Whether GPU `gpu`'s xid_31 finding in the verdict has counted `count` XIDs."""
+    body = client.get(f"{url}/api/v1/diagnosis").json()
+    found = [f for f in body["gpus"][gpu]["findings"] if f["class"] == "xid_31"]
+    return bool(found) and found[0]["count"] == count
 
 
 def burst(client: httpx.Client, url: str, kmsg: Path, first_seq: int, size: int) -> None:
@@ -79,23 +91,23 @@ def burst(client: httpx.Client, url: str, kmsg: Path, first_seq: int, size: int)
                 scrapes.append(time.perf_counter() - t)
                 time.sleep(0.05)
 
+    def counted() -> bool:
+        rows = client.get(f"{url}/metrics").text.splitlines()
+        xid_13 = (r for r in rows if r.startswith("nvidia_gpu_xid_errors_total{") and 'xid="13"' in r)
+        return sum(float(r.rsplit(" ", 1)[1]) for r in xid_13) >= size
+
     scraper = threading.Thread(target=scrape)
     scraper.start()
-    time.sleep(0.5)
-    t0 = time.perf_counter()
-    with kmsg.open("a") as log:
-        log.write("".join(line(seq, seq % 8, 13) for seq in range(first_seq, first_seq + size)))
-    while True:
-        rows = client.get(f"{url}/metrics").text.splitlines()
-        counted = sum(
-            float(r.rsplit(" ", 1)[1]) for r in rows if r.startswith("nvidia_gpu_xid_errors_total{") and 'xid="13"' in r
-        )
-        if counted >= size:
-            break
-        time.sleep(0.01)
-    elapsed = time.perf_counter() - t0
-    stop.set()
-    scraper.join()
+    try:
+        time.sleep(0.5)
+        t0 = time.perf_counter()
+        with kmsg.open("a") as log:
+            log.write("".join(line(seq, seq % 8, 13) for seq in range(first_seq, first_seq + size)))
+        wait_for(counted, BURST_TIMEOUT, interval=0.01, what=f"all {size} lines of the burst on /metrics")
+        elapsed = time.perf_counter() - t0
+    finally:
+        stop.set()
+        scraper.join()
     journaled = len(client.get(f"{url}/api/v1/events", params={"xid": 13, "limit": 10_000}).json()["events"])
     ms = [s * 1000 for s in scrapes]
     print(f"\nburst of {size} XID lines written at once:")
@@ -108,32 +120,14 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1000)
     parser.add_argument("--burst", type=int, default=10_000)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    state = Path(tempfile.mkdtemp(prefix="gpu-triage-bench-"))
-    kmsg = state / "kmsg.log"
-    kmsg.touch()
-    daemon = subprocess.Popen(
-        [GPU_TRIAGE, "serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{port}", "--state.dir", str(state),
-         "--kmsg.path", str(kmsg), "--no-source.events", "--log.level", "warn"],
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    client = httpx.Client(timeout=10)
-    try:
-        while True:
-            try:
-                if client.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        latency(client, url, kmsg, args.events)
-        burst(client, url, kmsg, args.events + 1, args.burst)
-    finally:
-        client.close()
-        daemon.terminate()
-        daemon.wait(timeout=10)
+    daemon_args = ["--no-source.events", "--log.level", "warn"]
+    with (
+        tempfile.TemporaryDirectory(prefix="gpu-triage-bench-") as state,
+        serve(Path(state), *daemon_args, capture=False) as daemon,
+        httpx.Client(timeout=10) as client,
+    ):
+        latency(client, daemon.url, daemon.kmsg, args.events)
+        burst(client, daemon.url, daemon.kmsg, args.events + 1, args.burst)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,9 +89,3 @@ def require_tool(name: str) -> str:
             pytest.fail(f"{name} is required (GPU_TRIAGE_REQUIRE_TOOLS is set) but not installed")
         pytest.skip(f"{name} is not installed")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

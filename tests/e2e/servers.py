@@ -7,73 +7,25 @@ when the context exits, pass or fail.
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from tests.conftest import free_port, require_tool
+from tests.conftest import require_tool
+from tests.daemon_proc import Server, free_port, running, serve, wait_for
 
-GPU_TRIAGE = str(Path(sys.executable).with_name("gpu-triage"))
-
-
-@dataclass
-class Server:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-def _wait(url: str, server: subprocess.Popen[bytes], log: Path, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(f"{server.args!r} exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not become ready:\n{log.read_text()[-3000:]}")
-
-
-@contextlib.contextmanager
-def _run(args: list[str], ready_url: str, log: Path, base_url: str) -> Iterator[Server]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            _wait(ready_url, process, log)
-            yield Server(base_url, process, log)
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+__all__ = ["Server", "alertmanager", "gpu_triage", "prometheus", "query", "wait_for"]
 
 
 @contextlib.contextmanager
 def gpu_triage(tmp_path: Path, *args: str, scenario: str = "h100-training") -> Iterator[Server]:
     """`gpu-triage serve` on the simulator, polling every second, with its own state and kernel log."""
-    port = free_port()
-    state = tmp_path / "gpu-triage"
-    state.mkdir(exist_ok=True)
-    kmsg = state / "kmsg.log"
-    kmsg.touch()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [
-        GPU_TRIAGE, "serve", "--backend", "sim", "--sim.scenario", scenario,
-        f"--web.listen-address=127.0.0.1:{port}", "--collector.interval", "1s", "--collector.slow-interval", "2s",
-        "--state.dir", str(state), "--kmsg.path", str(kmsg), *args,
-    ]  # fmt: skip
-    with _run(cmd, f"{url}/readyz", state / "daemon.log", url) as server:
-        yield server
+    sim = ["--sim.scenario", scenario, "--collector.interval", "1s", "--collector.slow-interval", "2s"]
+    with serve(tmp_path / "gpu-triage", *sim, *args) as daemon:
+        yield daemon
 
 
 @contextlib.contextmanager
@@ -101,9 +53,9 @@ def prometheus(
     url = f"http://127.0.0.1:{port}"
     cmd = [
         binary, f"--config.file={home / 'prometheus.yml'}", f"--storage.tsdb.path={home / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle",
+        f"--web.listen-address=127.0.0.1:{port}",
     ]  # fmt: skip
-    with _run(cmd, f"{url}/-/ready", home / "prometheus.log", url) as server:
+    with running(cmd, url=url, ready=f"{url}/-/ready", log=home / "prometheus.log") as server:
         yield server
 
 
@@ -120,7 +72,7 @@ def alertmanager(tmp_path: Path, config: dict[str, Any]) -> Iterator[Server]:
         binary, f"--config.file={home / 'alertmanager.yml'}", f"--storage.path={home / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}",
     ]  # fmt: skip
-    with _run(cmd, f"{url}/-/ready", home / "alertmanager.log", url) as server:
+    with running(cmd, url=url, ready=f"{url}/-/ready", log=home / "alertmanager.log") as server:
         yield server
 
 
@@ -130,15 +82,3 @@ def query(prom: Server, expr: str) -> list[dict[str, Any]]:
     assert answer["status"] == "success", answer
     result: list[dict[str, Any]] = answer["data"]["result"]
     return result
-
-
-def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.25, what: str = "condition") -> Any:
-    """Poll `predicate` until it returns something truthy; that value is returned."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)

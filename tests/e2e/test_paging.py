@@ -9,6 +9,7 @@ checked where the on-call engineer would see it: the notifications.
 from __future__ import annotations
 
 import contextlib
+import functools
 import html
 import json
 import re
@@ -155,6 +156,10 @@ def am_alerts(am: Server, alertname: str) -> list[dict[str, Any]]:
     return alerts
 
 
+def suppressed(am: Server, alertname: str) -> list[dict[str, Any]]:
+    return [a for a in am_alerts(am, alertname) if a["status"]["state"] == "suppressed"]
+
+
 def test_faults_page_with_runbooks_and_resolve(tmp_path: Path) -> None:
     with (
         gpu_triage(tmp_path) as daemon,
@@ -223,11 +228,7 @@ def test_faults_page_with_runbooks_and_resolve(tmp_path: Path) -> None:
         #    drain-and-reset it asks for), so Alertmanager holds both back.
         faults["pending"] = inject(daemon, 5, "row_remap_pending")
         for name in ("GpuRowRemapPending", "GpuDrainAndResetRequired"):
-            held = wait_for(
-                lambda name=name: [a for a in am_alerts(am, name) if a["status"]["state"] == "suppressed"],
-                TIMEOUT,
-                what=f"{name} inhibited in Alertmanager",
-            )
+            held = wait_for(functools.partial(suppressed, am, name), TIMEOUT, what=f"{name} inhibited in Alertmanager")
             assert held[0]["labels"]["gpu"] == "5"
             assert held[0]["status"]["inhibitedBy"], held
         assert not {k for k in hook.seen("firing") if k[1] == "5"}, "an inhibited alert was sent"

@@ -5,54 +5,36 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pynvml
 import pytest
 
-from tests.conftest import REPO, free_port
-
-GPU_TRIAGE = str(Path(sys.executable).with_name("gpu-triage"))
+from tests.conftest import REPO
+from tests.daemon_proc import GPU_TRIAGE, free_port, serve, state_args, wait_for
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([GPU_TRIAGE, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def wait_ready(url: str, proc: subprocess.Popen[str], seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gpu-triage exited with {proc.returncode}: {proc.stderr and proc.stderr.read()}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("gpu-triage did not become ready")
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [GPU_TRIAGE, "serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{port}",
-         "--collector.interval", "1s", "--state.dir", str(tmp_path)],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    with serve(tmp_path, "--collector.interval", "1s") as daemon:
+        yield daemon.url
+    assert daemon.process.returncode == 0, f"SIGTERM should be a clean stop: {daemon.output()}"
+    assert "stopping" in daemon.output()
+
+
+def nvml_works() -> bool:
     try:
-        wait_ready(url, proc)
-        yield url
-    finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
-    assert proc.returncode == 0, f"SIGTERM should be a clean stop: {stderr}"
-    assert "stopping" in stderr
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
 
 
 def test_version() -> None:
@@ -64,17 +46,20 @@ def test_serve_on_the_simulator(served: str) -> None:
     lines = httpx.get(f"{served}/metrics").text.splitlines()
     assert sum(line.startswith("nvidia_gpu_up{") for line in lines) == 8
     assert httpx.post(f"{served}/api/v1/sim/faults", json={"gpu": 5, "kind": "gpu_lost"}).status_code == 201
-    deadline = time.monotonic() + 10
-    while not any(line.startswith('nvidia_gpu_up{gpu="5"') and line.endswith(" 0.0") for line in lines):
-        assert time.monotonic() < deadline, "the lost GPU never showed as down"
-        time.sleep(0.2)
+
+    def gpu_5_down() -> list[str] | None:
         lines = httpx.get(f"{served}/metrics").text.splitlines()
+        down = any(line.startswith('nvidia_gpu_up{gpu="5"') and line.endswith(" 0.0") for line in lines)
+        return lines if down else None
+
+    lines = wait_for(gpu_5_down, 10, interval=0.2, what="the lost GPU to show as down")
     assert sum(line.startswith("nvidia_gpu_power_watts{") for line in lines) == 7
 
 
-def test_bad_flags_are_all_reported_at_once() -> None:
+def test_bad_flags_are_all_reported_at_once(tmp_path: Path) -> None:
     result = run(
         "serve",
+        *state_args(tmp_path),
         "--backend",
         "cuda",
         "--collector.interval",
@@ -94,12 +79,12 @@ def test_bad_flags_are_all_reported_at_once() -> None:
     assert result.stderr.count("  - ") == 4
 
 
-def test_port_in_use_is_a_clear_error() -> None:
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = run("serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{port}")
+        result = run("serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{port}", *state_args(tmp_path))
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "already in use" in result.stderr
 
@@ -114,15 +99,16 @@ def test_unreadable_scenario_is_a_clear_error(tmp_path: Path) -> None:
         "--sim.scenario",
         str(bad),
         f"--web.listen-address=127.0.0.1:{free_port()}",
+        *state_args(tmp_path / "state"),
     )
     assert result.returncode == 1
     assert f"scenario file {bad} is invalid: workload" in result.stderr
 
 
-def test_auto_without_a_gpu_says_how_to_run_on_the_simulator() -> None:
-    result = run("serve", f"--web.listen-address=127.0.0.1:{free_port()}")
-    if result.returncode == 0:
-        pytest.skip("this machine has a working NVIDIA driver")
+def test_auto_without_a_gpu_says_how_to_run_on_the_simulator(tmp_path: Path) -> None:
+    if nvml_works():
+        pytest.skip("this machine has a working NVIDIA driver: `serve` would start on it")
+    result = run("serve", f"--web.listen-address=127.0.0.1:{free_port()}", *state_args(tmp_path))
     assert result.returncode == 1
     assert "NVML was not found" in result.stderr and "--backend sim" in result.stderr
 
@@ -148,10 +134,12 @@ def test_check_exit_codes_follow_the_node_verdict(served: str) -> None:
     healthy = run("check", "--url", served)
     assert (healthy.returncode, healthy.stdout) == (0, "OK - 8 GPUs, 8 up; node healthy\n")
     assert httpx.post(f"{served}/api/v1/sim/faults", json={"gpu": 2, "kind": "xid", "xid": 79}).status_code == 201
-    deadline = time.monotonic() + 10
-    while (sick := run("check", "--url", served)).returncode != 2:
-        assert time.monotonic() < deadline, sick.stdout
-        time.sleep(0.2)
+
+    def critical() -> subprocess.CompletedProcess[str] | None:
+        result = run("check", "--url", served)
+        return result if result.returncode == 2 else None
+
+    sick = wait_for(critical, 10, interval=0.2, what="`gpu-triage check` to say CRITICAL")
     assert sick.stdout.startswith("CRITICAL - 8 GPUs, 8 up; node unhealthy: REBOOT_NODE on GPU 2\n")
     assert "GPU 2: The GPU fell off the PCIe bus" in sick.stdout and f"{served}/runbooks/xid-79" in sick.stdout
     assert json.loads(run("check", "--url", served, "--json").stdout)["node"]["action"] == "REBOOT_NODE"
@@ -185,22 +173,68 @@ def test_an_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
         f"--web.listen-address=127.0.0.1:{free_port()}",
         "--state.dir",
         str(blocker / "state"),
+        "--kmsg.path",
+        str(blocker),
     )
     assert result.returncode == 1
     assert "--state.dir must name a directory the daemon can write" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_every_address_means_ipv6_and_ipv4() -> None:
+class Recorded:
+    """What exporter.server.bind asked of the sockets it made: the family, options set, and address bound."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, ipv6: bool) -> None:
+        self.families: list[int] = []
+        self.options: dict[tuple[int, int], int] = {}
+        self.bound: list[object] = []
+        real, recorded = socket.socket, self
+
+        class Socket(real):  # type: ignore[misc, valid-type]
+            def __init__(self, family: int = socket.AF_INET, *args: object, **kwargs: object) -> None:
+                recorded.families.append(family)
+                if family == socket.AF_INET6 and not ipv6:
+                    raise OSError(97, "Address family not supported by protocol")
+                super().__init__(family, *args, **kwargs)
+
+            def setsockopt(self, level: int, option: int, value: int) -> None:
+                recorded.options[(level, option)] = value
+                super().setsockopt(level, option, value)
+
+            def bind(self, address: object) -> None:
+                # Record the address, but listen on loopback only: a test never listens on every interface.
+                # On a dual-stack socket an IPv4-mapped loopback address also takes plain IPv4 connections.
+                recorded.bound.append(address)
+                super().bind(("::ffff:127.0.0.1", 0) if self.family == socket.AF_INET6 else ("127.0.0.1", 0))
+
+        monkeypatch.setattr(socket, "socket", Socket)
+
+
+def test_every_address_means_ipv6_and_ipv4(monkeypatch: pytest.MonkeyPatch) -> None:
     from exporter.server import bind
 
-    sock = bind(":0")
     try:
-        port = sock.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port), timeout=2):
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::ffff:127.0.0.1", 0))
+    except OSError as e:
+        pytest.skip(f"no dual-stack IPv6 on this host: {e}")
+    recorded = Recorded(monkeypatch, ipv6=True)
+    with bind(":0") as sock:
+        assert sock.family == socket.AF_INET6
+        assert recorded.bound == [("::", 0)]
+        assert recorded.options[(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)] == 0
+        # V6ONLY off took effect: the IPv6 socket takes an IPv4 connection.
+        with socket.create_connection(("127.0.0.1", sock.getsockname()[1]), timeout=2):
             pass
-        if sock.family == socket.AF_INET6:
-            with socket.create_connection(("::1", port), timeout=2):
-                pass
-    finally:
-        sock.close()
+
+
+def test_every_address_without_ipv6_is_every_ipv4_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exporter.server import bind
+
+    recorded = Recorded(monkeypatch, ipv6=False)
+    with bind(":0") as sock:
+        assert recorded.families == [socket.AF_INET6, socket.AF_INET]
+        assert sock.family == socket.AF_INET
+        assert recorded.bound == [("0.0.0.0", 0)]
+        with socket.create_connection(("127.0.0.1", sock.getsockname()[1]), timeout=2):
+            pass

@@ -6,15 +6,14 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import signal
 import socket
-import statistics
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +21,14 @@ import httpx
 import pytest
 
 from exporter.sd_notify import Notifier, Watchdog
-from tests.conftest import free_port
+from exporter.settings import parse_duration
+from tests.conftest import REPO
+from tests.daemon_proc import serve
 
-GPU_TRIAGE = str(Path(sys.executable).with_name("gpu-triage"))
+# How long systemd gives the daemon after SIGTERM before it kills it: TimeoutStopSec= of the shipped unit.
+_STOP = re.search(r"^TimeoutStopSec=(\S+)$", (REPO / "systemd" / "gpu-triage.service").read_text(), re.M)
+assert _STOP is not None
+STOP_TIMEOUT = parse_duration(_STOP[1])
 
 
 @dataclass(frozen=True)
@@ -67,13 +71,15 @@ class FakeSystemd:
                 got.append(message)
         return got
 
-    def wait_for(self, key: str, timeout: float = 20.0) -> Message:
+    def wait_for(self, key: str, value: str | None = None, timeout: float = 20.0) -> Message:
+        """The next message that sets `key` (to `value`, if given)."""
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             message = self.receive(left)
-            if message is not None and message.get(key) is not None:
+            if message is not None and message.get(key) is not None and value in (None, message.get(key)):
                 return message
-        raise AssertionError(f"no {key}= within {timeout}s; got {[m.assignments for m in self.messages]}")
+        wanted = f"{key}={value}" if value is not None else f"{key}="
+        raise AssertionError(f"no {wanted} within {timeout}s; got {[m.assignments for m in self.messages]}")
 
     def close(self) -> None:
         self.sock.close()
@@ -206,27 +212,51 @@ def test_pings_stop_while_the_poll_loop_hangs_and_resume_after(
 ) -> None:
     fake, path = systemd
     caplog.set_level(logging.INFO, logger="exporter.sd_notify")
+    loop_turning = [True]
+    watchdog = Watchdog(notifier_for(path, WATCHDOG_USEC="2000000"), lambda: loop_turning[0], lambda: "8 GPUs, 8 up")
+    for now in (0.0, 1.0):
+        watchdog.tick(now)
+    loop_turning[0] = False  # the poll loop hangs
+    for now in (2.0, 3.0, 4.0, 5.0):
+        watchdog.tick(now)
+    loop_turning[0] = True
+    for now in (5.5, 6.0, 6.5):
+        watchdog.tick(now)
+    assert [m.assignments for m in fake.collect(0.3)] == [
+        ("WATCHDOG=1", "STATUS=8 GPUs, 8 up"),
+        ("WATCHDOG=1",),
+        # 2.0 to 5.0: no ping for a hung poll loop, and the status line says why, once.
+        (f"STATUS={Watchdog.STALLED}; 8 GPUs, 8 up",),
+        # 5.5: pinged as soon as the loop turns again, not at the next whole interval.
+        ("WATCHDOG=1", "STATUS=8 GPUs, 8 up"),
+        ("WATCHDOG=1",),  # 6.5
+    ]
+    messages = [r.getMessage() for r in caplog.records if r.name == "exporter.sd_notify"]
+    assert sum("stalled" in m for m in messages) == 1 and sum("resumed" in m for m in messages) == 1, messages
+
+
+def test_the_thread_looks_again_while_stalled_and_stops_for_good(
+    systemd: tuple[FakeSystemd, str], notifier_for: Callable[..., Notifier]
+) -> None:
+    # The status is looked at only hourly here: while the loop is stalled only the ping cadence can wake the
+    # thread, so that a loop that turns again is pinged for before systemd gives up on it.
+    fake, path = systemd
     loop_turning = threading.Event()
     loop_turning.set()
-    watchdog = Watchdog(
-        notifier_for(path, WATCHDOG_USEC="200000"), loop_turning.is_set, lambda: "8 GPUs, 8 up", status_interval=0.05
-    )
+    notifier = notifier_for(path, WATCHDOG_USEC="400000")
+    watchdog = Watchdog(notifier, loop_turning.is_set, lambda: "8 GPUs, 8 up", status_interval=3600)
     watchdog.start()
     try:
-        assert len(pings(fake.collect(0.6))) >= 4  # every 0.1 s
-        loop_turning.clear()  # the poll loop hangs
-        settling = fake.collect(0.15)  # a ping may have been on its way
-        hung = fake.collect(0.6)
-        assert pings(hung) == [], "a hung poll loop must not be pinged for"
-        assert f"STATUS={Watchdog.STALLED}; 8 GPUs, 8 up" in [a for m in settling + hung for a in m.assignments]
+        fake.wait_for("WATCHDOG", timeout=10)
+        loop_turning.clear()
+        fake.wait_for("STATUS", f"{Watchdog.STALLED}; 8 GPUs, 8 up", timeout=10)
         loop_turning.set()
-        assert len(pings(fake.collect(0.6))) >= 4
+        resumed = fake.wait_for("WATCHDOG", timeout=10)
     finally:
         watchdog.stop()
+    assert resumed.assignments == ("WATCHDOG=1", "STATUS=8 GPUs, 8 up")
     assert not any(t.name == "sd-watchdog" for t in threading.enumerate())
     assert fake.collect(0.3) == []
-    messages = [r.getMessage() for r in caplog.records if r.name == "exporter.sd_notify"]
-    assert any("stalled" in m for m in messages) and any("resumed" in m for m in messages)
 
 
 def test_callbacks_that_raise_do_not_stop_the_thread(
@@ -240,11 +270,25 @@ def test_callbacks_that_raise_do_not_stop_the_thread(
     watchdog = Watchdog(notifier_for(path, WATCHDOG_USEC="200000"), lambda: True, broken, status_interval=0.05)
     watchdog.start()
     try:
-        got = fake.collect(0.5)
+        got = [fake.wait_for("WATCHDOG", timeout=10) for _ in range(3)]
     finally:
         watchdog.stop()
-    assert len(pings(got)) >= 3 and not any(m.get("STATUS") for m in got)
+    assert not any(m.get("STATUS") for m in fake.messages), got
     assert sum("status callback failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_raising_alive_callback_counts_as_a_stalled_loop(
+    systemd: tuple[FakeSystemd, str], notifier_for: Callable[..., Notifier]
+) -> None:
+    fake, path = systemd
+
+    def broken() -> bool:
+        raise RuntimeError("bug in the heartbeat")
+
+    watchdog = Watchdog(notifier_for(path, WATCHDOG_USEC="2000000"), broken, lambda: "8 GPUs, 8 up")
+    for now in (0.0, 1.0, 2.0):
+        watchdog.tick(now)
+    assert [m.assignments for m in fake.collect(0.3)] == [(f"STATUS={Watchdog.STALLED}; 8 GPUs, 8 up",)]
 
 
 def test_without_watchdog_sec_only_the_status_is_kept_current(
@@ -255,9 +299,10 @@ def test_without_watchdog_sec_only_the_status_is_kept_current(
     watchdog = Watchdog(notifier_for(path), lambda: True, lambda: up[0], status_interval=0.05)
     watchdog.start()
     try:
-        fake.collect(0.2)
+        fake.wait_for("STATUS", "8 GPUs, 8 up", timeout=10)
         up[0] = "8 GPUs, 7 up"
-        fake.collect(0.2)
+        fake.wait_for("STATUS", "8 GPUs, 7 up", timeout=10)
+        fake.collect(0.2)  # a few more looks at an unchanged status
     finally:
         watchdog.stop()
     assert [m.assignments for m in fake.messages] == [("STATUS=8 GPUs, 8 up",), ("STATUS=8 GPUs, 7 up",)]
@@ -273,10 +318,11 @@ class Run:
     readyz_at_ready: int
     logged_before_ready: str
     serving: list[Message]  # from READY=1 up to SIGTERM
+    serving_until: float  # time.monotonic() when SIGTERM was sent
     stopping: list[Message]  # from SIGTERM on
     returncode: int
     stop_seconds: float
-    stderr: str
+    output: str
 
 
 @pytest.fixture(scope="module")
@@ -285,43 +331,31 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     a GPU is made to fall off the bus while it serves, then it gets SIGTERM."""
     home = tmp_path_factory.mktemp("sd")
     fake = FakeSystemd(str(home / "notify.sock"))
-    (home / "kmsg.log").touch()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "NOTIFY_SOCKET": str(home / "notify.sock"), "WATCHDOG_USEC": "1000000"}
-    proc = subprocess.Popen(
-        [GPU_TRIAGE, "serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{port}",
-         "--collector.interval", "1s", "--state.dir", str(home), "--kmsg.path", str(home / "kmsg.log")],
-        env=env, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stderr is not None
+    env = {"NOTIFY_SOCKET": str(home / "notify.sock"), "WATCHDOG_USEC": "1000000"}
     try:
-        os.set_blocking(proc.stderr.fileno(), False)
-        ready = fake.wait_for("READY", timeout=30)
-        # Straight away: systemd would now start the units ordered after this one. What the daemon logged
-        # before it sent READY=1 is in the pipe by now; what it logs later is not there yet.
-        try:
-            logged = os.read(proc.stderr.fileno(), 1 << 20).decode()
-        except BlockingIOError:
-            logged = ""
-        os.set_blocking(proc.stderr.fileno(), True)
-        readyz = httpx.get(f"{url}/readyz", timeout=5).status_code
-        before_ready = fake.messages[:-1]
-        fake.collect(1.5)
-        assert httpx.post(f"{url}/api/v1/sim/faults", json={"gpu": 5, "kind": "gpu_lost"}).status_code == 201
-        fake.collect(2.5)
-        serving = fake.messages[len(before_ready) + 1 :]
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
-        stop_seconds = time.monotonic() - sent
-        stopping = fake.collect(0.3)
+        with serve(home, "--collector.interval", "1s", env=env, wait_ready=False) as daemon:
+            ready = fake.wait_for("READY", timeout=30)
+            # Straight away: systemd would now start the units ordered after this one. What the daemon logged
+            # before it sent READY=1 is in its log by now (each record is flushed); what it logs later is not.
+            logged = daemon.output()
+            readyz = httpx.get(f"{daemon.url}/readyz", timeout=5).status_code
+            before_ready = fake.messages[:-1]
+            fake.collect(1.5)
+            # The fault goes in from another thread, so that every datagram is timestamped as it arrives.
+            with ThreadPoolExecutor(1) as pool:
+                lost = pool.submit(httpx.post, f"{daemon.url}/api/v1/sim/faults", json={"gpu": 5, "kind": "gpu_lost"})
+                fake.collect(2.5)
+                assert lost.result().status_code == 201
+            serving = fake.messages[len(before_ready) + 1 :]
+            sent = time.monotonic()
+            daemon.process.send_signal(signal.SIGTERM)
+            daemon.process.wait(timeout=30)
+            stop_seconds = time.monotonic() - sent
+            stopping = fake.collect(0.3)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
         fake.close()
-    return Run(before_ready, ready, readyz, logged, serving, stopping, proc.returncode, stop_seconds, err.decode())
+    returncode = daemon.process.returncode
+    return Run(before_ready, ready, readyz, logged, serving, sent, stopping, returncode, stop_seconds, daemon.output())
 
 
 def test_ready_only_once_the_first_snapshot_is_served(run: Run) -> None:
@@ -335,11 +369,11 @@ def test_ready_only_once_the_first_snapshot_is_served(run: Run) -> None:
     assert [m.get("STATUS") for m in run.before_ready] == ["starting: opening the GPU backend"]
 
 
-def test_watchdog_pinged_at_half_of_watchdog_usec(run: Run) -> None:
+def test_watchdog_pinged_well_within_watchdog_sec(run: Run) -> None:
+    # WatchdogSec=1s: pings are due every 0.5 s; the serving window is over 4 s long.
     times = pings(run.serving)
-    gaps = [b - a for a, b in itertools.pairwise(times)]
+    gaps = [b - a for a, b in itertools.pairwise([*times, run.serving_until])]
     assert len(times) >= 6, times
-    assert 0.4 <= statistics.median(gaps) <= 0.7, gaps
     assert max(gaps) < 1.0, f"a gap as long as WatchdogSec= would get the daemon killed: {gaps}"
 
 
@@ -349,8 +383,8 @@ def test_status_follows_the_node(run: Run) -> None:
 
 
 def test_sigterm_says_stopping_and_exits_cleanly(run: Run) -> None:
-    assert run.returncode == 0, run.stderr
-    assert run.stop_seconds < 10, f"stopping took {run.stop_seconds:.1f}s"
+    assert run.returncode == 0, run.output
+    assert run.stop_seconds < STOP_TIMEOUT, f"stopping took {run.stop_seconds:.1f}s, past TimeoutStopSec="
     stopping = [i for i, m in enumerate(run.stopping) if m.get("STOPPING") == "1"]
     assert len(stopping) == 1, run.stopping
     assert pings(run.stopping[stopping[0] :]) == [], "no watchdog pings once stopping"

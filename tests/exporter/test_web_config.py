@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import ssl
 import subprocess
-import time
 from pathlib import Path
 
 import bcrypt
@@ -15,8 +14,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from exporter.web_config import WebConfig, WebConfigError, WebConfigMiddleware, load_web_config
-from tests.conftest import free_port, require_tool
-from tests.exporter.test_cli import GPU_TRIAGE
+from tests.conftest import require_tool
+from tests.daemon_proc import GPU_TRIAGE, free_port, serve, state_args
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 
@@ -130,34 +129,14 @@ def test_configured_headers_on_every_answer() -> None:
 def test_the_daemon_serves_tls_with_basic_auth(tmp_path: Path, cert: tuple[Path, Path]) -> None:
     """The real `gpu-triage serve` with a web config file: HTTPS only, and only with the password."""
     config = write(tmp_path, GOOD["tls only"] + f"basic_auth_users:\n  prometheus: '{HASH}'\n", cert)
-    port = free_port()
-    kmsg = tmp_path / "kmsg.log"
-    kmsg.touch()
-    proc = subprocess.Popen(
-        [GPU_TRIAGE, "serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{port}", "--web.config.file",
-         str(config), "--state.dir", str(tmp_path), "--kmsg.path", str(kmsg)],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    url = f"https://127.0.0.1:{port}"
-    try:
+    with serve(
+        tmp_path / "state", "--web.config.file", str(config), ca_file=cert[0], auth=("prometheus", "s3cret")
+    ) as d:
         with httpx.Client(verify=ssl.create_default_context(cafile=cert[0]), timeout=2) as https:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    answer = https.get(f"{url}/readyz", auth=("prometheus", "s3cret"))
-                    if answer.status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline and proc.poll() is None, "the daemon did not come up"
-                time.sleep(0.1)
-            assert https.get(f"{url}/metrics").status_code == 401
-            assert "nvidia_gpu_up" in https.get(f"{url}/metrics", auth=("prometheus", "s3cret")).text
+            assert https.get(f"{d.url}/metrics").status_code == 401
+            assert "nvidia_gpu_up" in https.get(f"{d.url}/metrics", auth=("prometheus", "s3cret")).text
         with pytest.raises(httpx.TransportError):
-            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)  # no plain HTTP beside it
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=10)
+            httpx.get(d.url.replace("https://", "http://") + "/metrics", timeout=2)  # no plain HTTP beside it
 
 
 def test_a_bad_web_config_stops_the_start(tmp_path: Path) -> None:
@@ -165,7 +144,7 @@ def test_a_bad_web_config_stops_the_start(tmp_path: Path) -> None:
     config.write_text("basic_auth_users:\n  prometheus: hunter2\n")
     result = subprocess.run(
         [GPU_TRIAGE, "serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{free_port()}",
-         "--web.config.file", str(config), "--state.dir", str(tmp_path)],
+         "--web.config.file", str(config), *state_args(tmp_path / "state")],
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert result.returncode == 1
@@ -176,25 +155,12 @@ def test_check_reaches_a_secured_daemon(tmp_path: Path, cert: tuple[Path, Path])
     config = write(tmp_path, GOOD["tls only"] + f"basic_auth_users:\n  prometheus: '{HASH}'\n", cert)
     password = tmp_path / "password"
     password.write_text("s3cret\n")
-    port = free_port()
-    (tmp_path / "kmsg.log").touch()
-    proc = subprocess.Popen(
-        [GPU_TRIAGE, "serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{port}", "--web.config.file",
-         str(config), "--state.dir", str(tmp_path), "--kmsg.path", str(tmp_path / "kmsg.log")],
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"https://127.0.0.1:{port}"
-    try:
-        args = [GPU_TRIAGE, "check", "--url", url, "--ca-file", str(cert[0]), "--user", "prometheus"]
-        deadline = time.monotonic() + 20
-        while (
-            ok := subprocess.run([*args, "--password-file", str(password)], check=False, capture_output=True, text=True)
-        ).returncode != 0:
-            assert time.monotonic() < deadline, ok.stdout
-            time.sleep(0.2)
+    with serve(
+        tmp_path / "state", "--web.config.file", str(config), ca_file=cert[0], auth=("prometheus", "s3cret")
+    ) as d:
+        args = [GPU_TRIAGE, "check", "--url", d.url, "--ca-file", str(cert[0]), "--user", "prometheus"]
+        ok = subprocess.run([*args, "--password-file", str(password)], check=False, capture_output=True, text=True)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
         assert ok.stdout.startswith("OK - 8 GPUs")
         denied = subprocess.run(args, check=False, capture_output=True, text=True)  # no password
         assert denied.returncode == 3 and "401" in denied.stdout
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -15,10 +14,10 @@ import yaml
 
 from exporter.settings import OPTIONS, load_settings, parse_duration
 from tests.conftest import REPO, require_tool
+from tests.daemon_proc import GPU_TRIAGE
 
 SYSTEMD = REPO / "systemd"
 UNIT = SYSTEMD / "gpu-triage.service"
-GPU_TRIAGE = str(Path(sys.executable).with_name("gpu-triage"))
 MAX_EXPOSURE = 2.5
 
 
