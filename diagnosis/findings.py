@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from diagnosis.actions import Action, Severity
+
+
+class Judged(Protocol):
+    """Anything that carries a verdict: a finding, an XID decision."""
+
+    @property
+    def action(self) -> Action: ...
+
+    @property
+    def severity(self) -> Severity: ...
+
+
+def urgency(judged: Judged) -> tuple[int, int]:
+    """Sort key, most urgent first: the action's precedence, then the severity's."""
+    return judged.action.rank, judged.severity.rank
 
 
 @dataclass(frozen=True, slots=True)

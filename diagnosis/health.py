@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from diagnosis.actions import Action, Health, Severity, most_urgent
-from diagnosis.findings import Evidence, Finding
+from diagnosis.findings import Evidence, Finding, urgency
 from diagnosis.incidents import Decision, Occurrence, decide, findings
 from diagnosis.xid_catalog import XidCatalog, load_catalog
 
@@ -131,8 +131,7 @@ def condition_findings(t: Telemetry, gpu: str, catalog: XidCatalog | None = None
     elif t.status == "hung":
         out.append(_condition("gpu_unresponsive", gpu, "a driver call did not return before its deadline"))
     if t.recovery_action:
-        name = catalog.mappings.recovery_names.get(t.recovery_action, str(t.recovery_action))
-        action = catalog.mappings.recovery_action(t.recovery_action)
+        name, action = catalog.mappings.recovery_named(t.recovery_action)
         out.append(_condition("recovery_action", gpu, f"NVML recovery action: {name}", action))
     if t.row_remap_failure:
         out.append(_condition("row_remap_failure", gpu, "NVML: row remapping failure = yes"))
@@ -151,7 +150,7 @@ def condition_findings(t: Telemetry, gpu: str, catalog: XidCatalog | None = None
         out.append(_condition("thermal_slowdown", gpu, "NVML clock-event reasons: thermal slowdown"))
     if t.power_brake:
         out.append(_condition("power_brake_slowdown", gpu, "NVML clock-event reasons: hardware power brake"))
-    return sorted(out, key=lambda f: (f.action.rank, f.severity.rank))
+    return sorted(out, key=urgency)
 
 
 def _open(d: Decision, boot_id: str, now: float, cleared_at: float | None, resets: Sequence[float]) -> bool:
@@ -184,37 +183,33 @@ def assess_gpu(
     decisions = decide(occurrences, recovery_now=telemetry.recovery_action, boundaries=boundaries, catalog=catalog)
     live = [d for d in decisions if _open(d, boot_id, now, cleared_at, resets)]
     xid_findings = findings(live, gpu, catalog)
-    if telemetry.recovery_action:  # the XID root cause already carries it; keep one finding, not two
-        conditions = [f for f in condition_findings(telemetry, gpu, catalog) if f.class_id != "recovery_action"]
-        if not xid_findings:
-            conditions = condition_findings(telemetry, gpu, catalog)
-    else:
-        conditions = condition_findings(telemetry, gpu, catalog)
-    every = _order([*xid_findings, *conditions])
-    return GpuVerdict(gpu, _health(every, telemetry), _action(every), tuple(every))
+    conditions = condition_findings(telemetry, gpu, catalog)
+    if telemetry.recovery_action and xid_findings:  # the XID root cause already carries it: one finding, not two
+        conditions = [f for f in conditions if f.class_id != "recovery_action"]
+    driving, rest = _partition([*xid_findings, *conditions])
+    every = sorted(driving, key=urgency) + rest
+    return GpuVerdict(gpu, _health(driving, telemetry), most_urgent([f.action for f in driving]), tuple(every))
 
 
-def _driving(found: Sequence[Finding]) -> list[Finding]:
-    return [f for f in found if f.action is not Action.IGNORE and f.severity is not Severity.INFO]
+def _drives(f: Finding) -> bool:
+    return f.action is not Action.IGNORE and f.severity is not Severity.INFO
 
 
-def _order(found: list[Finding]) -> list[Finding]:
-    driving = _driving(found)
-    rest = [f for f in found if f not in driving]
-    return sorted(driving, key=lambda f: (f.action.rank, f.severity.rank)) + rest
+def _partition(found: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
+    """(the findings that drive the verdict, the rest), each in the given order."""
+    driving: list[Finding] = []
+    rest: list[Finding] = []
+    for f in found:
+        (driving if _drives(f) else rest).append(f)
+    return driving, rest
 
 
-def _health(found: Sequence[Finding], t: Telemetry) -> Health:
-    driving = _driving(found)
+def _health(driving: Sequence[Finding], t: Telemetry) -> Health:
     if t.status == "lost" or any(f.severity is Severity.CRITICAL for f in driving):
         return Health.UNHEALTHY
     if t.status == "hung":
         return Health.UNKNOWN
     return Health.DEGRADED if driving else Health.HEALTHY
-
-
-def _action(found: Sequence[Finding]) -> Action:
-    return most_urgent([f.action for f in _driving(found)])
 
 
 def sxid_findings(sxids: Sequence[Occurrence], *, boot_id: str) -> list[Finding]:
@@ -223,12 +218,12 @@ def sxid_findings(sxids: Sequence[Occurrence], *, boot_id: str) -> list[Finding]
     for occ in sxids:
         if occ.boot_id and occ.boot_id != boot_id:
             continue
-        fatal = occ.details.get("severity", "").lower() == "fatal" or ", fatal," in occ.text.lower()
+        fatal = occ.details.get("severity", "").lower() == "fatal"
         cid = "sxid_fatal" if fatal else "sxid_nonfatal"
         finding = out.get(cid)
         if finding is None:
             out[cid] = finding = _condition(cid, None)
-            finding.evidence.append(Evidence(occ.ref, occ.text, occ.source))
+            finding.evidence.append(Evidence(occ.ref, occ.text))
             finding.count = 0
         finding.count += 1
         finding.details[f"sxid_{occ.code}"] = int(finding.details.get(f"sxid_{occ.code}", 0)) + 1
@@ -241,7 +236,7 @@ _WORST = (Health.UNHEALTHY, Health.UNKNOWN, Health.DEGRADED, Health.HEALTHY)
 def assess_node(gpus: Sequence[GpuVerdict], node_findings: Sequence[Finding] = ()) -> NodeVerdict:
     """The node's health is its worst GPU's (or NVSwitch's); its action the most urgent of all."""
     healths = [g.health for g in gpus]
-    driving = _driving(node_findings)
+    driving = [f for f in node_findings if _drives(f)]
     if any(f.severity is Severity.CRITICAL for f in driving):
         healths.append(Health.UNHEALTHY)
     elif driving:

@@ -26,13 +26,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from diagnosis.actions import Action, Severity
-from diagnosis.findings import Evidence, Finding
+from diagnosis.actions import Action, Severity, most_urgent
+from diagnosis.findings import Evidence, Finding, urgency
+from diagnosis.playbooks import UNKNOWN_XID_PLAYBOOK
 from diagnosis.xid_catalog import XidCatalog, load_catalog
+
+
+@dataclass(frozen=True, slots=True)
+class XidVerdict:
+    """What to say about an XID when nothing but a fixed verdict applies."""
+
+    action: Action
+    severity: Severity
+    playbook: str
+
 
 # A code missing from the catalog (a newer driver's, most likely): we cannot say how bad it is, so
 # find out on the drained GPU rather than guess. The daemon and offline diagnosis both use this.
-UNKNOWN_XID = (Action.RUN_DIAGNOSTICS, Severity.UNKNOWN, "run-diagnostics")
+UNKNOWN_XID = XidVerdict(Action.RUN_DIAGNOSTICS, Severity.UNKNOWN, UNKNOWN_XID_PLAYBOOK)
 BURST_GAP_SECONDS = 180.0
 REPEAT_WINDOW_SECONDS = 86400.0
 REPEAT_INCIDENTS = 3
@@ -53,7 +64,6 @@ class Occurrence:
     ts: float | None = None  # unix seconds; None when the input gave no usable time (order = input order)
     boot_id: str = ""
     ref: int = 0  # the evidence line: journal sequence or input line number
-    source: str | None = None  # the input file, when several were read
     details: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -115,7 +125,7 @@ def decide(
 def _base(occ: Occurrence, catalog: XidCatalog) -> tuple[Action, Severity]:
     entry = catalog.get(occ.code)
     if entry is None:
-        return UNKNOWN_XID[0], UNKNOWN_XID[1]
+        return UNKNOWN_XID.action, UNKNOWN_XID.severity
     action = entry.action
     if occ.code in _NVLINK5 and (decoded := catalog.decode_nvlink5(occ.code, occ.details)) is not None:
         action = decoded.action
@@ -134,7 +144,8 @@ def _decide_incident(burst: list[Occurrence], catalog: XidCatalog, recovery_now:
         # and the remap has to take effect before the GPU is used again.
         for o in burst:
             if o.code == 48:
-                base[id(o)] = (min(base[id(o)][0], Action.DRAIN_AND_RESET, key=lambda a: a.rank), base[id(o)][1])
+                own, severity = base[id(o)]
+                base[id(o)] = (most_urgent([own, Action.DRAIN_AND_RESET]), severity)
                 notes[id(o)] = "with Xid 63/64 the row remapper is involved: drain, then reset"
     candidates = [o for o in burst if not _sympathetic(o) and o.code != 154] or burst
     root = min(candidates, key=lambda o: (base[id(o)][0].rank, base[id(o)][1].rank, o.ts or 0.0, o.ref))
@@ -158,8 +169,8 @@ def _decide_incident(burst: list[Occurrence], catalog: XidCatalog, recovery_now:
 def _recovery(burst: list[Occurrence], catalog: XidCatalog, recovery_now: int | None) -> tuple[Action, str] | None:
     """The runtime recovery action: NVML's field now, else the incident's last Xid 154."""
     if recovery_now:
-        name = catalog.mappings.recovery_names.get(recovery_now, str(recovery_now))
-        return catalog.mappings.recovery_action(recovery_now), f"NVML reports recovery action {name}"
+        name, now = catalog.mappings.recovery_named(recovery_now)
+        return now, f"NVML reports recovery action {name}"
     for occ in reversed(burst):
         action = catalog.recovery_action_from_text(occ.text) if occ.code == 154 else None
         if action is not None and action is not Action.IGNORE:
@@ -232,12 +243,12 @@ def findings(decisions: Sequence[Decision], gpu: str | None, catalog: XidCatalog
     out = []
     for code, group in by_code.items():
         roots = [d for d in group if d.root]
-        lead = min(roots, key=lambda d: (d.action.rank, d.severity.rank)) if roots else group[0]
+        lead = min(roots, key=urgency) if roots else group[0]
         entry = catalog.get(code)
         first, last = group[0].occurrence, group[-1].occurrence
-        evidence = [Evidence(first.ref, first.text, first.source)]
+        evidence = [Evidence(first.ref, first.text)]
         if len(group) > 1:
-            evidence.append(Evidence(last.ref, last.text, last.source))
+            evidence.append(Evidence(last.ref, last.text))
         details: dict[str, str | int] = dict(lead.occurrence.details.items())
         if lead.note:
             details["note"] = lead.note
@@ -255,7 +266,7 @@ def findings(decisions: Sequence[Decision], gpu: str | None, catalog: XidCatalog
                 title=entry.title
                 if entry
                 else f"Xid {code}: not in NVIDIA's catalog; the raw line says what the driver saw",
-                playbook=entry.playbook if entry else UNKNOWN_XID[2],
+                playbook=entry.playbook if entry else UNKNOWN_XID.playbook,
                 gpu=gpu,
                 evidence=evidence,
                 count=len(group),
@@ -266,8 +277,7 @@ def findings(decisions: Sequence[Decision], gpu: str | None, catalog: XidCatalog
     out.sort(
         key=lambda f: (
             int(f.class_id.removeprefix("xid_")) not in root_codes,
-            f.action.rank,
-            f.severity.rank,
+            *urgency(f),
             f.details.get("first_seen", 0),
         )
     )

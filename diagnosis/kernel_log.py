@@ -8,6 +8,10 @@ Only lines holding one of the two trigger literals, `NVRM:` (every NVIDIA driver
 (which also covers NVSwitch `SXid (` lines), are parsed. `scan` is the fast path for big inputs: it
 finds the lines holding the literals with `line_scan` (the scanner training-log diagnosis uses too) and
 never looks at other lines. Line numbers count from 1.
+
+A GPU that falls off the bus is usually reported twice: the Xid-less "has fallen off the bus" message
+and an `Xid …: 79` line, in either order. The parser reports that fault once, keeping the Xid line (it
+names the process); see `KernelLogParser`.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from diagnosis.pci import canonical_bus_id
 MAX_LINE_CHARS = 8192
 # A decoded line has at least a quarter as many characters as bytes, so longer ones can be dropped unread.
 _MAX_LINE_BYTES = 4 * MAX_LINE_CHARS
-# The three lines of the Xid-less fallen-off-the-bus message may be interleaved with other CPUs' output.
+# The three lines of the Xid-less fallen-off-the-bus message may be interleaved with other CPUs' output,
+# and so may that message and the driver's own Xid 79 for the same fault: both are printed together.
 _FALLEN_WINDOW = 10
+_SYNTHESIZED = "fallen_off_bus"
 _FALLEN = "fallen off the bus"
 
 
@@ -60,7 +66,7 @@ class ScanStats:
 
     lines: int = 0  # lines read by `scan`
     candidates: int = 0  # lines holding a trigger literal: the only ones parsed
-    events: int = 0
+    events: int = 0  # events handed out (a held fallen-off event counts when it is released)
     overlong: int = 0  # candidate lines longer than MAX_LINE_CHARS, skipped
     binary: int = 0  # candidate lines holding NUL bytes, skipped
     invalid_utf8: int = 0  # candidate lines that were not UTF-8; bad bytes replaced, then parsed
@@ -81,7 +87,10 @@ _BUS = r"(?:PCI:)?(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0
 _XID = re.compile(r"NVRM: {0,8}Xid {0,4}\((?P<bus>[^()]{0,40})\): {0,8}(?P<code>[0-9]{1,6})(?=[, ]|$)", re.ASCII)
 # nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61 egress non-posted PRIV error (First)
 _SXID = re.compile(r"SXid \((?P<bus>[^()]{0,40})\): {0,8}(?P<code>[0-9]{1,6})(?=[, ]|$)", re.ASCII)
-_SXID_PAYLOAD = re.compile(r"(?P<severity>Non-fatal|Fatal)\b,? {0,4}(?:Link (?P<link>-?[0-9]{1,4})\b)?", re.ASCII)
+# The switch driver prints "Fatal" / "Non-fatal"; other spellings are taken too, and written its way.
+_SXID_PAYLOAD = re.compile(
+    r"(?P<severity>(?i:non[- ]?fatal|fatal))\b,? {0,4}(?:Link (?P<link>-?[0-9]{1,4})\b)?", re.ASCII
+)
 _NVSWITCH = re.compile(r"(?P<device>nvidia-nvswitch[0-9]{0,4}): {0,4}$", re.ASCII)
 # NVRM: GPU at PCI:0000:2b:00: GPU-0b11d014-a2a8-aa5e-ab77-7a1e0e2b0a79
 _BINDING = re.compile(
@@ -250,8 +259,8 @@ def _fallen_event(bus: str | None, line: int, text: str, ts: str | None, parts: 
         line=line,
         text=text,
         timestamp=ts,
-        # The driver often logs a real Xid 79 for the same fault; this tag lets consumers count it once.
-        details=MappingProxyType({"synthesized": "fallen_off_bus", "message": " ".join(bodies)}),
+        # Tells consumers this 79 was inferred from the message, not printed as an Xid by the driver.
+        details=MappingProxyType({"synthesized": _SYNTHESIZED, "message": " ".join(bodies)}),
     )
 
 
@@ -268,7 +277,7 @@ def _parse_sxid(text: str, start: int, line: int) -> KernelEvent | None:
     if message:
         details["message"] = message
     if (p := _SXID_PAYLOAD.match(message)) is not None:
-        details["severity"] = p["severity"]
+        details["severity"] = "Fatal" if p["severity"].lower() == "fatal" else "Non-fatal"
         if p["link"] is not None:
             details["link"] = p["link"]
     return KernelEvent(
@@ -319,16 +328,25 @@ def _continuation(text: str) -> str | None:
 class KernelLogParser:
     """Line-at-a-time parser; keeps the state the three-line fallen-off-the-bus message needs.
 
-    Feeding it every line or only the lines holding a trigger gives the same events: the window in
-    which that message must complete is measured in line numbers, not in lines fed.
+    The driver reports a GPU falling off the bus with an Xid-less message and, usually, an Xid 79 line
+    too, in either order. So that the fault is counted once, the event made from the message (tagged
+    `details["synthesized"]`) is held back while an Xid 79 for the same bus may still come, and dropped
+    if one comes; one that follows such an Xid 79 is dropped at once. "May still come" means within
+    _FALLEN_WINDOW line numbers. A held event is released, before the events of the line that releases
+    it, by the first trigger line beyond that window, by `flush` or by `finish`.
+
+    Feeding it every line or only the lines holding a trigger gives the same events: every window is
+    measured in line numbers, not in lines fed.
     """
 
     def __init__(self, stats: ScanStats | None = None) -> None:
         self.stats = stats if stats is not None else ScanStats()
         self._pending: _Pending | None = None
+        self._held: list[tuple[int, KernelEvent]] = []  # (line that completed it, event), in that order
+        self._recent79: dict[str, int] = {}  # bus id → line of its latest real Xid 79, oldest first
 
     def feed(self, text: str, line: int) -> list[KernelEvent]:
-        """The events this line completes: usually none or one; `line` numbers must increase."""
+        """The events this line completes or releases: usually none or one; `line` numbers must increase."""
         text = _strip_eol(text)
         if not _has_trigger(text):
             return []
@@ -342,16 +360,59 @@ class KernelLogParser:
             return []
         if self._pending is not None and line - self._pending.line > _FALLEN_WINDOW:
             self._drop_pending()
+        released = self._release(line)
         events = self._feed_continuation(text, line)
         if events is None:
             events = self._feed_line(text, line)
-        stats.events += len(events)
-        return events
+        out = released + [e for e in events if self._keep(e, line)]
+        stats.events += len(out)
+        return out
+
+    def flush(self) -> list[KernelEvent]:
+        """Release every held event now, in line order.
+
+        For a caller that reads in batches: the two reports of one fault are printed together, so the
+        end of a batch is a safe point to stop waiting for the second.
+        """
+        released = self._release(None)
+        self.stats.events += len(released)
+        return released
 
     def finish(self) -> list[KernelEvent]:
-        """End of input: a fallen-off message still missing its last line is counted as malformed."""
+        """End of input: the held events; a fallen-off message still missing its last line is malformed."""
         self._drop_pending()
-        return []
+        return self.flush()
+
+    def _release(self, line: int | None) -> list[KernelEvent]:
+        """Held events whose window has passed by `line` (all of them for None), in line order."""
+        held = self._held
+        # Held in the order they completed, so the expired ones come first.
+        cut = len(held) if line is None else sum(1 for at, _ in held if line - at > _FALLEN_WINDOW)
+        if cut == 0:
+            return []
+        released, self._held = held[:cut], held[cut:]
+        return sorted((e for _, e in released), key=lambda e: e.line)
+
+    def _keep(self, event: KernelEvent, line: int) -> bool:
+        """Whether `event`, completed on `line`, goes out now; False when it is held or is a duplicate."""
+        bus = event.pci_bus_id
+        if event.code != 79 or event.kind is not EventKind.XID or bus is None:
+            return True
+        recent = self._recent79
+        # A message completed on `line` began at most _FALLEN_WINDOW lines before it, so an Xid 79 more
+        # than twice that far back can match nothing any more.
+        while recent and line - next(iter(recent.values())) > 2 * _FALLEN_WINDOW:
+            del recent[next(iter(recent))]
+        if event.details.get("synthesized") != _SYNTHESIZED:
+            # The real line is the richer report of the fault: it names the process.
+            self._held = [(at, e) for at, e in self._held if e.pci_bus_id != bus]
+            recent.pop(bus, None)  # re-inserted last, so the dict stays in line order
+            recent[bus] = line
+            return True
+        if bus in recent and event.line - recent[bus] <= _FALLEN_WINDOW:
+            return False
+        self._held.append((line, event))
+        return False
 
     def _feed_continuation(self, text: str, line: int) -> list[KernelEvent] | None:
         body = _continuation(text)

@@ -15,8 +15,9 @@ to the plain search when the sample lied. Both were measured against one compile
 the block (bench/bench_training_log.py), which is the slowest of the three.
 
 Memory stays flat whatever the input: the scanner holds at most one block plus the unfinished last
-line of the previous one. A line longer than `max_line` is not kept: it is counted as skipped,
-which is also how binary garbage without newlines ends up.
+line of the previous one. A line longer than `max_line` is not kept. Like a binary line, it is counted
+as skipped when it would have been a candidate (it holds a trigger, or a follow trigger owed it), and
+only then, wherever the input happened to be cut.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ class LineScanner:
         if not triggers or any(not t or b"\n" in t for t in triggers):
             raise ValueError("triggers must be non-empty literals without newlines")
         self._triggers = tuple(triggers)
+        self._longest = max(len(t) for t in self._triggers)
         self._follow = tuple(follow)
         self._block = block
         self._max_line = max_line
@@ -129,6 +131,8 @@ class LineScanner:
         self._parts_len = 0
         self._pending = b""  # the unfinished last line
         self._overlong = False  # the unfinished line already exceeded max_line and was dropped
+        self._overlong_hit = False  # ... and what was dropped of it held a trigger
+        self._overlong_tail = b""  # its last bytes, for a trigger cut in two by a chunk boundary
         self._forced = 0  # lines still to be taken because of a follow trigger
         self.lines = 0  # complete lines seen so far (a final unterminated line counts at finish)
         self.skipped = 0  # lines not examined: over max_line or binary
@@ -145,14 +149,13 @@ class LineScanner:
         """Flush the buffered input; an unterminated last line (a cut log) is still a line."""
         yield from self._drain()
         if self._overlong:
-            self.lines += 1
-            self.skipped += 1
+            self._end_overlong()
         elif self._pending:
             line = self._pending
             self.lines += 1
             if (self._forced > 0 or self._has_trigger(line)) and self._examinable(line):
                 yield Candidate(self.lines, line)
-        self._pending, self._overlong, self._forced = b"", False, 0
+        self._pending, self._forced = b"", 0
 
     def _has_trigger(self, line: bytes) -> bool:
         return any(t in line for t in self._triggers)
@@ -170,10 +173,8 @@ class LineScanner:
                 return
             # The line that straddles the previous block: finish it on its own.
             if self._overlong:
-                self.lines += 1
-                self.skipped += 1
-                self._overlong = False
-                self._forced = max(0, self._forced - 1)
+                self._extend_pending(data[:nl])
+                self._end_overlong()
             else:
                 line = self._pending + data[:nl]
                 yield from self._scan(line + b"\n", 0, len(line) + 1)
@@ -195,11 +196,23 @@ class LineScanner:
 
     def _extend_pending(self, tail: bytes) -> None:
         if self._overlong:
-            return
-        if len(self._pending) + len(tail) > self._max_line:
-            self._pending, self._overlong = b"", True
+            seen = self._overlong_tail + tail
+        elif len(self._pending) + len(tail) > self._max_line:
+            seen = self._pending + tail
+            self._pending, self._overlong, self._overlong_hit = b"", True, False
         else:
             self._pending += tail
+            return
+        self._overlong_hit = self._overlong_hit or self._has_trigger(seen)
+        self._overlong_tail = seen[max(0, len(seen) - self._longest + 1) :]
+
+    def _end_overlong(self) -> None:
+        """The dropped line ended: count it as `_scan` counts a long line that lay within one block."""
+        self.lines += 1
+        if self._overlong_hit or self._forced > 0:
+            self.skipped += 1
+        self._forced = max(0, self._forced - 1)
+        self._overlong, self._overlong_hit, self._overlong_tail = False, False, b""
 
     def _scan(self, data: bytes, start: int, end: int) -> Iterator[Candidate]:
         """Candidates among the complete lines data[start:end] (end is just after a newline)."""

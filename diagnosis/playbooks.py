@@ -24,10 +24,11 @@ from diagnosis.actions import Action, Severity
 
 SECTIONS = ("Meaning", "Impact", "Diagnosis", "Mitigation")
 UNKNOWN_XID_PLAYBOOK = "run-diagnostics"  # an XID code the catalog does not know yet
-_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+PLAYBOOK_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # what a playbook id (and file name) looks like
+# The severities our data files may state; UNKNOWN is for signals we cannot judge, never written down.
+SEVERITIES = {s.value: s for s in (Severity.CRITICAL, Severity.WARNING, Severity.INFO)}
 _REQUIRED = {"id", "title", "summary", "action", "severity"}
 _OPTIONAL = {"applies_to"}
-_SEVERITIES = {s.value: s for s in (Severity.CRITICAL, Severity.WARNING, Severity.INFO)}
 _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _NUMBERED = re.compile(r"^\s{0,3}1[.)]\s", re.MULTILINE)
@@ -163,7 +164,7 @@ def parse_playbook(text: str, name: str) -> tuple[Playbook | None, list[str]]:
     pid = meta.get("id")
     if pid != name:
         problems.append(f"{where}: id {pid!r} must equal the file name {name!r}")
-    if not _ID.fullmatch(name):
+    if not PLAYBOOK_ID.fullmatch(name):
         problems.append(f"{where}: file name must be lower-case words joined by dashes")
     title, summary = _text(meta, "title", where, problems), _text(meta, "summary", where, problems)
     action = next((a for a in Action if a.value == meta.get("action")), None)
@@ -171,9 +172,9 @@ def parse_playbook(text: str, name: str) -> tuple[Playbook | None, list[str]]:
         problems.append(f"{where}: action {meta.get('action')!r} is not one of {', '.join(Action)}")
     elif name in ACTION_PLAYBOOKS and ACTION_PLAYBOOKS[name] is not action:
         problems.append(f"{where}: the playbook of action {ACTION_PLAYBOOKS[name]} must carry it out, not {action}")
-    severity = _SEVERITIES.get(str(meta.get("severity")))
+    severity = SEVERITIES.get(str(meta.get("severity")))
     if severity is None:
-        problems.append(f"{where}: severity {meta.get('severity')!r} is not one of {', '.join(_SEVERITIES)}")
+        problems.append(f"{where}: severity {meta.get('severity')!r} is not one of {', '.join(SEVERITIES)}")
     applies_to = _applies_to(meta, where, problems)
     sections = _sections(body, where, problems)
     if problems or action is None or severity is None:

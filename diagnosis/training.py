@@ -16,7 +16,8 @@ everything that can be learnt has been.
 Ordering (root cause first, the straggler of a collective timeout) lives in `root_cause`; XID
 findings take their verdict from the XID catalog. An XID code missing from the catalog becomes a
 finding of severity UNKNOWN with the daemon's verdict for such codes (`incidents.UNKNOWN_XID`: run
-diagnostics on the drained GPU), and the raw line goes with it.
+diagnostics on the drained GPU), and the raw line goes with it. A GPU's XIDs are judged together as the
+daemon judges them (`incidents.decide`), with the times the lines carry where they carry absolute ones.
 """
 
 from __future__ import annotations
@@ -35,7 +36,16 @@ from diagnosis.line_scan import LineScanner
 from diagnosis.log_lines import LogLine, normalise
 from diagnosis.root_cause import Progress, ProgressTracker, Ranked, Straggler, link_symptoms, order
 from diagnosis.training_fields import convert
-from diagnosis.training_rules import ContextKind, ContextMatch, Match, RuleSet, load_rules
+from diagnosis.training_rules import (
+    COLLECTIVE_TIMEOUT,
+    CUDA_ILLEGAL_ADDRESS,
+    NCCL_LIB_MISMATCH,
+    ContextKind,
+    ContextMatch,
+    Match,
+    RuleSet,
+    load_rules,
+)
 from diagnosis.xid_catalog import XidEntry, load_catalog
 
 MAX_EVENTS = 10_000  # XID events listed in a report; the rest are counted
@@ -93,23 +103,22 @@ def _xid_tier(action: Action, rules: RuleSet) -> float:
         return -1.0  # a hardware verdict: the GPU it names is the root cause of its ranks' errors
     if action is Action.IGNORE:
         return float(len(rules.rules))
-    return rules.rule("cuda_illegal_address").specificity - 0.5  # the application's own fault
+    return rules.rule(CUDA_ILLEGAL_ADDRESS).specificity - 0.5  # the application's own fault
 
 
 def _xid_spec(code: int, entry: XidEntry | None, rules: RuleSet) -> Spec:
     """What an XID finding says: the catalog's verdict, and where it ranks among training-log classes."""
     if entry is None:
-        action, severity, playbook = UNKNOWN_XID
         return Spec(
             f"xid_{code}",
-            severity,
-            action,
+            UNKNOWN_XID.severity,
+            UNKNOWN_XID.action,
             f"XID {code}: code not in the XID catalog",
-            playbook,
+            UNKNOWN_XID.playbook,
             (
                 "Keep the full NVRM line for the case: the code is newer than this catalog or undocumented.",
                 _XID_CHECK,
-                action.description,
+                UNKNOWN_XID.action.description,
             ),
             -1.0,
         )
@@ -132,8 +141,7 @@ class _Diagnosis:
         self.rules = rules
         self.specs = _rule_spec(rules)
         self.symptoms = frozenset(r.class_id for r in rules.rules if r.symptom)
-        self.xid_specs: dict[int, Spec] = {}
-        self.xid79_seen: set[tuple[int, str | None]] = set()
+        self.xid_specs: dict[int, tuple[Spec, XidEntry | None]] = {}
         self.xid_occurrences: dict[tuple[int, str | None], list[Occurrence]] = {}  # by (input, GPU)
         self._lines: dict[str, tuple[LogLine, Match | None, ContextMatch | None]] = {}
         self._verdicts: dict[str, tuple[Match | None, ContextMatch | None]] = {}
@@ -162,7 +170,8 @@ class _Diagnosis:
                 self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
         for cand in scanner.finish():
             self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
-        kernel.finish()
+        for event in kernel.finish():
+            self._xid(src, normalise(event.text), event)
         return scanner.lines, scanner.skipped
 
     def _line(self, src: _Source, kernel: KernelLogParser, number: int, text: str) -> None:
@@ -173,23 +182,27 @@ class _Diagnosis:
                 self._segment(src, kernel, number, segment)
 
     def _segment(self, src: _Source, kernel: KernelLogParser, number: int, text: str) -> None:
-        if "NVRM" in text:
-            line = normalise(text)
-            events = kernel.feed(line.raw, number)
-            for event in events:
-                self._xid(src, line, event)
-            if events:
+        line = normalise(text) if "NVRM" in text else None
+        if line is not None:
+            own = False
+            for event in kernel.feed(line.raw, number):
+                # The parser may hand back an event it held from an earlier line: that line's time and
+                # host are the event's, not this one's.
+                here = event.line == number
+                own = own or here
+                self._xid(src, line if here else normalise(event.text), event)
+            if own:
                 self.identity.learn(src.index, line)
                 return
-        line, match, ctx = self._classify(text)
+        line, match, ctx = self._classify(text, line)
         self.identity.learn(src.index, line)
         if match is not None:
             self._finding(src, number, line, self.specs[match.rule.class_id], match.fields)
         elif ctx is not None:
             self._context(src, number, line, ctx.kind, ctx.fields)
 
-    def _classify(self, text: str) -> tuple[LogLine, Match | None, ContextMatch | None]:
-        """Normalise and match `text`, remembering recent answers.
+    def _classify(self, text: str, line: LogLine | None = None) -> tuple[LogLine, Match | None, ContextMatch | None]:
+        """Normalise (unless `line` is `text` normalised already) and match `text`, remembering recent answers.
 
         A failing job repeats itself: the same WARN from the same process thousands of times, or the
         same message from every rank behind a different prefix. Both caches are bounded and are
@@ -198,7 +211,8 @@ class _Diagnosis:
         known = self._lines.get(text)
         if known is not None:
             return known
-        line = normalise(text)
+        if line is None:
+            line = normalise(text)
         verdict = self._verdicts.get(line.text)
         if verdict is None:
             match = self.rules.match(line.text)
@@ -263,7 +277,7 @@ class _Diagnosis:
             details.setdefault("cuda_dev", line.cuda_dev)
         subject = details.get("pid")
         subject_pid = subject if isinstance(subject, int) else None
-        if spec.class_id == "collective_timeout" or "last_completed" in details:
+        if spec.class_id == COLLECTIVE_TIMEOUT or "last_completed" in details:
             self._progress(src, number, line, details)
         who = Who(src.index, host, line.pid, rank, local, gpu, subject_pid)
         self.collapser.add(who, spec, self._seen(src, number, line), details)
@@ -271,7 +285,8 @@ class _Diagnosis:
     def _xid(self, src: _Source, line: LogLine, event: KernelEvent) -> None:
         if event.kind is not EventKind.XID or event.code is None:
             return
-        if len(self.events) < MAX_EVENTS:
+        listed = len(self.events) < MAX_EVENTS
+        if listed:
             self.events.append(
                 {
                     "line": event.line,
@@ -286,29 +301,26 @@ class _Diagnosis:
             )
         else:
             self.events_dropped += 1
-        if event.details.get("synthesized") == "fallen_off_bus":
-            # The same fault as the driver's own Xid 79 line for this GPU: one event, not two faults.
-            if (src.index, event.pci_bus_id) in self.xid79_seen:
-                return
-        elif event.code == 79:
-            self.xid79_seen.add((src.index, event.pci_bus_id))
-        spec = self.xid_specs.get(event.code)
-        if spec is None:
-            spec = _xid_spec(event.code, load_catalog().get(event.code), self.rules)
-            self.xid_specs[event.code] = spec
+        known = self.xid_specs.get(event.code)
+        if known is None:
+            entry = load_catalog().get(event.code)
+            known = self.xid_specs[event.code] = (_xid_spec(event.code, entry, self.rules), entry)
+        spec, entry = known
         details: dict[str, str | int] = {"xid": event.code}
         if event.process:
             details["process"] = event.process
         if event.pid is not None:
             details["pid"] = event.pid
         details.update((k, v[:200]) for k, v in event.details.items())
-        entry = load_catalog().get(event.code)
         if entry is not None and entry.causes:
             details.setdefault("causes", "; ".join(entry.causes)[:200])
         seen = Seen(src.index, event.line, event.text[:EVIDENCE_CHARS], line.stamp)
         self.collapser.add(Who(src.index, host=line.host, gpu=event.pci_bus_id), spec, seen, details)
-        if len(self.events) < MAX_EVENTS:  # the same bound as the events listed
-            occurrence = Occurrence(event.code, event.text, ref=event.line, details=event.details)
+        if listed:  # the same bound as the events listed
+            # Only an absolute time compares across lines the way incidents.decide needs; without one
+            # the XIDs keep input order and count as one burst.
+            ts = line.stamp.value if line.stamp is not None and line.stamp.kind == "abs" else None
+            occurrence = Occurrence(event.code, event.text, ts, ref=event.line, details=event.details)
             self.xid_occurrences.setdefault((src.index, event.pci_bus_id), []).append(occurrence)
 
     # -- resolving ----------------------------------------------------------------------------
@@ -369,13 +381,13 @@ class _Diagnosis:
             return None
         ordered = sorted(self.versions.items(), key=lambda kv: tuple(int(p) for p in kv[0].split(".")))
         first, last = ordered[0][1], ordered[-1][1]
-        part = Tally(self.specs["nccl_lib_mismatch"], first, last, len(ordered))
+        part = Tally(self.specs[NCCL_LIB_MISMATCH], first, last, len(ordered))
         part.details["versions"] = ", ".join(v for v, _ in ordered)
-        return build(("nccl_lib_mismatch", None, None, None), part, self.label, "versions")
+        return build((NCCL_LIB_MISMATCH, None, None, None), part, self.label, "versions")
 
     def _straggler(self, ranked: list[Ranked]) -> list[Finding]:
         findings = [r.finding for r in ranked]
-        timeouts = [i for i, f in enumerate(findings) if f.class_id == "collective_timeout"]
+        timeouts = [i for i, f in enumerate(findings) if f.class_id == COLLECTIVE_TIMEOUT]
         found = self.progress.straggler() if timeouts else None
         if found is None:
             return findings
@@ -398,9 +410,9 @@ class _Diagnosis:
     def _straggler_finding(self, found: Straggler) -> Finding:
         p = found.progress
         seen = Seen(p.source, p.line, p.text, p.stamp)
-        part = Tally(self.specs["collective_timeout"], seen, seen)
+        part = Tally(self.specs[COLLECTIVE_TIMEOUT], seen, seen)
         rank = found.rank
-        where: Where = ("collective_timeout", self.identity.host_of(rank), rank, self.identity.gpu_of(rank))
+        where: Where = (COLLECTIVE_TIMEOUT, self.identity.host_of(rank), rank, self.identity.gpu_of(rank))
         return build(where, part, self.label).finding
 
 

@@ -179,6 +179,12 @@ def unbounded_repeats(pattern: str) -> list[int]:
     return found
 
 
+# Classes the diagnosis code itself names (training.py): a rules file without one of them cannot be used.
+CUDA_ILLEGAL_ADDRESS = "cuda_illegal_address"  # where an application-fault XID ranks
+COLLECTIVE_TIMEOUT = "collective_timeout"  # the class the straggler analysis attaches to
+NCCL_LIB_MISMATCH = "nccl_lib_mismatch"  # reported when ranks print different NCCL versions
+REQUIRED_CLASSES = (CUDA_ILLEGAL_ADDRESS, COLLECTIVE_TIMEOUT, NCCL_LIB_MISMATCH)
+
 _RULE_KEYS = {"class", "severity", "action", "playbook", "title", "steps", "signatures", "examples"}
 _RULE_OPTIONAL = {"symptom"}
 _TOP_KEYS = {"version", "prefilter", "context", "rules", "near_misses"}
@@ -350,6 +356,11 @@ def parse_rules(doc: object, origin: str = "training_rules.yaml") -> RuleSet:
         if any(r.class_id == rule.class_id for r in rules):
             ck.fail(f"rules[{i}] ({rule.class_id})", "duplicate class")
         rules.append(rule)
+    if rules_node:
+        present = {r.class_id for r in rules}
+        for class_id in REQUIRED_CLASSES:
+            if class_id not in present:
+                ck.fail("rules", f"no rule for class {class_id!r}, which the diagnosis code relies on")
     near = tuple(ck.strings("near_misses", top.get("near_misses", []), allow_empty=True))
     ruleset = RuleSet(tuple(rules), contexts, triggers, follow, near)
     _check_examples(ck, ruleset)

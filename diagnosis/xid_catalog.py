@@ -19,10 +19,9 @@ import yaml
 
 from diagnosis.actions import Action, Severity, most_urgent
 from diagnosis.kernel_log import parse_recovery_change
+from diagnosis.playbooks import PLAYBOOK_ID, SEVERITIES
 
 CONTEXTS = frozenset({"history", "co_occurrence", "recovery_text", "decode", "platform"})
-_POLICY_SEVERITIES = {s.value: s for s in (Severity.CRITICAL, Severity.WARNING, Severity.INFO)}
-_PLAYBOOK_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _FACT_KEYS = {"mnemonic", "description", "applies_to", "immediate", "investigatory", "xid154_linkage"}
 _POLICY_KEYS = {"title", "causes", "action", "severity", "playbook"}
 _POLICY_OPTIONAL = {"deviation", "context"}
@@ -47,7 +46,6 @@ class XidEntry:
     causes: tuple[str, ...]
     immediate_bucket: str | None  # None where this catalog revision has no bucket (162-172)
     investigatory_bucket: str | None
-    xid154_linked: bool  # drivers from `xid154_linkage` on follow it with an Xid 154
     action: Action
     severity: Severity
     playbook: str
@@ -55,7 +53,11 @@ class XidEntry:
     context: frozenset[str]  # what the classifier must consider beyond the code (CONTEXTS)
     applies_to: tuple[str, ...] = ()
     nvidia_action: Action | None = None  # what NVIDIA's immediate bucket means in our vocabulary
-    xid154_linkage: str | None = None
+    xid154_linkage: str | None = None  # the first driver that follows this code with an Xid 154
+
+    @property
+    def xid154_linked(self) -> bool:
+        return bool(self.xid154_linkage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,10 @@ class ActionMappings:
 
     def recovery_action(self, value: int) -> Action:
         return self.recovery.get(value, self.unknown_recovery)
+
+    def recovery_named(self, value: int) -> tuple[str, Action]:
+        """An NVML recovery action value → (its name, or the number where unnamed; our Action)."""
+        return self.recovery_names.get(value, str(value)), self.recovery_action(value)
 
 
 _Bits = tuple[int, int]  # (mask, value) of an IntrInfo pattern: `x & mask == value`
@@ -383,11 +389,11 @@ def _build_entry(code: int, fact: Any, rule: Any, p: _Problems, mappings: Action
         p.append(f"{policy}: {action} differs from {immediate} ({nvidia_action}); say why in `deviation`")
     elif deviation is not None and action == nvidia_action:
         p.append(f"{policy}: `deviation` given, but the action is what NVIDIA's bucket says")
-    severity = _POLICY_SEVERITIES.get(rule["severity"])
+    severity = SEVERITIES.get(rule["severity"])
     if severity is None:
-        p.append(f"{policy}: severity {rule['severity']!r} is not one of {sorted(_POLICY_SEVERITIES)}")
+        p.append(f"{policy}: severity {rule['severity']!r} is not one of {sorted(SEVERITIES)}")
     playbook = p.text(f"{policy}: playbook", rule["playbook"])
-    if playbook and not _PLAYBOOK_ID.fullmatch(playbook):
+    if playbook and not PLAYBOOK_ID.fullmatch(playbook):
         p.append(f"{policy}: playbook id {playbook!r} is not lower-case-with-dashes")
     causes = rule["causes"] if isinstance(rule["causes"], list) and rule["causes"] else [None]
     # A comma inside brackets in a YAML flow list silently splits one cause in two: quote such causes.
@@ -406,7 +412,6 @@ def _build_entry(code: int, fact: Any, rule: Any, p: _Problems, mappings: Action
         causes=tuple(p.text(f"{policy}: causes", c) for c in causes),
         immediate_bucket=immediate,
         investigatory_bucket=p.bucket(facts, fact["investigatory"], mappings),
-        xid154_linked=bool(fact["xid154_linkage"]),
         action=action,
         severity=severity or Severity.UNKNOWN,
         playbook=playbook,
@@ -470,18 +475,3 @@ def load_catalog() -> XidCatalog:
         problems += found
     facts, policy, mappings, nvlink5 = documents
     return build_catalog(facts, policy, mappings, nvlink5, problems=problems)
-
-
-def bucket_action(bucket: str) -> Action:
-    """NVIDIA resolution bucket → our Action (unknown buckets get the mapping file's fallback)."""
-    return load_catalog().mappings.bucket_action(bucket)
-
-
-def recovery_action(value: int) -> Action:
-    """nvmlDeviceGpuRecoveryAction_t value (NVML field or Xid 154 text) → our Action."""
-    return load_catalog().mappings.recovery_action(value)
-
-
-def recovery_action_from_text(text: str) -> Action | None:
-    """Xid 154's "recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)" → Action."""
-    return load_catalog().recovery_action_from_text(text)

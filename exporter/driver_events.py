@@ -18,7 +18,6 @@ _RETRY_SECONDS = 5.0
 @dataclass
 class DriverEventStats:
     up: bool = False
-    events: int = 0
     error: str | None = None
 
 
@@ -50,7 +49,8 @@ class DriverEvents:
                 self.stats.up, self.stats.error = False, repr(e)
                 self._stop.wait(_RETRY_SECONDS)
                 continue
+            if self.stats.error is not None:
+                log.info("driver XID events work again", extra={"source": self.name})
             self.stats.up, self.stats.error = True, None
             if xids:
-                self.stats.events += len(xids)
                 self._deliver(xids, self.name)

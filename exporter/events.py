@@ -10,6 +10,7 @@ and the merge window need no locks.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
@@ -34,9 +35,7 @@ _KERNEL = "kmsg"
 
 @dataclass
 class PipelineStats:
-    events: int = 0  # journaled, after merging
     merged: int = 0  # reports folded into an event another source had already given
-    bindings: int = 0  # PCI bus id -> UUID lines seen
     kmsg_lines: int = 0
     parse: ScanStats = field(default_factory=ScanStats)
 
@@ -57,7 +56,10 @@ class EventPipeline:
         self._on_events = on_events
         self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._parser = KernelLogParser(self.stats.parse)
-        self._bound: dict[str, str] = {}  # pci bus id -> uuid, from the kernel log's binding lines
+        # PCI bus id -> uuid, from the kernel log's binding lines; those before the cursor are in the
+        # journal as "init" marks, so a restart still names a GPU the driver no longer lists.
+        self._bound = {m.note: m.uuid for m in journal.marks() if m.kind == "init"}
+        self._marks: list[Mark] = []  # this batch's, journaled with it
         # Reports waiting for the other kind of source to report them too, by (kind, gpu, code).
         self._waiting: dict[tuple[str, str, int], tuple[deque[_Slot], deque[_Slot]]] = {}
         self._thread: threading.Thread | None = None
@@ -115,10 +117,13 @@ class EventPipeline:
                 self.idle.set()
 
     def process(self, items: list[tuple[str, Any]]) -> list[Event]:
-        """Journal one batch of source items; returns the new events (merged ones are not new)."""
+        """Journal one batch of source items; returns the new events (merged ones are not new).
+
+        `on_events` hears of the new events and of journaled ones a second source made richer."""
         gpus = {g.pci_bus_id: g for g in self._gpus()}
         by_index = {g.index: g for g in gpus.values()}
         fresh: list[_Slot] = []
+        enriched: list[Event] = []
         cursor: tuple[str, int] | None = None
         for kind, payload in items:
             if kind == "kernel":
@@ -127,29 +132,43 @@ class EventPipeline:
                     self.stats.kmsg_lines += 1
                     cursor = (origin, record.seq)
                     for ke in self._parser.feed(record.text, record.seq):
-                        event = self._from_kernel(ke, record, gpus)
-                        if event is not None:
-                            self._add(event, fresh, cursor)
+                        self._add_kernel(ke, _record_of(ke, records, record), gpus, fresh, enriched, cursor)
+                # The driver prints both reports of a GPU falling off the bus at once: whatever the parser
+                # still holds back, waiting for the other one, is complete by the end of what was read.
+                for ke in self._parser.flush():
+                    self._add_kernel(ke, _record_of(ke, records, records[-1]), gpus, fresh, enriched, cursor)
             else:
                 source, xids = payload
                 for xid in xids:
-                    self._add(self._from_driver(xid, source, by_index), fresh, None)
-        stored = self.journal.record([slot.event for slot in fresh], cursor)
+                    self._add(self._from_driver(xid, source, by_index), fresh, enriched, None)
+        marks, self._marks = self._marks, []
+        stored = self.journal.record([slot.event for slot in fresh], cursor, marks)
         for slot, event in zip(fresh, stored, strict=True):
             slot.event = event
-        self.stats.events += len(stored)
-        if stored:
-            self._on_events(stored)
+        if stored or enriched:
+            self._on_events(stored + enriched)
         return stored
+
+    def _add_kernel(
+        self,
+        ke: KernelEvent,
+        record: Record,
+        gpus: dict[str, GpuIdentity],
+        fresh: list[_Slot],
+        enriched: list[Event],
+        cursor: tuple[str, int] | None,
+    ) -> None:
+        event = self._from_kernel(ke, record, gpus)
+        if event is not None:
+            self._add(event, fresh, enriched, cursor)
 
     def _from_kernel(self, ke: KernelEvent, record: Record, gpus: dict[str, GpuIdentity]) -> Event | None:
         if ke.kind is EventKind.GPU_BINDING:
             if ke.pci_bus_id and ke.uuid:
                 self._bound[ke.pci_bus_id] = ke.uuid
-                self.stats.bindings += 1
                 # The driver prints this line when it brings the GPU up: before the GPU's first Xid of a
                 # boot, and on some drivers after a reset. Marked, it closes what a reset cures.
-                self.journal.mark(Mark(record.ts, ke.uuid, "init", ke.pci_bus_id))
+                self._marks.append(Mark(record.ts, ke.uuid, "init", ke.pci_bus_id))
             return None
         if ke.code is None:
             return None
@@ -173,9 +192,7 @@ class EventPipeline:
 
     def _from_driver(self, xid: DriverXid, source: str, gpus: dict[int, GpuIdentity]) -> Event:
         gpu = gpus.get(xid.gpu)
-        text = xid.message or f"Xid {xid.code} reported by the {source} event API"
-        if xid.message:
-            text = f"Xid {xid.code}, {xid.message}"
+        text = f"Xid {xid.code}, {xid.message}" if xid.message else f"Xid {xid.code} reported by the {source} event API"
         return Event(
             ts=xid.timestamp,
             boot_id=self.boot_id,
@@ -189,7 +206,7 @@ class EventPipeline:
             details=dict(xid.extra),
         )
 
-    def _add(self, event: Event, fresh: list[_Slot], cursor: tuple[str, int] | None) -> None:
+    def _add(self, event: Event, fresh: list[_Slot], enriched: list[Event], cursor: tuple[str, int] | None) -> None:
         """Append `event` to `fresh`, unless it is the other kind of source's report of an event we have.
 
         Each (kind, GPU, code) keeps two time-ordered queues, of reports from the kernel log and from
@@ -199,9 +216,11 @@ class EventPipeline:
         key = (event.kind, event.uuid or event.pci_bus_id or "", event.code)
         queues = self._waiting.setdefault(key, (deque(maxlen=_MAX_WAITING), deque(maxlen=_MAX_WAITING)))
         from_kernel = event.sources == _KERNEL
-        others = queues[0] if from_kernel else queues[1]  # [0]: driver reports, [1]: kernel reports
-        while others and others[0].event.ts < event.ts - MERGE_WINDOW_SECONDS:
-            others.popleft()  # too old to be anyone's twin now
+        # [0]: driver reports, [1]: kernel reports
+        others, mine = (queues[0], queues[1]) if from_kernel else (queues[1], queues[0])
+        for waiting in (others, mine):  # with one kind of source running, its own reports must go too
+            while waiting and waiting[0].event.ts < event.ts - MERGE_WINDOW_SECONDS:
+                waiting.popleft()  # too old to be anyone's twin now
         if others and abs(others[0].event.ts - event.ts) <= MERGE_WINDOW_SECONDS:
             slot = others.popleft()
             other = slot.event
@@ -211,10 +230,19 @@ class EventPipeline:
             self.stats.merged += 1
             if other.id:  # already journaled in an earlier batch
                 self.journal.merge(slot.event, cursor)
+                enriched.append(slot.event)
             return
         slot = _Slot(event)
         fresh.append(slot)
-        (queues[1] if from_kernel else queues[0]).append(slot)
+        mine.append(slot)
+
+
+def _record_of(ke: KernelEvent, records: list[Record], otherwise: Record) -> Record:
+    """The record an event was made from: the parser may hand it out lines later (its time is that record's)."""
+    if ke.line == otherwise.seq:
+        return otherwise
+    i = bisect.bisect_left(records, ke.line, key=lambda r: r.seq)
+    return records[i] if i < len(records) and records[i].seq == ke.line else otherwise
 
 
 @dataclass

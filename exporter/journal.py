@@ -18,8 +18,8 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +175,10 @@ class Journal:
 
     @contextlib.contextmanager
     def _transaction(self, cursor: tuple[str, int] | None) -> Iterator[sqlite3.Connection]:
-        """One transaction under the lock, which also moves the kernel-log cursor (never backwards)."""
+        """One transaction under the lock, which also moves the kernel-log cursor.
+
+        Batches arrive in order from one thread, so the cursor is simply set: it goes back only when a
+        followed file was truncated and its lines count from 1 again."""
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
@@ -184,7 +187,7 @@ class Journal:
                 if cursor is not None:
                     db.execute(
                         "INSERT INTO cursor_v2 (origin, seq) VALUES (?, ?) ON CONFLICT (origin) DO UPDATE"
-                        " SET seq = max(seq, excluded.seq)",
+                        " SET seq = excluded.seq",
                         cursor,
                     )
                 db.execute("COMMIT")
@@ -192,10 +195,15 @@ class Journal:
                 db.execute("ROLLBACK")
                 raise
 
-    def record(self, events: Iterable[Event], cursor: tuple[str, int] | None = None) -> list[Event]:
-        """Store `events` and advance the kernel-log cursor, all in one transaction."""
-        stored = []
+    def record(
+        self, events: Sequence[Event], cursor: tuple[str, int] | None = None, marks: Sequence[Mark] = ()
+    ) -> list[Event]:
+        """Store `events` and `marks` and advance the kernel-log cursor, all in one transaction."""
+        stored: list[Event] = []
+        if not events and not marks and cursor is None:
+            return stored
         with self._transaction(cursor) as db:
+            self._insert_marks(db, marks)
             for e in events:
                 row = db.execute(
                     "INSERT INTO events_v1 (ts, boot_id, kmsg_seq, sources, kind, code, gpu_index, uuid,"
@@ -212,27 +220,31 @@ class Journal:
                     " gpu_index = excluded.gpu_index",
                     (e.kind, e.uuid or "", e.gpu_index, e.pci_bus_id or "", e.code, e.ts),
                 )
-                stored.append(_with_id(e, int(row.lastrowid or 0)))
+                stored.append(replace(e, id=int(row.lastrowid or 0)))
         return stored
 
     def merge(self, event: Event, cursor: tuple[str, int] | None = None) -> None:
         """A second source reported an already-journaled event: keep the richer record, count nothing."""
         with self._transaction(cursor) as db:
             db.execute(
-                "UPDATE events_v1 SET sources = ?, text = ?, details = ?, pid = ?, process = ?, kmsg_seq = ?"
-                " WHERE id = ?",
+                "UPDATE events_v1 SET ts = ?, sources = ?, text = ?, details = ?, pid = ?, process = ?,"
+                " kmsg_seq = ? WHERE id = ?",
                 (
-                    event.sources, event.text, json.dumps(dict(event.details)), event.pid, event.process,
-                    event.kmsg_seq, event.id,
+                    event.ts, event.sources, event.text, json.dumps(dict(event.details)), event.pid,
+                    event.process, event.kmsg_seq, event.id,
                 ),
             )  # fmt: skip
 
     def mark(self, mark: Mark) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT INTO marks_v1 (ts, uuid, kind, note) VALUES (?,?,?,?)",
-                (mark.ts, mark.uuid, mark.kind, mark.note),
-            )
+            self._insert_marks(self._db, [mark])
+
+    @staticmethod
+    def _insert_marks(db: sqlite3.Connection, marks: Sequence[Mark]) -> None:
+        db.executemany(
+            "INSERT INTO marks_v1 (ts, uuid, kind, note) VALUES (?,?,?,?)",
+            [(m.ts, m.uuid, m.kind, m.note) for m in marks],
+        )
 
     def purge(self, older_than: float) -> int:
         """Drop events and marks older than `older_than`; totals and cursors stay."""
@@ -293,13 +305,6 @@ class Journal:
         with self._lock:
             rows = self._db.execute("SELECT ts, uuid, kind, note FROM marks_v1 ORDER BY ts").fetchall()
         return [Mark(*row) for row in rows]
-
-
-def _with_id(e: Event, event_id: int) -> Event:
-    return Event(
-        e.ts, e.boot_id, e.sources, e.kind, e.code, e.text, e.gpu_index, e.uuid, e.pci_bus_id,
-        e.pid, e.process, e.kmsg_seq, e.details, event_id,
-    )  # fmt: skip
 
 
 def _event(row: tuple[Any, ...]) -> Event:

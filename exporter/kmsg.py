@@ -5,10 +5,11 @@ boot, so the daemon can say exactly which records it has already counted. The ri
 from its start, records at or below the cursor are skipped. When the kernel overwrites records
 before we read them, read() fails with EPIPE: counted, and reading goes on with the next record.
 
-A regular file is followed like `tail -F`, its lines numbered from 1 (the cursor), a rotated file
-followed from its start. Lines in the /dev/kmsg record format (`6,1234,5678901,-;NVRM: Xid ...`) keep
-their timestamps; other lines (dmesg, syslog) are stamped when read, which is why a file of them seen
-for the first time is followed from its end rather than replayed as if it all happened now.
+A regular file is followed like `tail -F`, its lines numbered from 1 (the cursor); the file that
+replaces a rotated one, and a file truncated in place (copytruncate), are read from their start.
+Lines in the /dev/kmsg record format (`6,1234,5678901,-;NVRM: Xid ...`) keep their timestamps; other
+lines (dmesg, syslog) are stamped when read, which is why a file of them seen for the first time is
+followed from its end rather than replayed as if it all happened now.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 _RECORD_BYTES = 16384  # larger than any kmsg record (the kernel caps them near 1 KiB of text)
 _FILE_POLL_SECONDS = 0.02  # how soon a line appended to a followed file is seen
 _RETRY_SECONDS = 30.0  # how often a missing or unreadable kernel log is tried again
+_ROTATION_GRACE_SECONDS = 5.0  # a followed file may be missing this long while logrotate replaces it
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +46,9 @@ class KmsgStats:
     """For the source's status metrics."""
 
     up: bool = False
-    records: int = 0
     overruns: int = 0  # EPIPE: records the kernel overwrote before we read them
     malformed: int = 0  # records we could not split into header and text
     error: str | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 def parse_record(raw: str, boot_time: float) -> Record | None:
@@ -99,6 +99,10 @@ class KmsgFollower:
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # What this run delivered, by origin: ahead of the journal's cursor, which the pipeline moves
+        # only once it has journaled the records, so a re-open never delivers a record twice.
+        self._delivered: dict[str, int] = {}
+        self._missing_since: float | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kmsg", daemon=True)
@@ -116,6 +120,10 @@ class KmsgFollower:
                     self._follow_device()
                 else:
                     self._follow_file()
+            except FileNotFoundError as e:
+                if not self._rotating():
+                    self._down(e)
+                    self._stop.wait(_RETRY_SECONDS)
             except OSError as e:
                 self._down(e)
                 self._stop.wait(_RETRY_SECONDS)
@@ -124,11 +132,22 @@ class KmsgFollower:
                 self._down(OSError(f"{type(e).__name__}: {e}"))
                 self._stop.wait(_RETRY_SECONDS)
 
+    def _rotating(self) -> bool:
+        """A file this run was following is missing: give logrotate a moment to put the new one there."""
+        if not self._delivered:
+            return False  # never found at all: plainly missing
+        now = time.monotonic()
+        if self._missing_since is None:
+            self._missing_since = now
+        elif now - self._missing_since > _ROTATION_GRACE_SECONDS:
+            return False
+        self._stop.wait(_FILE_POLL_SECONDS)
+        return True
+
     def _down(self, e: OSError) -> None:
         error = f"{e.strerror or e} ({self.path})"
-        with self.stats.lock:
-            first = self.stats.error != error
-            self.stats.up, self.stats.error = False, error
+        first = self.stats.error != error
+        self.stats.up, self.stats.error = False, error
         if first:
             hint = ""
             if e.errno in (errno.EACCES, errno.EPERM):
@@ -136,9 +155,9 @@ class KmsgFollower:
             log.error(f"cannot read the kernel log{hint}", extra={"error": error})
 
     def _up(self) -> None:
-        with self.stats.lock:
-            was_down = self.stats.error is not None
-            self.stats.up, self.stats.error = True, None
+        self._missing_since = None
+        was_down = self.stats.error is not None
+        self.stats.up, self.stats.error = True, None
         if was_down:
             log.info("reading the kernel log again", extra={"path": str(self.path)})
 
@@ -146,15 +165,17 @@ class KmsgFollower:
         """Deliver the records past `after`; returns the new `after`."""
         fresh = [r for r in batch if r.seq > after]
         if fresh:
-            with self.stats.lock:
-                self.stats.records += len(fresh)
             self._deliver(origin, fresh)
+            self._delivered[origin] = fresh[-1].seq
             return fresh[-1].seq
         return after
 
+    def _counted(self, origin: str) -> int | None:
+        return self._delivered.get(origin, self._cursor(origin))
+
     def _follow_device(self) -> None:
         origin = f"kmsg:{self._boot_id}"
-        after = self._cursor(origin)
+        after = self._counted(origin)
         after = -1 if after is None else after
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         self._up()
@@ -172,14 +193,12 @@ class KmsgFollower:
                     continue
                 except OSError as e:
                     if e.errno == errno.EPIPE:
-                        with self.stats.lock:
-                            self.stats.overruns += 1
+                        self.stats.overruns += 1
                         continue
                     raise
                 record = parse_record(raw.decode("utf-8", errors="replace"), self._boot_time)
                 if record is None:
-                    with self.stats.lock:
-                        self.stats.malformed += 1
+                    self.stats.malformed += 1
                     continue
                 batch.append(record)
                 if len(batch) >= 1000:
@@ -194,16 +213,23 @@ class KmsgFollower:
             opened = os.fstat(f.fileno())
             origin = f"file:{opened.st_dev}:{opened.st_ino}"
             self._up()
-            after = self._cursor(origin)
-            if after is None:
-                after = _first_sight(f)
-            line_no, pending = 0, b""
+            counted = self._counted(origin)
+            # Not counted before, while this run followed another file: that one's successor, all new.
+            first_sight = counted is None and not self._delivered
+            line_no = _first_sight(f) if first_sight else _skip_lines(f, counted or 0)
+            self._delivered[origin] = line_no
+            pending = b""
             while not self._stop.is_set():
                 chunk = f.read(1 << 20)
                 if not chunk:
                     now = self.path.stat()
-                    if now.st_ino != opened.st_ino or now.st_size < f.tell():
-                        return  # rotated or truncated: follow the new file from its start
+                    if now.st_ino != opened.st_ino:
+                        return  # rotated: follow the new file from its start
+                    if now.st_size < f.tell():  # truncated in place: what it holds now is all new
+                        f.seek(0)
+                        line_no, pending = 0, b""
+                        self._delivered[origin] = 0
+                        continue
                     self._stop.wait(_FILE_POLL_SECONDS)
                     continue
                 lines = (pending + chunk).split(b"\n")
@@ -211,28 +237,51 @@ class KmsgFollower:
                 batch = []
                 for raw in lines:
                     line_no += 1
-                    if line_no <= after:
-                        continue
                     text = raw.decode("utf-8", errors="replace").rstrip("\r")
                     record = parse_record(text, self._boot_time)
                     # A kmsg record keeps its own time; a plain line is stamped when read.
                     batch.append(
                         Record(line_no, record.ts, record.text) if record else Record(line_no, self._clock(), text)
                     )
-                after = self._emit(origin, batch, after)
+                if batch:
+                    self._deliver(origin, batch)
+                    self._delivered[origin] = line_no
 
 
 def _first_sight(f: BinaryIO) -> int:
-    """How much of a file seen for the first time to skip: nothing if it holds kmsg records (they carry
-    their own time), else everything already there, since plain lines would be stamped 'now' and old
-    faults would look new. Leaves the file at its start."""
+    """Where to start in a file seen for the first time: at its start if it holds kmsg records (they
+    carry their own time), else after everything already there, since plain lines would be stamped
+    'now' and old faults would look new. Returns the lines skipped; leaves the file after them."""
     first = f.readline(_RECORD_BYTES)
+    f.seek(0)
     if not first or parse_record(first.decode("utf-8", errors="replace"), 0.0) is not None:
-        f.seek(0)
         return 0
-    f.seek(0)
-    lines = 0
-    while chunk := f.read(1 << 20):
-        lines += chunk.count(b"\n")
-    f.seek(0)
+    return _skip_lines(f, None)
+
+
+def _skip_lines(f: BinaryIO, lines: int | None) -> int:
+    """Move past the first `lines` whole lines (every whole line when None); returns how many it passed.
+
+    A file holding fewer lines than were counted was truncated since: it is then read from its start."""
+    skipped, resume = 0, 0  # resume: just after the last newline passed
+    while lines is None or skipped < lines:
+        base = f.tell()
+        chunk = f.read(1 << 20)
+        if not chunk:
+            break
+        n = chunk.count(b"\n")
+        if lines is not None and skipped + n >= lines:
+            end = -1
+            for _ in range(lines - skipped):
+                end = chunk.find(b"\n", end + 1)
+            return _at(f, base + end + 1, lines)
+        if n:
+            skipped, resume = skipped + n, base + chunk.rfind(b"\n") + 1
+    if lines is not None and skipped < lines:
+        return _at(f, 0, 0)
+    return _at(f, resume, skipped)
+
+
+def _at(f: BinaryIO, offset: int, lines: int) -> int:
+    f.seek(offset)
     return lines

@@ -21,10 +21,19 @@ class InputTooLargeError(Exception):
 
 def _gunzip(chunks: Iterable[bytes], limit: int | None) -> Iterator[bytes]:
     inflater = zlib.decompressobj(wbits=31)
+    fed = False  # the current member has had input (a member may end exactly where a chunk does)
     total = 0
+    carry = b""
     for chunk in chunks:
-        data = chunk
+        data, carry = carry + chunk, b""
         while data:
+            if not fed:
+                if len(data) < len(_GZIP_MAGIC) and _GZIP_MAGIC.startswith(data):
+                    carry = data  # the next member's magic bytes, split between chunks
+                    break
+                if not data.startswith(_GZIP_MAGIC):
+                    return  # trailing garbage after the last member: ignore it, as gzip -d does
+                fed = True
             # Never inflate more than a chunk's worth at once: memory stays bounded whatever the ratio.
             out = inflater.decompress(data, CHUNK_BYTES)
             total += len(out)
@@ -35,13 +44,11 @@ def _gunzip(chunks: Iterable[bytes], limit: int | None) -> Iterator[bytes]:
             data = inflater.unconsumed_tail
             if inflater.eof:  # another gzip member may follow
                 data = inflater.unused_data + data
-                inflater = zlib.decompressobj(wbits=31)
-                if not data.startswith(_GZIP_MAGIC):
-                    return  # trailing garbage after the last member: ignore it, as gzip -d does
+                inflater, fed = zlib.decompressobj(wbits=31), False
     tail = inflater.flush()
     if tail:
         yield tail
-    if not inflater.eof and total:
+    if fed and not inflater.eof:
         raise EOFError("the gzip data is truncated")
 
 

@@ -2,20 +2,22 @@
 
 The journal holds the XIDs and the operator's marks, the snapshot holds the telemetry; this module
 turns them into diagnosis/health inputs, asks for the verdict and exposes it as metrics and JSON.
-A GPU's recent XIDs are kept in memory (loaded from the journal at start) so a verdict costs no I/O.
+A GPU's recent XIDs are kept in memory (loaded from the journal at start); a verdict reads only the
+operator's marks, a handful of rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from diagnosis.actions import Action, Health
-from diagnosis.findings import Finding
+from diagnosis.findings import Finding, urgency
 from diagnosis.health import GpuVerdict, NodeVerdict, Telemetry, assess_gpu, assess_node, sxid_findings, verdict_json
 from diagnosis.incidents import Occurrence
 from exporter.backends.base import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
@@ -24,6 +26,7 @@ from exporter.snapshot import GpuState, GpuStatus, Snapshot
 
 HISTORY_SECONDS = 7 * 86400.0  # what the classifier looks back on (repeats, returns after a reboot)
 _HISTORY_PER_GPU = 5000
+_RECENT_IDS = 4096  # events a second source may still enrich (it reports within seconds)
 _THERMAL = ClockEventReason.HW_THERMAL_SLOWDOWN.bit | ClockEventReason.SW_THERMAL_SLOWDOWN.bit
 _POWER_BRAKE = ClockEventReason.HW_POWER_BRAKE_SLOWDOWN.bit
 
@@ -51,7 +54,7 @@ def telemetry(state: GpuState) -> Telemetry:
 
 
 def occurrence(e: Event) -> Occurrence:
-    return Occurrence(e.code, e.text, e.ts, e.boot_id, e.kmsg_seq or e.id, None, e.details)
+    return Occurrence(e.code, e.text, e.ts, e.boot_id, e.kmsg_seq or e.id, details=e.details)
 
 
 class Verdicts:
@@ -61,6 +64,8 @@ class Verdicts:
         self._lock = threading.Lock()
         self._xids: dict[str, deque[Occurrence]] = {}  # by uuid, or PCI bus id when the uuid is unknown
         self._sxids: deque[Occurrence] = deque(maxlen=_HISTORY_PER_GPU)
+        # Recent events by journal id, to replace one in place when the kernel log enriches it.
+        self._recent: OrderedDict[int, tuple[deque[Occurrence], Occurrence]] = OrderedDict()
         self._since: dict[str, float] = {}  # finding id -> when we first saw it open
         self.node = NodeVerdict(Health.UNKNOWN, Action.IGNORE, (), ())
 
@@ -69,18 +74,32 @@ class Verdicts:
             self.add(event)
 
     def add(self, event: Event) -> None:
+        """A new event, or a journaled one another source made richer (same id): replaced, not added."""
+        new = occurrence(event)
         with self._lock:
-            if event.kind == "sxid":
-                self._sxids.append(occurrence(event))
-                return
-            key = event.uuid or event.pci_bus_id or ""
-            self._xids.setdefault(key, deque(maxlen=_HISTORY_PER_GPU)).append(occurrence(event))
+            known = self._recent.get(event.id) if event.id else None
+            if known is not None:
+                history, old = known
+                with contextlib.suppress(ValueError):  # unless it aged out of the history meanwhile
+                    history[history.index(old)] = new
+            elif event.kind == "sxid":
+                history = self._sxids
+                history.append(new)
+            else:
+                key = event.uuid or event.pci_bus_id or ""
+                history = self._xids.setdefault(key, deque(maxlen=_HISTORY_PER_GPU))
+                history.append(new)
+            if event.id:
+                self._recent[event.id] = (history, new)
+                if len(self._recent) > _RECENT_IDS:
+                    self._recent.popitem(last=False)
 
     def update(self, snapshot: Snapshot, now: float) -> NodeVerdict:
         """Recompute every GPU's verdict. The caller publishes it (`self.node = ...`) once the metrics
         that show it are rendered too, so the API and /metrics never disagree."""
         marks = self._journal.marks()
         with self._lock:
+            self._forget_before(now - HISTORY_SECONDS)
             gpus = []
             seen: set[str] = set()
             for state in snapshot.gpus:
@@ -99,6 +118,12 @@ class Verdicts:
             node = assess_node(gpus, sxid_findings(list(self._sxids), boot_id=self._boot_id))
             self._stamp(node, now)
         return node
+
+    def _forget_before(self, cutoff: float) -> None:
+        """A daemon up for months decides on the same span of history as one just started."""
+        for history in (*self._xids.values(), self._sxids):
+            while history and history[0].ts is not None and history[0].ts < cutoff:
+                history.popleft()
 
     def _assess(
         self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, marks: Sequence[Mark], now: float
@@ -180,7 +205,7 @@ def diagnosis_json(snapshot: Snapshot, node: NodeVerdict, boot_id: str, now: flo
         )
     for missing in by_bus.values():  # known only from the kernel log
         gpus.append({"gpu": None, "uuid": None, "status": "missing", **verdict_json(missing)})
-    findings = sorted(_all_findings(node), key=lambda f: (f.action.rank, f.severity.rank))
+    findings = sorted(_all_findings(node), key=urgency)
     return {
         "node": {"health": node.health.value, "action": node.action.value, "summary": summary(snapshot, node)},
         "gpus": gpus,

