@@ -3,6 +3,8 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 # A node with a working NVIDIA driver runs on it; anywhere else the simulated 8-GPU node.
 BACKEND ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo auto || echo sim)
+# On the simulator, a kernel log of its own (append NVRM lines to it) rather than this machine's /dev/kmsg.
+KMSG    := $(if $(filter sim,$(BACKEND)),--kmsg.path .state/kmsg.log)
 ARGS    ?=
 
 .PHONY: run test lint bench clean
@@ -14,7 +16,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: $(VENV)/.installed
-	$(VENV)/bin/gpu-triage serve --backend $(BACKEND) --state.dir .state $(ARGS)
+	mkdir -p .state && touch .state/kmsg.log
+	$(VENV)/bin/gpu-triage serve --backend $(BACKEND) --state.dir .state $(KMSG) $(ARGS)
 
 test: $(VENV)/.installed lint
 	$(VENV)/bin/pytest $(ARGS)
@@ -25,7 +28,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed
-	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b $(ARGS) || exit 1; done
+	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) .state build *.egg-info

@@ -164,7 +164,12 @@ OPTIONS = (
         "leave out the daemon's own process_* and python_* metrics",
         kind="switch",
     ),
-    Option("backend", "backend", "GPU backend: auto (DCGM, else NVML), nvml, dcgm, sim (default auto)", "NAME"),
+    Option(
+        "backend",
+        "backend",
+        "GPU backend: auto (NVML in this version), nvml, dcgm (not yet), sim (default auto)",
+        "NAME",
+    ),
     Option(
         "sim.scenario",
         "sim_scenario",

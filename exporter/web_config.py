@@ -36,8 +36,13 @@ _HEADERS = {
     "X-XSS-Protection",
     "Strict-Transport-Security",
 }
-# Checked against for unknown users, so a wrong user name costs the same time as a wrong password.
-_DUMMY_HASH = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))
+
+
+@functools.cache
+def _dummy_hash() -> bytes:
+    """Checked against for unknown users, so a wrong user name costs the same time as a wrong password.
+    Made on first use: a daemon without basic auth never pays for it."""
+    return bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))
 
 
 class WebConfigError(Exception):
@@ -215,7 +220,7 @@ class WebConfigMiddleware:
             return False
         hashed = self.config.users.get(user.decode(errors="replace"))
         # Off the event loop: a cache miss costs a full bcrypt round.
-        ok = await asyncio.to_thread(_password_ok, hashed or _DUMMY_HASH, password)
+        ok = await asyncio.to_thread(_password_ok, hashed or _dummy_hash(), password)
         return ok and hashed is not None
 
     async def _deny(self, send: Send) -> None:
