@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from diagnosis.kernel_log import ScanStats, scan
+from gpu_triage.diagnosis.kernel_log import ScanStats, scan
 
 OUT = Path(__file__).resolve().parent / "out"
 CHUNK = 8 << 20

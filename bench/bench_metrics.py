@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.backends.base import Collector
-from exporter.backends.sim import SimBackend, load_scenario
-from exporter.daemon import Daemon
-from exporter.settings import load_settings
+from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.settings import load_settings
 from tests.daemon_proc import free_port, running
 
 SERVER = """
@@ -33,10 +33,10 @@ import sys
 from pathlib import Path
 from fastapi.responses import Response
 import uvicorn
-from exporter.app import create_app
-from exporter.backends.sim import SimBackend, load_scenario
-from exporter.daemon import Daemon
-from exporter.settings import load_settings
+from gpu_triage.exporter.http.app import create_app
+from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.settings import load_settings
 
 state = sys.argv[2]  # a directory the parent made and removes
 (Path(state) / "kmsg.log").touch()

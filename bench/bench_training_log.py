@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from diagnosis.line_scan import trigger_lines
-from diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.line_scan import trigger_lines
+from gpu_triage.diagnosis.training_rules import load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(__file__).resolve().parent / "out"
@@ -126,7 +126,7 @@ def ensure_log(size_mb: int) -> Path:
 
 def _child(path: str) -> None:
     """Run in a fresh interpreter: diagnose the file, print figures as JSON."""
-    from diagnosis.training import diagnose
+    from gpu_triage.diagnosis.training import diagnose
 
     def chunks() -> Iterator[bytes]:
         with open(path, "rb") as f:  # noqa: PTH123 - the child only gets a string path

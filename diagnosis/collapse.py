@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from diagnosis.actions import Action, Severity
-from diagnosis.findings import Evidence, Finding
-from diagnosis.identity import Place, Who
-from diagnosis.log_lines import Stamp
-from diagnosis.root_cause import Ranked, Timing
+from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.findings import Evidence, Finding
+from gpu_triage.diagnosis.identity import Place, Who
+from gpu_triage.diagnosis.log_lines import Stamp
+from gpu_triage.diagnosis.root_cause import Ranked, Timing
 
 MAX_KEYS = 10_000  # distinct (class, where) pairs before new places fold into one per class
 

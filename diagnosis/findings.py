@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.actions import Action, Severity
 
 
 class Judged(Protocol):

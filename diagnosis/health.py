@@ -21,10 +21,10 @@ from typing import Any, Literal
 
 import yaml
 
-from diagnosis.actions import Action, Health, Severity, most_urgent
-from diagnosis.findings import Evidence, Finding, urgency
-from diagnosis.incidents import Decision, Occurrence, decide, findings
-from diagnosis.xid_catalog import XidCatalog, load_catalog
+from gpu_triage.diagnosis.actions import Action, Health, Severity, most_urgent
+from gpu_triage.diagnosis.findings import Evidence, Finding, urgency
+from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide, findings
+from gpu_triage.diagnosis.xid_catalog import XidCatalog, load_catalog
 
 APP_FINDING_SECONDS = 3600.0
 _APP_ACTIONS = frozenset({Action.RESTART_APP, Action.CHECK_APP, Action.IGNORE})
@@ -48,7 +48,7 @@ class Condition:
 
 @functools.cache
 def load_conditions() -> Mapping[str, Condition]:
-    doc = yaml.safe_load(resources.files("diagnosis").joinpath("data", "conditions.yaml").read_text("utf-8"))
+    doc = yaml.safe_load(resources.files("gpu_triage.diagnosis").joinpath("data", "conditions.yaml").read_text("utf-8"))
     problems: list[str] = []
     out = {}
     for cid, body in (doc or {}).get("conditions", {}).items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diagnosis.log_lines import LogLine
+from gpu_triage.diagnosis.log_lines import LogLine
 
 MAX_ENTRIES = 200_000  # per table; a real job has a few entries per process
 

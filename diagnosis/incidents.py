@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from diagnosis.actions import Action, Severity, most_urgent
-from diagnosis.findings import Evidence, Finding, urgency
-from diagnosis.playbooks import UNKNOWN_XID_PLAYBOOK
-from diagnosis.xid_catalog import XidCatalog, load_catalog
+from gpu_triage.diagnosis.actions import Action, Severity, most_urgent
+from gpu_triage.diagnosis.findings import Evidence, Finding, urgency
+from gpu_triage.diagnosis.playbooks import UNKNOWN_XID_PLAYBOOK
+from gpu_triage.diagnosis.xid_catalog import XidCatalog, load_catalog
 
 
 @dataclass(frozen=True, slots=True)

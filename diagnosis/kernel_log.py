@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from diagnosis.line_scan import LineScanner
-from diagnosis.pci import canonical_bus_id
+from gpu_triage.diagnosis.line_scan import LineScanner
+from gpu_triage.diagnosis.pci import canonical_bus_id
 
 # Real NVRM lines stay well under 1 KiB; a longer line is garbage, and the cap bounds the regex work.
 MAX_LINE_CHARS = 8192

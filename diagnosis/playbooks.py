@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.actions import Action, Severity
 
 SECTIONS = ("Meaning", "Impact", "Diagnosis", "Mitigation")
 UNKNOWN_XID_PLAYBOOK = "run-diagnostics"  # an XID code the catalog does not know yet
@@ -217,9 +217,9 @@ def load_playbook_dir(directory: Traversable) -> dict[str, Playbook]:
 def playbook_references() -> dict[str, list[str]]:
     """Every playbook id the diagnosis data names, with who names it (for errors and the index page)."""
     # Imported here: these loaders pull in the whole classifier, which the file checks above do not need.
-    from diagnosis.health import load_conditions
-    from diagnosis.training_rules import load_rules
-    from diagnosis.xid_catalog import load_catalog
+    from gpu_triage.diagnosis.health import load_conditions
+    from gpu_triage.diagnosis.training_rules import load_rules
+    from gpu_triage.diagnosis.xid_catalog import load_catalog
 
     refs: dict[str, list[str]] = {}
     for action in Action:
@@ -246,7 +246,7 @@ def missing_playbooks(playbooks: Mapping[str, Playbook]) -> list[str]:
 @functools.cache
 def load_playbooks() -> Mapping[str, Playbook]:
     """The shipped playbooks, checked once per process: each file, and that no referenced id is missing."""
-    playbooks = load_playbook_dir(resources.files("diagnosis").joinpath("playbooks"))
+    playbooks = load_playbook_dir(resources.files("gpu_triage.diagnosis").joinpath("playbooks"))
     if problems := missing_playbooks(playbooks):
         raise PlaybookError(problems)
     return MappingProxyType(playbooks)

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from diagnosis.findings import Finding
-from diagnosis.log_lines import Stamp
+from gpu_triage.diagnosis.findings import Finding
+from gpu_triage.diagnosis.log_lines import Stamp
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,17 +26,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnosis.actions import Action
-from diagnosis.collapse import Collapser, Seen, Spec, Tally, Where, build
-from diagnosis.findings import Finding
-from diagnosis.identity import IdentityBook, Who
-from diagnosis.incidents import UNKNOWN_XID, Decision, Occurrence, decide
-from diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser
-from diagnosis.line_scan import LineScanner
-from diagnosis.log_lines import LogLine, normalise
-from diagnosis.root_cause import Progress, ProgressTracker, Ranked, Straggler, link_symptoms, order
-from diagnosis.training_fields import convert
-from diagnosis.training_rules import (
+from gpu_triage.diagnosis.actions import Action
+from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, Tally, Where, build
+from gpu_triage.diagnosis.findings import Finding
+from gpu_triage.diagnosis.identity import IdentityBook, Who
+from gpu_triage.diagnosis.incidents import UNKNOWN_XID, Decision, Occurrence, decide
+from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser
+from gpu_triage.diagnosis.line_scan import LineScanner
+from gpu_triage.diagnosis.log_lines import LogLine, normalise
+from gpu_triage.diagnosis.root_cause import Progress, ProgressTracker, Ranked, Straggler, link_symptoms, order
+from gpu_triage.diagnosis.training_fields import convert
+from gpu_triage.diagnosis.training_rules import (
     COLLECTIVE_TIMEOUT,
     CUDA_ILLEGAL_ADDRESS,
     NCCL_LIB_MISMATCH,
@@ -46,7 +46,7 @@ from diagnosis.training_rules import (
     RuleSet,
     load_rules,
 )
-from diagnosis.xid_catalog import XidEntry, load_catalog
+from gpu_triage.diagnosis.xid_catalog import XidEntry, load_catalog
 
 MAX_EVENTS = 10_000  # XID events listed in a report; the rest are counted
 EVIDENCE_CHARS = 1000  # of each evidence line kept; bounds memory when many places fail

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from diagnosis.actions import Action, Severity
-from diagnosis.log_lines import normalise
+from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.log_lines import normalise
 
 
 class FieldKind(StrEnum):
@@ -414,5 +414,5 @@ def parse_rules_text(text: str, origin: str = "training_rules.yaml") -> RuleSet:
 @cache
 def load_rules() -> RuleSet:
     """The shipped rules, parsed and validated once per process."""
-    text = resources.files("diagnosis").joinpath("data/training_rules.yaml").read_text(encoding="utf-8")
+    text = resources.files("gpu_triage.diagnosis").joinpath("data/training_rules.yaml").read_text(encoding="utf-8")
     return parse_rules_text(text)

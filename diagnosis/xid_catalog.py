@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from diagnosis.actions import Action, Severity, most_urgent
-from diagnosis.kernel_log import parse_recovery_change
-from diagnosis.playbooks import PLAYBOOK_ID, SEVERITIES
+from gpu_triage.diagnosis.actions import Action, Severity, most_urgent
+from gpu_triage.diagnosis.kernel_log import parse_recovery_change
+from gpu_triage.diagnosis.playbooks import PLAYBOOK_ID, SEVERITIES
 
 CONTEXTS = frozenset({"history", "co_occurrence", "recovery_text", "decode", "platform"})
 _FACT_KEYS = {"mnemonic", "description", "applies_to", "immediate", "investigatory", "xid154_linkage"}
@@ -469,7 +469,7 @@ def load_catalog() -> XidCatalog:
     documents: list[Any] = []
     problems: list[str] = []
     for name in DATA_FILES:
-        text = (resources.files("diagnosis") / "data" / name).read_text(encoding="utf-8")
+        text = (resources.files("gpu_triage.diagnosis") / "data" / name).read_text(encoding="utf-8")
         document, found = parse_data(text, name)
         documents.append(document)
         problems += found

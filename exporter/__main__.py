@@ -1,5 +1,5 @@
 import sys
 
-from exporter.cli import main
+from gpu_triage.exporter.cli.main import main
 
 sys.exit(main())

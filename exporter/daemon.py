@@ -15,18 +15,18 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.backends.base import GpuBackend, XidEventSource
-from exporter.driver_events import DriverEvents
-from exporter.events import EventPipeline
-from exporter.exposition import MetricsCache
-from exporter.journal import Event, Journal, Mark
-from exporter.kmsg import KmsgFollower, boot_time
-from exporter.metrics import daemon_families, gpu_families
-from exporter.poller import Poller
-from exporter.settings import Settings
-from exporter.snapshot import Snapshot
-from exporter.verdicts import Verdicts, diagnosis_json, summary, verdict_families
-from exporter.xid_metrics import source_families, xid_families
+from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
+from gpu_triage.exporter.metrics.exposition import MetricsCache
+from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
+from gpu_triage.exporter.metrics.xid import source_families, xid_families
+from gpu_triage.exporter.polling.poller import Poller
+from gpu_triage.exporter.polling.snapshot import Snapshot
+from gpu_triage.exporter.settings import Settings
+from gpu_triage.exporter.sources.driver_events import DriverEvents
+from gpu_triage.exporter.sources.journal import Event, Journal, Mark
+from gpu_triage.exporter.sources.kmsg import KmsgFollower, boot_time
+from gpu_triage.exporter.sources.pipeline import EventPipeline
+from gpu_triage.exporter.verdicts import Verdicts, diagnosis_json, summary, verdict_families
 
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"

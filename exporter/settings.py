@@ -23,7 +23,7 @@ from pydantic_settings import (
 )
 from pydantic_settings import SettingsError as PydanticSettingsError
 
-from exporter.backends.select import BackendName
+from gpu_triage.exporter.backends.select import BackendName
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

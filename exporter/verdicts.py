@@ -16,13 +16,21 @@ from typing import Any, Literal
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from diagnosis.actions import Action, Health
-from diagnosis.findings import Finding, urgency
-from diagnosis.health import GpuVerdict, NodeVerdict, Telemetry, assess_gpu, assess_node, sxid_findings, verdict_json
-from diagnosis.incidents import Occurrence
-from exporter.backends.base import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
-from exporter.journal import Event, Journal, Mark
-from exporter.snapshot import GpuState, GpuStatus, Snapshot
+from gpu_triage.diagnosis.actions import Action, Health
+from gpu_triage.diagnosis.findings import Finding, urgency
+from gpu_triage.diagnosis.health import (
+    GpuVerdict,
+    NodeVerdict,
+    Telemetry,
+    assess_gpu,
+    assess_node,
+    sxid_findings,
+    verdict_json,
+)
+from gpu_triage.diagnosis.incidents import Occurrence
+from gpu_triage.exporter.backends.base import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
+from gpu_triage.exporter.polling.snapshot import GpuState, GpuStatus, Snapshot
+from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 
 HISTORY_SECONDS = 7 * 86400.0  # what the classifier looks back on (repeats, returns after a reboot)
 _HISTORY_PER_GPU = 5000

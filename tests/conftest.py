@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from exporter.app import create_app
-from exporter.backends.sim import SimBackend, load_scenario
-from exporter.daemon import Daemon
-from exporter.settings import Settings, load_settings
+from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.http.app import create_app
+from gpu_triage.exporter.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
 START = 1_790_000_000.0  # a fixed wall-clock start for deterministic tests

@@ -16,7 +16,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from exporter.backends.base import (
+from gpu_triage.exporter.backends.base import (
     ClockDomain,
     Clocks,
     Collector,
@@ -35,7 +35,7 @@ from exporter.backends.base import (
     Thermal,
     Utilization,
 )
-from exporter.backends.sim import SimBackend
+from gpu_triage.exporter.backends.sim import SimBackend
 
 _CLOCK_DOMAINS = {
     pynvml.NVML_CLOCK_SM: ClockDomain.SM,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from exporter.settings import OPTIONS
+from gpu_triage.exporter.settings import OPTIONS
 from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()

@@ -17,8 +17,8 @@ from typing import Any
 
 import pynvml
 
-from diagnosis.pci import canonical_bus_id
-from exporter.backends.base import (
+from gpu_triage.diagnosis.pci import canonical_bus_id
+from gpu_triage.exporter.backends.base import (
     BackendError,
     ClockDomain,
     Clocks,
@@ -42,7 +42,7 @@ from exporter.backends.base import (
     Thermal,
     Utilization,
 )
-from exporter.backends.nvml_query import BROKEN, FieldLog, Query, describe_init_error, error_name
+from gpu_triage.exporter.backends.nvml_query import BROKEN, FieldLog, Query, describe_init_error, error_name
 
 log = logging.getLogger(__name__)
 MHZ = 1e6

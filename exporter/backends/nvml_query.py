@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from exporter.backends.base import BackendError, GpuLostError
+from gpu_triage.exporter.backends.base import BackendError, GpuLostError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from exporter.backends.base import BackendError, GpuBackend
+from gpu_triage.exporter.backends.base import BackendError, GpuBackend
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +15,7 @@ BackendName = Literal["auto", "nvml", "dcgm", "sim"]
 def open_backend(name: BackendName, *, scenario: str = "h100-training") -> GpuBackend:
     """The backend called `name`, ready to `discover()`. Raises BackendError with a message for the user."""
     if name == "sim":
-        from exporter.backends.sim import ScenarioError, SimBackend, load_scenario
+        from gpu_triage.exporter.backends.sim import ScenarioError, SimBackend, load_scenario
 
         try:
             return SimBackend(load_scenario(scenario))
@@ -23,7 +23,7 @@ def open_backend(name: BackendName, *, scenario: str = "h100-training") -> GpuBa
             raise BackendError(str(e)) from e
     if name == "dcgm":
         raise BackendError("the DCGM backend is not part of this version yet; --backend nvml reads the same GPUs")
-    from exporter.backends.nvml import NvmlBackend
+    from gpu_triage.exporter.backends.nvml import NvmlBackend
 
     if name == "nvml":
         return NvmlBackend()

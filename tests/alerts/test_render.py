@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.alert_rules import render, runbook_ids
+from gpu_triage.exporter.cli.alert_rules import render, runbook_ids
 from tests.alerts.rules import RULES, alert_rules
 from tests.conftest import require_tool
 

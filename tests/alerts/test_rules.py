@@ -6,9 +6,9 @@ import re
 import subprocess
 from collections import defaultdict
 
-from diagnosis.actions import Severity
-from diagnosis.xid_catalog import load_catalog
-from exporter.alert_rules import runbook_ids, update_generated
+from gpu_triage.diagnosis.actions import Severity
+from gpu_triage.diagnosis.xid_catalog import load_catalog
+from gpu_triage.exporter.cli.alert_rules import runbook_ids, update_generated
 from tests.alerts.rules import ALERTS, PLAYBOOKS, RULE_TESTS, RULES, XID_PATTERN, alert_names, alert_rules, load
 from tests.conftest import REPO, require_tool
 
@@ -115,7 +115,9 @@ def test_critical_xid_codes_are_the_catalogs() -> None:
 
 def test_generated_xid_block_is_up_to_date() -> None:
     text = RULES.read_text(encoding="utf-8")
-    assert update_generated(text) == text, "run: python -m exporter.alert_rules alerts/gpu-triage.rules.yml"
+    assert update_generated(text) == text, (
+        "run: python -m gpu_triage.exporter.cli.alert_rules alerts/gpu-triage.rules.yml"
+    )
 
 
 def test_every_runbook_id_has_a_playbook() -> None:
@@ -129,7 +131,7 @@ def test_every_runbook_id_has_a_playbook() -> None:
 
 def test_exporter_runbook_ids_are_the_documented_ones() -> None:
     # The ids that are not an action, XID or condition playbook were asked of the playbook writer by name.
-    from diagnosis.playbooks import playbook_references
+    from gpu_triage.diagnosis.playbooks import playbook_references
 
     ids = set(runbook_ids(RULES.read_text(encoding="utf-8")))
     assert ids - set(playbook_references()) == EXPORTER_RUNBOOKS

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from diagnosis.actions import Action
-from diagnosis.playbooks import action_playbook, load_playbooks
+from gpu_triage.diagnosis.actions import Action
+from gpu_triage.diagnosis.playbooks import action_playbook, load_playbooks
 from tests.dashboards.grafana import (
     Context,
     Query,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis.actions import Action, Health, Severity
-from diagnosis.findings import Finding, urgency
-from diagnosis.health import (
+from gpu_triage.diagnosis.actions import Action, Health, Severity
+from gpu_triage.diagnosis.findings import Finding, urgency
+from gpu_triage.diagnosis.health import (
     APP_FINDING_SECONDS,
     EXIT_CODES,
     GpuVerdict,
@@ -17,8 +17,8 @@ from diagnosis.health import (
     load_conditions,
     sxid_findings,
 )
-from diagnosis.incidents import Occurrence
-from diagnosis.kernel_log import parse_line
+from gpu_triage.diagnosis.incidents import Occurrence
+from gpu_triage.diagnosis.kernel_log import parse_line
 
 GPU = "0000:18:00.0"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis.actions import Action, Severity
-from diagnosis.incidents import BURST_GAP_SECONDS, Occurrence, decide, findings, incidents
+from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.incidents import BURST_GAP_SECONDS, Occurrence, decide, findings, incidents
 
 XID154_REBOOT = (
     "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"

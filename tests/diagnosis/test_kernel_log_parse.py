@@ -7,7 +7,13 @@ from typing import NamedTuple
 
 import pytest
 
-from diagnosis.kernel_log import MAX_LINE_CHARS, EventKind, KernelLogParser, parse_line, parse_recovery_change
+from gpu_triage.diagnosis.kernel_log import (
+    MAX_LINE_CHARS,
+    EventKind,
+    KernelLogParser,
+    parse_line,
+    parse_recovery_change,
+)
 
 UUID = "GPU-0b11d014-a2a8-aa5e-ab77-7a1e0e2b0a79"
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser, ScanStats, parse_line, scan
+from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser, ScanStats, parse_line, scan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kmsg"
 MIXED = (FIXTURES / "mixed.log").read_bytes()

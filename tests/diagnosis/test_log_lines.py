@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diagnosis.log_lines import LogLine, Stamp, clean, normalise
+from gpu_triage.diagnosis.log_lines import LogLine, Stamp, clean, normalise
 
 MSG = "misc/socket.cc:538 NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.4<35120>"
 

@@ -10,9 +10,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from diagnosis.actions import Action, Severity, most_urgent
-from diagnosis.health import load_conditions
-from diagnosis.playbooks import (
+from gpu_triage.diagnosis.actions import Action, Severity, most_urgent
+from gpu_triage.diagnosis.health import load_conditions
+from gpu_triage.diagnosis.playbooks import (
     ACTION_PLAYBOOKS,
     SECTIONS,
     UNKNOWN_XID_PLAYBOOK,
@@ -24,8 +24,8 @@ from diagnosis.playbooks import (
     missing_playbooks,
     parse_playbook,
 )
-from diagnosis.training_rules import load_rules
-from diagnosis.xid_catalog import load_catalog
+from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.xid_catalog import load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK_DIR = ROOT / "diagnosis" / "playbooks"

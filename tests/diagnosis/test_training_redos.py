@@ -13,9 +13,9 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diagnosis.line_scan import DEFAULT_MAX_LINE
-from diagnosis.log_lines import normalise
-from diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.line_scan import DEFAULT_MAX_LINE
+from gpu_triage.diagnosis.log_lines import normalise
+from gpu_triage.diagnosis.training_rules import load_rules
 
 RULES = load_rules()
 SIGNATURES = [sig for rule in RULES.rules for sig in rule.signatures] + [

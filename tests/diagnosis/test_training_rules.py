@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from diagnosis.actions import Action, Severity
-from diagnosis.line_scan import LineScanner
-from diagnosis.log_lines import normalise
-from diagnosis.training_rules import (
+from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.line_scan import LineScanner
+from gpu_triage.diagnosis.log_lines import normalise
+from gpu_triage.diagnosis.training_rules import (
     FIELDS,
     REQUIRED_CLASSES,
     Example,
@@ -64,7 +64,7 @@ EXAMPLES = [(rule.class_id, ex) for rule in RULES.rules for ex in rule.examples]
 
 
 def _text() -> str:
-    return resources.files("diagnosis").joinpath("data/training_rules.yaml").read_text(encoding="utf-8")
+    return resources.files("gpu_triage.diagnosis").joinpath("data/training_rules.yaml").read_text(encoding="utf-8")
 
 
 def _doc() -> dict[str, Any]:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diagnosis.line_scan import Candidate, LineScanner, trigger_lines
+from gpu_triage.diagnosis.line_scan import Candidate, LineScanner, trigger_lines
 
 TRIGGERS = [b"ERR", b"WARN"]
 FOLLOW = [(b"Last:", 2)]

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from diagnosis.actions import Action, Severity
-from diagnosis.kernel_log import parse_line
-from diagnosis.xid_catalog import (
+from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.kernel_log import parse_line
+from gpu_triage.diagnosis.xid_catalog import (
     CONTEXTS,
     DATA_FILES,
     CatalogError,
@@ -31,7 +31,9 @@ CSV_DIR = ROOT / "tools" / "xid-catalog"  # NVIDIA's sheets, kept in the reposit
 def documents() -> dict[str, Any]:
     out = {}
     for name in DATA_FILES:
-        document, problems = parse_data((resources.files("diagnosis") / "data" / name).read_text("utf-8"), name)
+        document, problems = parse_data(
+            (resources.files("gpu_triage.diagnosis") / "data" / name).read_text("utf-8"), name
+        )
         assert problems == []
         out[name] = document
     return out

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.sd_notify import Notifier, Watchdog
-from exporter.settings import parse_duration
+from gpu_triage.exporter.sd_notify import Notifier, Watchdog
+from gpu_triage.exporter.settings import parse_duration
 from tests.conftest import REPO
 from tests.daemon_proc import serve
 
@@ -181,7 +181,7 @@ def test_a_socket_that_is_not_there_is_logged_once_and_never_raises(
 ) -> None:
     path = tmp_path / "later.sock"
     notifier = notifier_for(str(path))
-    with caplog.at_level(logging.INFO, logger="exporter.sd_notify"):
+    with caplog.at_level(logging.INFO, logger="gpu_triage.exporter.sd_notify"):
         assert not notifier.ready() and not notifier.watchdog() and not notifier.status("x")
         assert [r.getMessage() for r in caplog.records] == ["cannot notify systemd"]
         fake = FakeSystemd(str(path))
@@ -211,7 +211,7 @@ def test_pings_stop_while_the_poll_loop_hangs_and_resume_after(
     systemd: tuple[FakeSystemd, str], notifier_for: Callable[..., Notifier], caplog: pytest.LogCaptureFixture
 ) -> None:
     fake, path = systemd
-    caplog.set_level(logging.INFO, logger="exporter.sd_notify")
+    caplog.set_level(logging.INFO, logger="gpu_triage.exporter.sd_notify")
     loop_turning = [True]
     watchdog = Watchdog(notifier_for(path, WATCHDOG_USEC="2000000"), lambda: loop_turning[0], lambda: "8 GPUs, 8 up")
     for now in (0.0, 1.0):
@@ -231,7 +231,7 @@ def test_pings_stop_while_the_poll_loop_hangs_and_resume_after(
         ("WATCHDOG=1", "STATUS=8 GPUs, 8 up"),
         ("WATCHDOG=1",),  # 6.5
     ]
-    messages = [r.getMessage() for r in caplog.records if r.name == "exporter.sd_notify"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "gpu_triage.exporter.sd_notify"]
     assert sum("stalled" in m for m in messages) == 1 and sum("resumed" in m for m in messages) == 1, messages
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.settings import OPTIONS, Settings, SettingsError, env_name, load_settings, parse_duration
+from gpu_triage.exporter.settings import OPTIONS, Settings, SettingsError, env_name, load_settings, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.settings import OPTIONS, load_settings, parse_duration
+from gpu_triage.exporter.settings import OPTIONS, load_settings, parse_duration
 from tests.conftest import REPO, require_tool
 from tests.daemon_proc import GPU_TRIAGE
 

@@ -1,8 +1,8 @@
 """The simulator: a real backend with scenarios and fault injection, for nodes without a GPU."""
 
-from exporter.backends.sim.backend import FaultError, SimBackend
-from exporter.backends.sim.faults import ActiveFault, FaultKind, FaultSpec
-from exporter.backends.sim.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
+from gpu_triage.exporter.backends.sim.backend import FaultError, SimBackend
+from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultKind, FaultSpec
+from gpu_triage.exporter.backends.sim.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
 
 __all__ = [
     "ActiveFault",

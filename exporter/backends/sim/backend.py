@@ -14,9 +14,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from diagnosis.pci import canonical_bus_id
-from exporter.backends.base import ClockDomain as Domain
-from exporter.backends.base import (
+from gpu_triage.diagnosis.pci import canonical_bus_id
+from gpu_triage.exporter.backends.base import ClockDomain as Domain
+from gpu_triage.exporter.backends.base import (
     Clocks,
     Collector,
     DriverXid,
@@ -38,9 +38,9 @@ from exporter.backends.base import (
     Thermal,
     Utilization,
 )
-from exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
-from exporter.backends.sim.model import NodeModel, clock_reasons, mix64, noise
-from exporter.backends.sim.scenario import Scenario
+from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
+from gpu_triage.exporter.backends.sim.model import NodeModel, clock_reasons, mix64, noise
+from gpu_triage.exporter.backends.sim.scenario import Scenario
 
 MHZ = 1e6
 # Where the eight GPUs of an HGX H100 baseboard usually sit on the PCI bus.

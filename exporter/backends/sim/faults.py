@@ -16,7 +16,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from exporter.backends.base import Collector
+from gpu_triage.exporter.backends.base import Collector
 
 
 class FaultKind(StrEnum):

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from exporter.backends.base import ClockEventReason as Reason
-from exporter.backends.sim.faults import ActiveFault, FaultKind, FaultSpec
-from exporter.backends.sim.scenario import Phase, Scenario
+from gpu_triage.exporter.backends.base import ClockEventReason as Reason
+from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultKind, FaultSpec
+from gpu_triage.exporter.backends.sim.scenario import Phase, Scenario
 
 # Catching up longer than this after a pause is pointless: the thermal state has long settled.
 _MAX_CATCH_UP_TICKS = 900

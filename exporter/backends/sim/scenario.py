@@ -14,7 +14,7 @@ from typing import Self
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from exporter.backends.sim.faults import ScheduledFault
+from gpu_triage.exporter.backends.sim.faults import ScheduledFault
 
 GIB = 1024**3
 

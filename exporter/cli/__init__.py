@@ -1,0 +1,1 @@
+"""The `gpu-triage` command line and its one-shot commands."""

@@ -1,0 +1,174 @@
+"""The one-shot commands: `gpu-triage xid` (explain a code), `check` (for health-check hooks), `diagnose` (logs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import sys
+import textwrap
+import time
+import zlib
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+import httpx
+
+from gpu_triage.diagnosis.actions import Action, Health
+from gpu_triage.diagnosis.health import EXIT_CODES
+from gpu_triage.exporter.http.diagnosis import xid_json
+
+_NAGIOS = {Health.HEALTHY: "OK", Health.DEGRADED: "WARNING", Health.UNHEALTHY: "CRITICAL", Health.UNKNOWN: "UNKNOWN"}
+
+
+def explain_xid(code: int, as_json: bool, out: TextIO = sys.stdout) -> int:
+    from fastapi import HTTPException
+
+    try:
+        entry = xid_json(code)
+    except HTTPException as e:
+        print(f"gpu-triage: {e.detail}", file=sys.stderr)
+        return 1
+    if as_json:
+        json.dump(entry, out, indent=2)
+        out.write("\n")
+        return 0
+    wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
+    lines = [
+        f"Xid {entry['xid']}  {entry['mnemonic']}",
+        *wrap.wrap(entry["title"]),
+        f"  severity: {entry['severity']}    action: {entry['action']}",
+        *wrap.wrap(entry["action_description"]),
+        "  likely causes:",
+        *(wrap.fill(f"- {cause}") for cause in entry["causes"]),
+        f"  NVIDIA's buckets: immediate {entry['nvidia_immediate_bucket'] or '-'}, "
+        f"investigatory {entry['nvidia_investigatory_bucket'] or '-'}",
+    ]
+    if entry["deviation"]:
+        lines += wrap.wrap(f"why we differ: {entry['deviation']}")
+    if entry["context"]:
+        lines.append(f"  the verdict also weighs: {', '.join(entry['context'])}")
+    lines.append(f"  playbook: {entry['runbook']}  (curl localhost:9481{entry['runbook']}.md)")
+    out.write("\n".join(lines) + "\n")
+    return 0
+
+
+def check(
+    url: str,
+    timeout: float,
+    as_json: bool,
+    out: TextIO = sys.stdout,
+    *,
+    ca_file: str | None = None,
+    user: str | None = None,
+    password_file: str | None = None,
+) -> int:
+    """The node verdict from the local daemon: exit 0 ok, 1 warning, 2 critical, 3 unknown."""
+    try:
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
+        auth = None
+        if user is not None:
+            password = Path(password_file).read_text().strip() if password_file else ""
+            auth = (user, password)
+        answer = httpx.get(f"{url.rstrip('/')}/api/v1/diagnosis", timeout=timeout, verify=verify, auth=auth)
+        answer.raise_for_status()
+        body: dict[str, Any] = answer.json()
+        health = Health(body["node"]["health"])
+    except (httpx.HTTPError, ValueError, KeyError, OSError) as e:
+        out.write(f"UNKNOWN - cannot get a verdict from gpu-triage at {url}: {e}\n")
+        return EXIT_CODES[Health.UNKNOWN]
+    if as_json:
+        json.dump(body, out, indent=2)
+        out.write("\n")
+        return EXIT_CODES[health]
+    out.write(f"{_NAGIOS[health]} - {body['node']['summary']}\n")
+    for gpu in body["gpus"]:
+        for finding in gpu.get("findings", []):
+            if finding["action"] == Action.IGNORE.value:
+                continue
+            where = f"GPU {gpu['gpu']}" if gpu["gpu"] is not None else gpu.get("pci_bus_id", "?")
+            out.write(f"  {where}: {finding['title']} [{finding['severity']}] -> {finding['action']}")
+            out.write(f" (runbook: {url.rstrip('/')}/runbooks/{finding['playbook']})\n")
+    return EXIT_CODES[health]
+
+
+class _Progress:
+    """A one-line progress bar on stderr for big inputs, redrawn at most four times a second."""
+
+    def __init__(self, name: str, size: int, err: TextIO) -> None:
+        self.name, self.size, self.err = name, size, err
+        self._last = 0.0
+
+    def __call__(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self._last < 0.25 and done < self.size:
+            return
+        self._last = now
+        width = 30
+        filled = int(width * done / self.size) if self.size else width
+        self.err.write(
+            f"\r{self.name}: [{'#' * filled}{'.' * (width - filled)}] {done * 100 // max(self.size, 1):3d}% "
+            f"of {self.size / 2**20:.0f} MiB"
+        )
+        if done >= self.size:
+            self.err.write("\n")
+        self.err.flush()
+
+
+PROGRESS_MIN_BYTES = 64 << 20
+
+
+def diagnose_files(
+    paths: list[str], as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr, stdin: BinaryIO | None = None
+) -> int:
+    """Offline diagnosis of kernel and training logs. Exit 0: nothing found, 1: findings, 2: cannot read."""
+    from gpu_triage.diagnosis.training import diagnose
+    from gpu_triage.exporter.cli.report_text import render
+    from gpu_triage.exporter.log_input import decoded, read_chunks
+
+    files: list[BinaryIO] = []
+    sources = []
+    try:
+        for path in paths or ["-"]:
+            if path == "-":
+                f = stdin or sys.stdin.buffer
+                name = "stdin"
+            else:
+                try:
+                    f = Path(path).open("rb")  # noqa: SIM115 - closed below, after the lazy read
+                except OSError as e:
+                    err.write(f"gpu-triage: cannot read {path}: {e.strerror or e}\n")
+                    return 2
+                files.append(f)
+                name = path
+            progress = None
+            if err.isatty() and path != "-" and (size := os.fstat(f.fileno()).st_size) >= PROGRESS_MIN_BYTES:
+                progress = _Progress(name, size, err)
+            sources.append((name, decoded(read_chunks(f, progress))))
+        try:
+            report = diagnose(sources).to_json()
+        except (zlib.error, EOFError) as e:
+            err.write(f"gpu-triage: an input looks gzip-compressed but does not decompress: {e}\n")
+            return 2
+    finally:
+        for f in files:
+            f.close()
+    if as_json:
+        json.dump(report, out, indent=2)
+        out.write("\n")
+    else:
+        out.write(render(report, colour=out.isatty() and not os.environ.get("NO_COLOR")))
+    return 1 if report["findings"] else 0
+
+
+def render_alerts(path: str, runbook_base: str | None, dashboard_base: str | None, out: TextIO = sys.stdout) -> int:
+    """`gpu-triage alerts render`: the rules with their links pointed elsewhere."""
+    from gpu_triage.exporter.cli.alert_rules import render
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        out.write(render(text, runbook_base, dashboard_base=dashboard_base))
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"gpu-triage alerts render: {e}\n")
+        return 2
+    return 0

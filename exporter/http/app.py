@@ -1,0 +1,133 @@
+"""The HTTP app: /metrics from the cache, the landing page, health probes, and the JSON API."""
+
+from __future__ import annotations
+
+import html
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gpu_triage import __version__
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.http.diagnosis import diagnose_router, diagnosis_router
+from gpu_triage.exporter.http.gpus import gpus_router
+from gpu_triage.exporter.http.runbooks import runbooks_router
+from gpu_triage.exporter.http.sim_faults import sim_router
+from gpu_triage.exporter.http.web_config import WebConfig, WebConfigMiddleware
+
+log = logging.getLogger(__name__)
+
+
+def error(status: int, message: str, **extra: object) -> JSONResponse:
+    """Every error the API answers has this shape."""
+    return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
+
+
+def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
+    app = FastAPI(
+        title="gpu-triage",
+        version=__version__,
+        description="GPU telemetry, XID and training-log diagnosis, remediation playbooks.",
+        docs_url=None,  # Swagger UI loads from a CDN, which GPU nodes often cannot reach
+        redoc_url=None,
+    )
+    _add_error_handlers(app)
+    if web is not None and (web.users or web.headers):
+        app.add_middleware(WebConfigMiddleware, config=web)
+    telemetry_path = daemon.settings.web_telemetry_path
+
+    @app.get(telemetry_path, include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        scrape = daemon.metrics.get(request.headers.get("accept"), request.headers.get("accept-encoding"))
+        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if scrape.gzipped else None
+        return Response(scrape.body, media_type=scrape.content_type, headers=headers)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def landing() -> HTMLResponse:
+        return HTMLResponse(_landing_page(daemon, telemetry_path))
+
+    @app.get("/healthz", summary="Liveness: the daemon's poll loop is turning")
+    async def healthz() -> Response:
+        if daemon.alive():
+            return JSONResponse({"status": "ok"})
+        return error(503, "the poll loop has stopped turning")
+
+    @app.get("/readyz", summary="Readiness: a backend is up and the snapshot is fresh")
+    async def readyz() -> Response:
+        reason = daemon.readiness()
+        if reason is None:
+            return JSONResponse({"status": "ready"})
+        return error(503, f"not ready: {reason}")
+
+    app.include_router(gpus_router(daemon))
+    app.include_router(diagnosis_router(daemon))
+    app.include_router(diagnose_router(daemon))
+    app.include_router(runbooks_router(daemon.verdicts.open_findings))
+    if daemon.backend.name == "sim":
+        app.include_router(sim_router(daemon))
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no such path: {request.url.path}"
+            if request.url.path.startswith("/api/v1/sim"):
+                message += " (fault injection needs the simulator: run gpu-triage with --backend sim)"
+        return error(exc.status_code, message)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"] if p != "body") or "body"
+            problems.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
+        return error(422, "invalid request: " + "; ".join(problems), problems=problems)
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed", extra={"path": request.url.path})
+        return error(500, f"internal error: {type(exc).__name__}")
+
+
+def _landing_page(daemon: Daemon, telemetry_path: str) -> str:
+    snapshot = daemon.snapshot
+    links = [
+        (telemetry_path, "Prometheus metrics"),
+        ("/api/v1/diagnosis", "the node's verdict: which GPU, what happened, what to do"),
+        ("/api/v1/gpus", "GPUs, as JSON"),
+        ("/api/v1/events", "XID history"),
+        ("/runbooks/", "playbooks: what to do for every XID, condition and training-log failure"),
+        ("/healthz", "liveness"),
+        ("/readyz", "readiness"),
+        ("/openapi.json", "API description (OpenAPI)"),
+    ]
+    if daemon.backend.name == "sim":
+        links.append(("/api/v1/sim/faults", "simulator faults (POST to inject one)"))
+    rows = "\n".join(
+        f"<tr><td>{g.identity.index}</td><td>{html.escape(g.identity.uuid)}</td>"
+        f"<td>{html.escape(g.identity.pci_bus_id)}</td><td>{html.escape(g.status)}</td></tr>"
+        for g in snapshot.gpus
+    )
+    items = "\n".join(f'<li><a href="{html.escape(href)}">{html.escape(href)}</a> {text}</li>' for href, text in links)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>gpu-triage</title></head>
+<body style="font-family: sans-serif; max-width: 60em; margin: 2em auto">
+<h1>gpu-triage</h1>
+<p>Version {html.escape(__version__)}, backend <b>{html.escape(snapshot.backend)}</b>.
+<b>{html.escape(daemon.status_line())}</b></p>
+<ul>
+{items}
+</ul>
+<h2>GPUs</h2>
+<table border="1" cellpadding="4" style="border-collapse: collapse">
+<tr><th>gpu</th><th>uuid</th><th>PCI bus id</th><th>status</th></tr>
+{rows}
+</table>
+</body></html>
+"""

@@ -1,0 +1,64 @@
+"""GET /api/v1/gpus: what the last poll read from each GPU, as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.polling.snapshot import GpuState
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def gpu_json(state: GpuState) -> dict[str, Any]:
+    identity = state.identity
+    out: dict[str, Any] = {
+        "gpu": identity.index,
+        "uuid": identity.uuid,
+        "pci_bus_id": identity.pci_bus_id,
+        "status": state.status,
+        "problems": {c.value: p for c, p in state.problems.items()},
+    }
+    for collector, reading in sorted(state.readings.items()):
+        out[collector.value] = _plain(dataclasses.asdict(reading))
+    return out
+
+
+def gpu_or_404(daemon: Daemon, gpu: int) -> GpuState:
+    """The GPU with NVML index `gpu`, or a 404 that says which indexes there are."""
+    snapshot = daemon.snapshot
+    state = snapshot.gpu(gpu)
+    if state is None:
+        raise HTTPException(404, f"no GPU {gpu}: this node has {len(snapshot.gpus)} GPUs")
+    return state
+
+
+def gpus_router(daemon: Daemon) -> APIRouter:
+    router = APIRouter(prefix="/api/v1", tags=["gpus"])
+
+    @router.get("/gpus", summary="Every GPU with its latest readings")
+    async def gpus() -> dict[str, Any]:
+        snapshot = daemon.snapshot
+        return {
+            "backend": snapshot.backend,
+            "taken_at": snapshot.taken_at or None,
+            "gpus": [gpu_json(g) for g in snapshot.gpus],
+        }
+
+    @router.get("/gpus/{gpu}", summary="One GPU by NVML index")
+    async def gpu(gpu: int) -> dict[str, Any]:
+        return gpu_json(gpu_or_404(daemon, gpu))
+
+    return router

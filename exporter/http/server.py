@@ -1,0 +1,166 @@
+"""`gpu-triage serve`: open the backend, bind the listen addresses, run the daemon and the HTTP server."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import signal
+import socket
+from collections.abc import Callable, Iterator
+
+import uvicorn
+
+from gpu_triage.exporter.backends.base import BackendError
+from gpu_triage.exporter.backends.select import open_backend
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.http.app import create_app
+from gpu_triage.exporter.http.web_config import WebConfig, WebConfigError, load_web_config
+from gpu_triage.exporter.sd_notify import Notifier, Watchdog
+from gpu_triage.exporter.settings import Settings, parse_listen_address
+from gpu_triage.exporter.sources.journal import JournalError
+
+log = logging.getLogger(__name__)
+
+
+def _nothing() -> None:
+    pass
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, except that after a graceful stop on SIGTERM/SIGINT it returns instead of re-raising
+    the signal, so the daemon's own cleanup runs and the exit status is 0; and it says when it starts
+    serving and when it starts shutting down (for systemd's READY=1 and STOPPING=1)."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        on_serving: Callable[[], None] = _nothing,
+        on_stopping: Callable[[], None] = _nothing,
+    ) -> None:
+        super().__init__(config)
+        self._on_serving = on_serving
+        self._on_stopping = on_stopping
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self._on_serving()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_stopping()
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message tells the user why and what to do."""
+
+
+def bind(address: str) -> socket.socket:
+    """A listening socket for `address`; ':port' is every address, IPv6 and IPv4 where the host has both."""
+    host, port = parse_listen_address(address)
+    sock: socket.socket | None = None
+    try:
+        if host:
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            sock = socket.socket(family, kind, proto)
+        else:
+            try:
+                sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                sockaddr = ("::", port)
+            except OSError:  # no IPv6 on this host
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockaddr = ("0.0.0.0", port)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(1024)
+    except OSError as e:
+        if sock is not None:
+            sock.close()
+        hint = " (is another gpu-triage already running?)" if e.errno == errno.EADDRINUSE else ""
+        raise StartupError(f"cannot listen on {address}: {e.strerror or e}{hint}") from e
+    return sock
+
+
+def _status_line(daemon: Daemon) -> str:
+    """One line for `systemctl status`: "8 GPUs, 8 up; node healthy", and why it is not ready when it is not."""
+    reason = daemon.readiness()
+    return daemon.status_line() + ("" if reason is None else f"; not ready: {reason}")
+
+
+def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT. Raises StartupError when it cannot start.
+
+    Under systemd (Type=notify) it says READY=1 once the backend is open, the first snapshot taken and
+    the listen sockets served; then pings the watchdog while the poll loop turns and keeps STATUS=
+    current; and says STOPPING=1 when shutdown begins.
+    """
+    web = WebConfig()
+    if settings.web_config_file is not None:
+        try:
+            web = load_web_config(settings.web_config_file)
+        except WebConfigError as e:
+            raise StartupError(str(e)) from e
+    notifier = Notifier()
+    notifier.status("starting: opening the GPU backend")
+    try:
+        backend = open_backend(settings.backend, scenario=settings.sim_scenario)
+    except BackendError as e:
+        notifier.close()
+        raise StartupError(str(e)) from e
+    sockets: list[socket.socket] = []
+    daemon: Daemon | None = None
+    try:
+        sockets = [bind(address) for address in settings.web_listen_address]
+        try:
+            daemon = Daemon(backend, settings)
+            daemon.start()
+        except (JournalError, BackendError) as e:
+            raise StartupError(str(e)) from e
+        watchdog = Watchdog(
+            notifier, daemon.alive, lambda: _status_line(daemon), status_interval=settings.collector_interval
+        )
+
+        def serving() -> None:
+            notifier.ready(_status_line(daemon))
+            watchdog.start()
+
+        def stopping() -> None:
+            notifier.stopping()
+            watchdog.stop()
+
+        try:
+            tls = web.tls
+            config = uvicorn.Config(
+                create_app(daemon, web),
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=5,
+                ssl_context_factory=None if tls is None else lambda _config, _default: tls.context(),
+            )
+            for sock in sockets:
+                log.info("listening", extra={"address": "{}:{}".format(*sock.getsockname()[:2])})
+            _Server(config, on_serving=serving, on_stopping=stopping).run(sockets=sockets)
+        finally:
+            stopping()  # again (a no-op) in case uvicorn ended without a graceful shutdown
+            log.info("stopping")
+    finally:
+        if daemon is not None:
+            daemon.stop()  # lets go of the backend too, also when start() failed half-way
+        else:
+            backend.close()
+        for sock in sockets:
+            sock.close()
+        notifier.close()

@@ -1,0 +1,1 @@
+"""What /metrics says: metric families built from the snapshot and the journal, rendered once per change."""

@@ -1,0 +1,220 @@
+"""The background poller: reads every GPU through the backend and publishes Snapshots.
+
+Each (GPU, collector) read runs in a worker thread and the poll waits for all of them up to a
+deadline. A read that misses it marks its collector failed and that GPU hung; its stale values
+are dropped rather than served, the other reads are used, and the next poll starts on time. A
+read that is still stuck at the next poll is not started again, so a hung driver call costs one
+thread, not one per poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import MappingProxyType
+
+from apscheduler.executors.pool import ThreadPoolExecutor as JobExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from gpu_triage.exporter.backends.base import BackendError, Collector, GpuBackend, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.polling.readpool import ReadPool
+from gpu_triage.exporter.polling.snapshot import CollectorStatus, GpuState, GpuStatus, Snapshot, gpu_status
+
+log = logging.getLogger(__name__)
+
+FAST = tuple(c for c in Collector if not c.slow)
+SLOW = tuple(c for c in Collector if c.slow)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    result: Result | None
+    error: BaseException | None
+    seconds: float
+
+
+class Poller:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        *,
+        interval: float,
+        slow_interval: float,
+        timeout: float,
+        clock: Callable[[], float] = time.time,
+        on_snapshot: Callable[[Snapshot], None] = lambda _: None,
+    ) -> None:
+        self.backend = backend
+        self.interval = interval
+        self.slow_interval = slow_interval
+        self.timeout = timeout
+        self._clock = clock
+        self._on_snapshot = on_snapshot
+        self.snapshot = Snapshot(taken_at=0.0, backend=backend.name)
+        self.last_poll_monotonic: float | None = None  # for liveness: the loop is turning
+        self.gpus: list[GpuIdentity] = []  # found by discover(), fixed for the daemon's life
+        self._inflight: dict[tuple[int, Collector], Future[_Outcome]] = {}
+        self._lock = threading.Lock()
+        self._pool: ReadPool | None = None
+        self._scheduler: BackgroundScheduler | None = None
+
+    def discover(self) -> list[GpuIdentity]:
+        """Find the GPUs, under the same deadline as any other driver call."""
+        box: list[list[GpuIdentity]] = []
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                box.append(self.backend.discover())
+            except BaseException as e:  # handed to the caller's thread below
+                errors.append(e)
+
+        worker = threading.Thread(target=run, name="gpu-discover", daemon=True)
+        worker.start()
+        worker.join(max(self.timeout, 10.0))
+        if errors:
+            raise errors[0]
+        if not box:
+            raise BackendError("GPU discovery did not answer in time: the driver may be hung")
+        self.gpus = box[0]
+        # Reads take micro- to milliseconds; a few workers keep up with many GPUs.
+        self._pool = ReadPool(workers=min(4, max(2, len(self.gpus))))
+        return self.gpus
+
+    def start(self) -> None:
+        """Discover, take the first full snapshot, then poll on schedule in the background."""
+        if self._pool is None:
+            self.discover()
+        self.poll(Collector)
+        scheduler = BackgroundScheduler(executors={"default": JobExecutor(2)}, timezone="UTC")
+        job = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        scheduler.add_job(self.poll, "interval", args=[FAST], seconds=self.interval, id="fast", **job)
+        scheduler.add_job(self.poll, "interval", args=[SLOW], seconds=self.slow_interval, id="slow", **job)
+        scheduler.start()
+        self._scheduler = scheduler
+
+    def poll_now(self) -> None:
+        """Bring the next fast poll forward to now; the scheduler still runs one at a time, in order."""
+        if self._scheduler is not None:
+            self._scheduler.modify_job("fast", next_run_time=datetime.now(UTC))
+
+    def stop(self) -> None:
+        if self._scheduler is not None:
+            # Wait for a poll in progress (bounded by its read deadline) so it does not render after
+            # the journal is closed.
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+        if self._pool is not None:
+            self._pool.shutdown()  # never waits: a hung driver call must not hang the shutdown
+
+    def poll(self, collectors: Iterable[Collector]) -> Snapshot:
+        """Read `collectors` of every GPU and publish the merged snapshot."""
+        collectors = tuple(collectors)
+        now = self._clock()
+        tasks = self._submit(collectors)
+        wait(list(tasks.values()), timeout=self.timeout)
+        outcomes = {key: fut.result() if fut.done() else None for key, fut in tasks.items()}
+        assert self._pool is not None
+        for fut in tasks.values():
+            if fut.running():
+                self._pool.write_off(fut)
+        with self._lock:
+            snapshot = self._merge(collectors, outcomes, now)
+            self.snapshot = snapshot
+            self.last_poll_monotonic = time.monotonic()
+        self._on_snapshot(snapshot)  # outside the lock: rendering must not hold up the next poll
+        return snapshot
+
+    def _submit(self, collectors: tuple[Collector, ...]) -> dict[tuple[int, Collector], Future[_Outcome]]:
+        assert self._pool is not None, "discover() first"
+        tasks = {}
+        with self._lock:
+            for gpu in self.gpus:
+                for collector in collectors:
+                    key = (gpu.index, collector)
+                    running = self._inflight.get(key)
+                    if running is None or running.done():
+                        running = self._pool.submit(self._read, gpu, collector, lane=gpu.index)
+                        self._inflight[key] = running
+                    tasks[key] = running
+        return tasks
+
+    def _read(self, gpu: GpuIdentity, collector: Collector) -> _Outcome:
+        t0 = time.perf_counter()
+        try:
+            result = self.backend.read(gpu, collector)
+        except Exception as e:  # reported per collector, never allowed to stop the poll
+            return _Outcome(None, e, time.perf_counter() - t0)
+        return _Outcome(result, None, time.perf_counter() - t0)
+
+    def _merge(
+        self,
+        collectors: tuple[Collector, ...],
+        outcomes: dict[tuple[int, Collector], _Outcome | None],
+        now: float,
+    ) -> Snapshot:
+        old = self.snapshot
+        ok = dict.fromkeys(collectors, True)
+        seconds = dict.fromkeys(collectors, 0.0)
+        backend_up = True
+        gpus = []
+        for gpu in self.gpus:
+            previous = old.gpu(gpu.index) or GpuState(gpu)
+            readings = dict(previous.readings)
+            problems = {c: p for c, p in previous.problems.items() if c not in collectors}
+            for collector in collectors:
+                outcome = outcomes[(gpu.index, collector)]
+                if outcome is None:
+                    problems[collector] = GpuStatus.HUNG
+                    ok[collector] = False
+                    seconds[collector] = self.timeout
+                    continue
+                seconds[collector] = max(seconds[collector], outcome.seconds)
+                if outcome.result is not None:
+                    readings[collector] = outcome.result.reading
+                    if outcome.result.failed_fields:
+                        ok[collector] = False
+                    continue
+                if isinstance(outcome.error, GpuLostError):
+                    problems[collector] = GpuStatus.LOST
+                else:
+                    ok[collector] = False
+                    backend_up = backend_up and not isinstance(outcome.error, BackendError)
+                    log.error(
+                        "GPU read failed",
+                        extra={"gpu": gpu.index, "collector": collector, "error": repr(outcome.error)},
+                    )
+                # Inventory is descriptive: keep the last known name/serial for the info series.
+                if collector is not Collector.INVENTORY:
+                    readings.pop(collector, None)
+            lost = GpuStatus.LOST in problems.values()
+            for collector in list(readings):
+                # A lost GPU has no current values at all; a hung call only loses its own.
+                if collector is not Collector.INVENTORY and (lost or collector in problems):
+                    del readings[collector]
+            _log_changes(gpu.index, previous.problems, problems)
+            gpus.append(GpuState(gpu, MappingProxyType(readings), MappingProxyType(problems)))
+        statuses = dict(old.collectors)
+        for collector in collectors:
+            last = now if ok[collector] else getattr(old.collectors.get(collector), "last_success", None)
+            statuses[collector] = CollectorStatus(ok[collector], seconds[collector], last)
+        return Snapshot(now, self.backend.name, tuple(gpus), MappingProxyType(statuses), backend_up)
+
+
+def _log_changes(gpu: int, before: Mapping[Collector, str], after: Mapping[Collector, str]) -> None:
+    """Log a GPU going lost or hung, and coming back, once per change rather than every poll."""
+    if before == after:
+        return
+    was, now = gpu_status(before), gpu_status(after)
+    hung = sorted(c.value for c, p in after.items() if p == GpuStatus.HUNG and before.get(c) != GpuStatus.HUNG)
+    if now == GpuStatus.LOST and was != GpuStatus.LOST:
+        log.error("GPU is lost", extra={"gpu": gpu})
+    elif hung:
+        log.warning("GPU calls missed their deadline; treating the GPU as hung", extra={"gpu": gpu, "calls": hung})
+    elif now == GpuStatus.UP:
+        log.info("GPU answers again", extra={"gpu": gpu, "was": was})

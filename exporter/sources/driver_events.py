@@ -1,0 +1,56 @@
+"""The driver's XID events (NVML's event API, or the simulator's), read in a thread of their own."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpu_triage.exporter.backends.base import DriverXid, XidEventSource
+
+log = logging.getLogger(__name__)
+
+_WAIT_SECONDS = 0.5  # how long one wait blocks; bounds how quickly stop() returns
+_RETRY_SECONDS = 5.0
+
+
+@dataclass
+class DriverEventStats:
+    up: bool = False
+    error: str | None = None
+
+
+class DriverEvents:
+    def __init__(self, backend: XidEventSource, name: str, deliver: Callable[[list[DriverXid], str], None]) -> None:
+        self.name = name
+        self.stats = DriverEventStats()
+        self._backend = backend
+        self._deliver = deliver
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-events", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                xids = self._backend.wait_xids(_WAIT_SECONDS)
+            except Exception as e:  # a broken event API must not take the daemon with it
+                if self.stats.error != repr(e):
+                    log.error("driver XID events failed; retrying", extra={"source": self.name, "error": repr(e)})
+                self.stats.up, self.stats.error = False, repr(e)
+                self._stop.wait(_RETRY_SECONDS)
+                continue
+            if self.stats.error is not None:
+                log.info("driver XID events work again", extra={"source": self.name})
+            self.stats.up, self.stats.error = True, None
+            if xids:
+                self._deliver(xids, self.name)

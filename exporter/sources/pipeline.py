@@ -1,0 +1,252 @@
+"""The XID path: kernel-log records and driver events in, journaled events out.
+
+Two kinds of source report XIDs: the kernel log (/dev/kmsg or a file: rich text, replayable) and
+the driver's event API (NVML events, or the simulator's injection: immediate, but no history).
+Both feed one queue, drained by one thread that maps each event to its GPU, merges the same fault
+reported by both kinds of source into one event, journals the batch in one transaction and tells
+the daemon what is new. One thread means the kernel-log parser's state (messages that span lines)
+and the merge window need no locks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser, ScanStats
+from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
+from gpu_triage.exporter.sources.journal import Event, Journal, Mark
+from gpu_triage.exporter.sources.kmsg import Record
+
+log = logging.getLogger(__name__)
+
+# A fault seen by both the kernel log and the driver's events arrives within this many seconds twice.
+MERGE_WINDOW_SECONDS = 10.0
+_MAX_WAITING = 10_000  # per (kind, GPU, code): a storm beyond this merges less, never slower
+_KERNEL = "kmsg"
+
+
+@dataclass
+class PipelineStats:
+    merged: int = 0  # reports folded into an event another source had already given
+    kmsg_lines: int = 0
+    parse: ScanStats = field(default_factory=ScanStats)
+
+
+class EventPipeline:
+    def __init__(
+        self,
+        journal: Journal,
+        *,
+        boot_id: str,
+        gpus: Callable[[], Sequence[GpuIdentity]],
+        on_events: Callable[[list[Event]], None],
+    ) -> None:
+        self.journal = journal
+        self.boot_id = boot_id
+        self.stats = PipelineStats()
+        self._gpus = gpus
+        self._on_events = on_events
+        self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._parser = KernelLogParser(self.stats.parse)
+        # PCI bus id -> uuid, from the kernel log's binding lines; those before the cursor are in the
+        # journal as "init" marks, so a restart still names a GPU the driver no longer lists.
+        self._bound = {m.note: m.uuid for m in journal.marks() if m.kind == "init"}
+        self._marks: list[Mark] = []  # this batch's, journaled with it
+        # Reports waiting for the other kind of source to report them too, by (kind, gpu, code).
+        self._waiting: dict[tuple[str, str, int], tuple[deque[_Slot], deque[_Slot]]] = {}
+        self._thread: threading.Thread | None = None
+        self.idle = threading.Event()  # set while nothing is queued: tests and benchmarks wait on it
+        self.idle.set()
+
+    # -- feeding (any thread) ------------------------------------------------------------------
+
+    def from_kernel(self, origin: str, records: list[Record]) -> None:
+        """`records` of the kernel log `origin` (see KmsgFollower), in order."""
+        self.idle.clear()
+        self._queue.put(("kernel", (origin, records)))
+
+    def from_driver(self, xids: list[DriverXid], source: str) -> None:
+        if xids:
+            self.idle.clear()
+            self._queue.put(("driver", (source, xids)))
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Block until everything queued so far is journaled (tests and benchmarks use this)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.idle.wait(timeout=0.01) and self._queue.empty():
+                return True
+        return False
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="event-pipeline", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish what is queued (a journal write in flight completes), then stop."""
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- the pipeline thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            items = [self._queue.get()]
+            while len(items) < 64:  # batch what is already queued: one transaction, one render
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in items
+            try:
+                self.process([i for i in items if i is not None])
+            except Exception:
+                log.exception("event pipeline batch failed")
+            if stop:
+                return
+            if self._queue.empty():
+                self.idle.set()
+
+    def process(self, items: list[tuple[str, Any]]) -> list[Event]:
+        """Journal one batch of source items; returns the new events (merged ones are not new).
+
+        `on_events` hears of the new events and of journaled ones a second source made richer."""
+        gpus = {g.pci_bus_id: g for g in self._gpus()}
+        by_index = {g.index: g for g in gpus.values()}
+        fresh: list[_Slot] = []
+        enriched: list[Event] = []
+        cursor: tuple[str, int] | None = None
+        for kind, payload in items:
+            if kind == "kernel":
+                origin, records = payload
+                for record in records:
+                    self.stats.kmsg_lines += 1
+                    cursor = (origin, record.seq)
+                    for ke in self._parser.feed(record.text, record.seq):
+                        self._add_kernel(ke, _record_of(ke, records, record), gpus, fresh, enriched, cursor)
+                # The driver prints both reports of a GPU falling off the bus at once: whatever the parser
+                # still holds back, waiting for the other one, is complete by the end of what was read.
+                for ke in self._parser.flush():
+                    self._add_kernel(ke, _record_of(ke, records, records[-1]), gpus, fresh, enriched, cursor)
+            else:
+                source, xids = payload
+                for xid in xids:
+                    self._add(self._from_driver(xid, source, by_index), fresh, enriched, None)
+        marks, self._marks = self._marks, []
+        stored = self.journal.record([slot.event for slot in fresh], cursor, marks)
+        for slot, event in zip(fresh, stored, strict=True):
+            slot.event = event
+        if stored or enriched:
+            self._on_events(stored + enriched)
+        return stored
+
+    def _add_kernel(
+        self,
+        ke: KernelEvent,
+        record: Record,
+        gpus: dict[str, GpuIdentity],
+        fresh: list[_Slot],
+        enriched: list[Event],
+        cursor: tuple[str, int] | None,
+    ) -> None:
+        event = self._from_kernel(ke, record, gpus)
+        if event is not None:
+            self._add(event, fresh, enriched, cursor)
+
+    def _from_kernel(self, ke: KernelEvent, record: Record, gpus: dict[str, GpuIdentity]) -> Event | None:
+        if ke.kind is EventKind.GPU_BINDING:
+            if ke.pci_bus_id and ke.uuid:
+                self._bound[ke.pci_bus_id] = ke.uuid
+                # The driver prints this line when it brings the GPU up: before the GPU's first Xid of a
+                # boot, and on some drivers after a reset. Marked, it closes what a reset cures.
+                self._marks.append(Mark(record.ts, ke.uuid, "init", ke.pci_bus_id))
+            return None
+        if ke.code is None:
+            return None
+        gpu = gpus.get(ke.pci_bus_id or "")
+        uuid = gpu.uuid if gpu else self._bound.get(ke.pci_bus_id or "")
+        return Event(
+            ts=record.ts,
+            boot_id=self.boot_id,
+            sources=_KERNEL,
+            kind=ke.kind.value,
+            code=ke.code,
+            text=ke.text,
+            gpu_index=gpu.index if gpu and ke.kind is EventKind.XID else None,
+            uuid=uuid if ke.kind is EventKind.XID else None,
+            pci_bus_id=ke.pci_bus_id,
+            pid=ke.pid,
+            process=ke.process,
+            kmsg_seq=record.seq,
+            details=dict(ke.details),
+        )
+
+    def _from_driver(self, xid: DriverXid, source: str, gpus: dict[int, GpuIdentity]) -> Event:
+        gpu = gpus.get(xid.gpu)
+        text = f"Xid {xid.code}, {xid.message}" if xid.message else f"Xid {xid.code} reported by the {source} event API"
+        return Event(
+            ts=xid.timestamp,
+            boot_id=self.boot_id,
+            sources=source,
+            kind="xid",
+            code=xid.code,
+            text=text,
+            gpu_index=gpu.index if gpu else None,
+            uuid=gpu.uuid if gpu else None,
+            pci_bus_id=gpu.pci_bus_id if gpu else None,
+            details=dict(xid.extra),
+        )
+
+    def _add(self, event: Event, fresh: list[_Slot], enriched: list[Event], cursor: tuple[str, int] | None) -> None:
+        """Append `event` to `fresh`, unless it is the other kind of source's report of an event we have.
+
+        Each (kind, GPU, code) keeps two time-ordered queues, of reports from the kernel log and from
+        the driver, each waiting for its twin: a report looks only at the other queue's oldest entries,
+        so a storm of XIDs costs constant time per report, not a scan of the window.
+        """
+        key = (event.kind, event.uuid or event.pci_bus_id or "", event.code)
+        queues = self._waiting.setdefault(key, (deque(maxlen=_MAX_WAITING), deque(maxlen=_MAX_WAITING)))
+        from_kernel = event.sources == _KERNEL
+        # [0]: driver reports, [1]: kernel reports
+        others, mine = (queues[0], queues[1]) if from_kernel else (queues[1], queues[0])
+        for waiting in (others, mine):  # with one kind of source running, its own reports must go too
+            while waiting and waiting[0].event.ts < event.ts - MERGE_WINDOW_SECONDS:
+                waiting.popleft()  # too old to be anyone's twin now
+        if others and abs(others[0].event.ts - event.ts) <= MERGE_WINDOW_SECONDS:
+            slot = others.popleft()
+            other = slot.event
+            kernel, driver = (event, other) if from_kernel else (other, event)
+            # The kernel's record is the richer one (text, pid, process, payload); keep it.
+            slot.event = replace(kernel, sources=f"{_KERNEL},{driver.sources}", id=other.id, ts=min(event.ts, other.ts))
+            self.stats.merged += 1
+            if other.id:  # already journaled in an earlier batch
+                self.journal.merge(slot.event, cursor)
+                enriched.append(slot.event)
+            return
+        slot = _Slot(event)
+        fresh.append(slot)
+        mine.append(slot)
+
+
+def _record_of(ke: KernelEvent, records: list[Record], otherwise: Record) -> Record:
+    """The record an event was made from: the parser may hand it out lines later (its time is that record's)."""
+    if ke.line == otherwise.seq:
+        return otherwise
+    i = bisect.bisect_left(records, ke.line, key=lambda r: r.seq)
+    return records[i] if i < len(records) and records[i].seq == ke.line else otherwise
+
+
+@dataclass
+class _Slot:
+    """An event waiting for its twin; the journal's stored copy (with its id) replaces it in place."""
+
+    event: Event

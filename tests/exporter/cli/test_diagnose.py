@@ -1,0 +1,143 @@
+"""Offline diagnosis as users run it: `gpu-triage diagnose` and POST /api/v1/diagnose agree, bad input is safe."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gpu_triage.exporter.log_input import CHUNK_BYTES, InputTooLargeError, decoded
+from tests.conftest import REPO
+from tests.daemon_proc import GPU_TRIAGE
+
+FIXTURES = REPO / "tests" / "fixtures" / "training"
+XID79 = FIXTURES / "scenarios" / "xid79_with_nccl.log"
+HEALTHY = FIXTURES / "healthy_nccl_info.log"
+
+
+def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([GPU_TRIAGE, "diagnose", *args], input=stdin, capture_output=True, timeout=60, check=False)
+
+
+def test_the_cli_and_the_api_agree(client: TestClient) -> None:
+    text = XID79.read_bytes()
+    from_cli = json.loads(cli("--json", "-", stdin=text).stdout)
+    from_api = client.post("/api/v1/diagnose", content=text, headers={"content-type": "text/plain"}).json()
+    assert from_cli == from_api
+    assert from_api["findings"][0]["class"] == "xid_79" and from_api["findings"][0]["action"] == "REBOOT_NODE"
+    assert from_api["events"][0]["xid"] == 79 and from_api["events"][0]["pci_bus_id"] == "0000:ab:00.0"
+
+
+def test_readable_report_and_exit_codes(tmp_path: Path) -> None:
+    sick = cli(str(XID79))
+    assert sick.returncode == 1
+    out = sick.stdout.decode()
+    assert out.startswith("Root cause: XID 79") and "do now: REBOOT_NODE" in out and "\x1b[" not in out
+    assert "runbook: /runbooks/xid-79" in out and "line 14" in out
+    healthy = cli(str(HEALTHY))
+    assert (healthy.returncode, healthy.stdout.decode().splitlines()[0]) == (0, "No problem found.")
+    missing = cli(str(tmp_path / "nope.log"))
+    assert missing.returncode == 2 and b"cannot read" in missing.stderr
+
+
+def test_gzip_and_many_files(tmp_path: Path) -> None:
+    ranks = sorted((FIXTURES / "scenarios" / "oom_rank3").iterdir())
+    zipped = tmp_path / "rank3.log.gz"
+    zipped.write_bytes(gzip.compress(ranks[3].read_bytes()))
+    result = json.loads(cli("--json", *map(str, ranks[:3]), str(zipped)).stdout)
+    root = result["findings"][0]
+    assert (root["class"], root["rank"]) == ("cuda_oom", 3)
+    assert root["evidence"][0]["source"] == str(zipped)
+
+
+def test_api_takes_gzip_encoded_bodies(client: TestClient) -> None:
+    body = gzip.compress(XID79.read_bytes())
+    answer = client.post("/api/v1/diagnose", content=body, headers={"content-encoding": "gzip"})
+    assert answer.status_code == 200 and answer.json()["findings"][0]["class"] == "xid_79"
+
+
+def test_api_limits_and_bad_bodies(client: TestClient) -> None:
+    empty = client.post("/api/v1/diagnose", content=b"")
+    assert empty.status_code == 422 and "empty body" in empty.json()["error"]
+    over = client.post("/api/v1/diagnose", content=b"x" * (64 * 2**20 + 1))
+    assert over.status_code == 413 and "64 MiB limit" in over.json()["error"]
+    bomb = gzip.compress(b"A" * (80 * 2**20))  # 80 MiB of As in ~80 KiB
+    assert len(bomb) < 2**20
+    exploded = client.post("/api/v1/diagnose", content=bomb)
+    assert exploded.status_code == 413 and "decompresses to more than" in exploded.json()["error"]
+    broken = client.post("/api/v1/diagnose", content=b"\x1f\x8b\x08\x00garbage that is not deflate")
+    assert broken.status_code == 422 and "does not decompress" in broken.json()["error"]
+    binary = client.post("/api/v1/diagnose", content=bytes(range(256)) * 4096)
+    assert binary.status_code == 200 and binary.json()["findings"] == []
+    long_line = client.post("/api/v1/diagnose", content=b"NCCL WARN " + b"x" * (10 * 2**20) + b"\n")
+    assert long_line.status_code == 200
+
+
+def test_decoded_streams_and_bounds() -> None:
+    data = b"".join(f"line {i}\n".encode() for i in range(100_000))
+    members = gzip.compress(data[:300_000]) + gzip.compress(data[300_000:])  # `cat a.gz b.gz`
+    pieces = [members[i : i + 777] for i in range(0, len(members), 777)]
+    out = list(decoded(pieces))
+    assert b"".join(out) == data and max(map(len, out)) <= CHUNK_BYTES
+    assert b"".join(decoded([b"", b"plain ", b"text"])) == b"plain text"
+    with pytest.raises(InputTooLargeError):
+        list(decoded([gzip.compress(b"A" * 10_000)], limit=1000))
+    with pytest.raises(zlib.error):
+        list(decoded([b"\x1f\x8b\x08\x00not deflate at all"]))
+
+
+def test_gzip_members_split_anywhere_between_chunks() -> None:
+    a, b, c = (gzip.compress(f"member {n}\n".encode() * 1000) for n in "abc")
+    want = b"".join(f"member {n}\n".encode() * 1000 for n in "abc")
+    for split in ([a, b, c], [a, b[:1], b[1:], c], [a + b[:2], b[2:] + c]):  # on, inside, after the magic
+        assert b"".join(decoded(split)) == want, [len(s) for s in split]
+    assert b"".join(decoded([a, b"trailing garbage"])) == b"member a\n" * 1000
+    with pytest.raises(EOFError):
+        list(decoded([a, b[: len(b) // 2]]))
+
+
+def test_broken_and_truncated_gzip_inputs_are_errors(tmp_path: Path) -> None:
+    whole = gzip.compress(XID79.read_bytes())
+    (tmp_path / "cut.log.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "bad.log.gz").write_bytes(b"\x1f\x8b\x08\x00this is not deflate data")
+    for name in ("cut.log.gz", "bad.log.gz"):
+        result = cli(str(tmp_path / name))
+        assert result.returncode == 2, name
+        assert b"does not decompress" in result.stderr and b"Traceback" not in result.stderr
+
+
+def test_only_a_few_diagnoses_run_at_once(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from gpu_triage.diagnosis import training
+
+    release, started = threading.Event(), threading.Semaphore(0)
+    real = training.diagnose
+
+    def slow(sources):  # type: ignore[no-untyped-def]
+        started.release()
+        release.wait(10)
+        return real(sources)
+
+    monkeypatch.setattr(training, "diagnose", slow)
+    answers: list[int] = []
+
+    def post() -> None:
+        answers.append(client.post("/api/v1/diagnose", content=b"x\n").status_code)
+
+    running = [threading.Thread(target=post) for _ in range(2)]
+    for t in running:
+        t.start()
+    assert started.acquire(timeout=5) and started.acquire(timeout=5), "two diagnoses should be running"
+    third = client.post("/api/v1/diagnose", content=b"x\n")
+    assert third.status_code == 429 and "running already" in third.json()["error"]
+    release.set()
+    for t in running:
+        t.join(10)
+    assert answers == [200, 200]
+    assert client.post("/api/v1/diagnose", content=b"x\n").status_code == 200

@@ -1,0 +1,166 @@
+"""--web.config.file: the exporter-toolkit format, strict at start, agreeing with promtool; auth and headers."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import subprocess
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from gpu_triage.exporter.http.web_config import WebConfig, WebConfigError, WebConfigMiddleware, load_web_config
+from tests.conftest import require_tool
+from tests.daemon_proc import GPU_TRIAGE, free_port, serve, state_args
+
+HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    openssl = require_tool("openssl")
+    home = tmp_path_factory.mktemp("tls")
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(home / "key.pem"), "-out", str(home / "cert.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return home / "cert.pem", home / "key.pem"
+
+
+GOOD = {
+    "tls only": "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n",
+    "tls 1.3 only": "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: TLS13\n",
+    "auth only": f"basic_auth_users:\n  prometheus: '{HASH}'\n",
+    "headers": "http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
+    "empty": "",
+}
+BAD = {
+    "unknown top key": ("tls_config:\n  cert_file: {cert}\n", "unknown key 'tls_config'"),
+    "unknown tls key": (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  colour: red\n",
+        "unknown key 'colour'",
+    ),
+    "missing key file": ("tls_server_config:\n  cert_file: {cert}\n", "key_file is required"),
+    "cert does not exist": (
+        "tls_server_config:\n  cert_file: /nope.pem\n  key_file: {key}\n",
+        "/nope.pem does not exist",
+    ),
+    "bad hash": ("basic_auth_users:\n  prometheus: hunter2\n", "not a bcrypt hash"),
+    "bad version": (
+        "tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: SSL3\n",
+        "'SSL3' is not one of",
+    ),
+    "header not allowed": ("http_server_config:\n  headers:\n    Server: me\n", "'Server' cannot be set here"),
+}
+
+
+def write(tmp_path: Path, text: str, cert: tuple[Path, Path]) -> Path:
+    path = tmp_path / "web.yml"
+    path.write_text(text.format(cert=cert[0], key=cert[1]))
+    return path
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_good_files_load_and_promtool_agrees(name: str, tmp_path: Path, cert: tuple[Path, Path]) -> None:
+    path = write(tmp_path, GOOD[name], cert)
+    load_web_config(path)
+    promtool = require_tool("promtool")
+    result = subprocess.run([promtool, "check", "web-config", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_files_are_refused_and_promtool_agrees(name: str, tmp_path: Path, cert: tuple[Path, Path]) -> None:
+    text, message = BAD[name]
+    path = write(tmp_path, text, cert)
+    with pytest.raises(WebConfigError, match=message):
+        load_web_config(path)
+    promtool = require_tool("promtool")
+    result = subprocess.run([promtool, "check", "web-config", str(path)], capture_output=True, text=True, check=False)
+    if name != "header not allowed":  # promtool 2.42 does not check header names
+        assert result.returncode != 0, f"promtool accepted {name}"
+
+
+def test_every_problem_at_once(tmp_path: Path, cert: tuple[Path, Path]) -> None:
+    path = write(tmp_path, "extra: 1\ntls_server_config:\n  cert_file: /nope\nbasic_auth_users:\n  a: b\n", cert)
+    with pytest.raises(WebConfigError) as e:
+        load_web_config(path)
+    assert len(e.value.problems) == 4, e.value.problems
+
+
+def client(config: WebConfig) -> TestClient:
+    app = FastAPI()
+
+    @app.get("/metrics")
+    async def metrics() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    app.add_middleware(WebConfigMiddleware, config=config)
+    return TestClient(app)
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_basic_auth() -> None:
+    c = client(WebConfig(users={"prometheus": HASH.encode()}))
+    denied = c.get("/metrics")
+    assert denied.status_code == 401 and denied.headers["www-authenticate"].startswith("Basic")
+    assert denied.json() == {"error": "authentication required", "status": 401}
+    assert c.get("/metrics", headers=basic("prometheus", "wrong")).status_code == 401
+    assert c.get("/metrics", headers=basic("nobody", "s3cret")).status_code == 401
+    assert c.get("/metrics", headers={"Authorization": "Basic !!!"}).status_code == 401
+    assert c.get("/metrics", headers=basic("prometheus", "x" * 100)).status_code == 401
+    assert c.get("/metrics", headers=basic("prometheus", "s3cret")).json() == {"ok": "yes"}
+
+
+def test_configured_headers_on_every_answer() -> None:
+    c = client(WebConfig(users={"p": HASH.encode()}, headers={"X-Frame-Options": "deny"}))
+    assert c.get("/metrics").headers["x-frame-options"] == "deny"
+    assert c.get("/metrics", headers=basic("p", "s3cret")).headers["x-frame-options"] == "deny"
+
+
+def test_the_daemon_serves_tls_with_basic_auth(tmp_path: Path, cert: tuple[Path, Path]) -> None:
+    """The real `gpu-triage serve` with a web config file: HTTPS only, and only with the password."""
+    config = write(tmp_path, GOOD["tls only"] + f"basic_auth_users:\n  prometheus: '{HASH}'\n", cert)
+    with serve(
+        tmp_path / "state", "--web.config.file", str(config), ca_file=cert[0], auth=("prometheus", "s3cret")
+    ) as d:
+        with httpx.Client(verify=ssl.create_default_context(cafile=cert[0]), timeout=2) as https:
+            assert https.get(f"{d.url}/metrics").status_code == 401
+            assert "nvidia_gpu_up" in https.get(f"{d.url}/metrics", auth=("prometheus", "s3cret")).text
+        with pytest.raises(httpx.TransportError):
+            httpx.get(d.url.replace("https://", "http://") + "/metrics", timeout=2)  # no plain HTTP beside it
+
+
+def test_a_bad_web_config_stops_the_start(tmp_path: Path) -> None:
+    config = tmp_path / "web.yml"
+    config.write_text("basic_auth_users:\n  prometheus: hunter2\n")
+    result = subprocess.run(
+        [GPU_TRIAGE, "serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{free_port()}",
+         "--web.config.file", str(config), *state_args(tmp_path / "state")],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert f"web config file {config}: basic_auth_users.prometheus: not a bcrypt hash" in result.stderr
+
+
+def test_check_reaches_a_secured_daemon(tmp_path: Path, cert: tuple[Path, Path]) -> None:
+    config = write(tmp_path, GOOD["tls only"] + f"basic_auth_users:\n  prometheus: '{HASH}'\n", cert)
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    with serve(
+        tmp_path / "state", "--web.config.file", str(config), ca_file=cert[0], auth=("prometheus", "s3cret")
+    ) as d:
+        args = [GPU_TRIAGE, "check", "--url", d.url, "--ca-file", str(cert[0]), "--user", "prometheus"]
+        ok = subprocess.run([*args, "--password-file", str(password)], check=False, capture_output=True, text=True)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert ok.stdout.startswith("OK - 8 GPUs")
+        denied = subprocess.run(args, check=False, capture_output=True, text=True)  # no password
+        assert denied.returncode == 3 and "401" in denied.stdout

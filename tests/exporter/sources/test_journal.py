@@ -1,0 +1,142 @@
+"""The event journal: filters, totals that outlive retention, the kernel-log cursor, crashes, corruption."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_triage.exporter.sources.journal import Event, Journal, JournalError, Mark
+
+
+def xid(code: int, ts: float, uuid: str = "GPU-a", gpu: int = 0, **kw: object) -> Event:
+    return Event(
+        ts=ts, boot_id="b1", sources="kmsg", kind="xid", code=code, text=f"Xid {code}", gpu_index=gpu, uuid=uuid, **kw
+    )  # type: ignore[arg-type]
+
+
+def test_record_and_query(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite3")
+    stored = j.record(
+        [xid(13, 100.0), xid(79, 200.0, uuid="GPU-b", gpu=1, details={"message": "fallen"}), xid(13, 300.0)]
+    )
+    assert [e.id for e in stored] == [1, 2, 3]
+    assert [e.code for e in j.events()] == [13, 79, 13]
+    assert [e.code for e in j.events(uuid="GPU-b")] == [79]
+    assert [e.ts for e in j.events(code=13, since=150.0)] == [300.0]
+    assert [e.ts for e in j.events(until=250.0)] == [100.0, 200.0]
+    assert [e.ts for e in j.events(limit=2)] == [200.0, 300.0], "the newest, oldest first"
+    assert j.events(gpu_index=1)[0].details == {"message": "fallen"}
+    totals = {(t.uuid, t.code): (t.count, t.last_seen) for t in j.totals()}
+    assert totals == {("GPU-a", 13): (2, 300.0), ("GPU-b", 79): (1, 200.0)}
+
+
+def test_cursor_moves_with_the_events_it_covers(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite3")
+    assert j.cursor("kmsg:b1") is None
+    j.record([xid(13, 1.0, kmsg_seq=10)], cursor=("kmsg:b1", 10))
+    j.record([], cursor=("kmsg:b1", 25))
+    assert j.cursor("kmsg:b1") == 25 and j.cursor("kmsg:b2") is None
+    j.record([], cursor=("file:1:2", 40))
+    j.record([], cursor=("file:1:2", 3))  # the file was truncated: its lines count from 1 again
+    assert j.cursor("file:1:2") == 3
+
+
+def test_merge_keeps_the_richer_record_and_counts_nothing(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite3")
+    (first,) = j.record([Event(ts=5.0, boot_id="b1", sources="nvml", kind="xid", code=79, text="Xid 79", uuid="GPU-a")])
+    richer = Event(
+        5.0,
+        "b1",
+        "kmsg,nvml",
+        "xid",
+        79,
+        "NVRM: Xid (PCI:0000:18:00): 79, pid=7, name=x",
+        uuid="GPU-a",
+        pid=7,
+        kmsg_seq=44,
+        id=first.id,
+    )
+    j.merge(richer, cursor=("kmsg:b1", 44))
+    (event,) = j.events()
+    assert (event.sources, event.pid, event.kmsg_seq) == ("kmsg,nvml", 7, 44)
+    assert [t.count for t in j.totals()] == [1] and j.cursor("kmsg:b1") == 44
+
+
+def test_retention_drops_events_but_not_totals(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite3")
+    j.record([xid(31, 10.0), xid(31, 20.0), xid(31, 1000.0)])
+    j.mark(Mark(15.0, "GPU-a", "acknowledged", "ticket 1"))
+    assert j.purge(older_than=500.0) == 2
+    assert [e.ts for e in j.events()] == [1000.0] and j.marks() == []
+    assert [t.count for t in j.totals()] == [3], "the counter never goes down"
+
+
+def test_survives_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    j = Journal(path)
+    j.record([xid(48, 1.0)], cursor=("kmsg:b1", 3))
+    j.close()
+    again = Journal(path)
+    assert [e.code for e in again.events()] == [48] and again.cursor("kmsg:b1") == 3
+
+
+def test_corrupt_file_is_moved_aside_loudly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "j.sqlite3"
+    path.write_bytes(b"this is not a database" * 100)
+    j = Journal(path)
+    assert j.events() == []
+    j.record([xid(13, 1.0)])
+    aside = [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
+    assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not a database")
+    assert any("CORRUPT" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+
+
+_WRITER = """
+import sys, time
+from pathlib import Path
+from gpu_triage.exporter.sources.journal import Event, Journal
+j = Journal(Path(sys.argv[1]))
+n = 0
+print("ready", flush=True)
+while True:
+    n += 1
+    j.record([Event(ts=float(n), boot_id="b1", sources="kmsg", kind="xid", code=31, text="x" * 200, uuid="GPU-a")] * 50,
+             cursor=("kmsg:b1", n))
+"""
+
+
+def test_a_killed_writer_leaves_a_consistent_journal(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    os.kill(writer.pid, signal.SIGKILL)  # mid-transaction, most likely
+    writer.wait()
+    writer.stdout.close()
+    j = Journal(path)
+    assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    events = j.events(limit=10**9)
+    cursor = j.cursor("kmsg:b1")
+    assert events and cursor is not None
+    # Every committed batch is whole: 50 events per cursor step, totals agree with the rows.
+    assert len(events) == 50 * cursor
+    assert sum(t.count for t in j.totals()) == len(events)
+
+
+def test_an_unusable_state_dir_is_a_clear_error_not_corruption(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(JournalError, match=r"cannot create .*a-file.*--state.dir must name a directory"):
+        Journal(blocker / "state" / "journal.sqlite3")
+    (tmp_path / "journal.sqlite3").mkdir()  # something sqlite cannot open: nothing to move aside
+    with pytest.raises(JournalError, match="cannot open the event journal"):
+        Journal(tmp_path / "journal.sqlite3")
+    assert not [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]

@@ -1,0 +1,273 @@
+"""Following the kernel log: the /dev/kmsg record format, files like `tail -F`, the real device."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_triage.exporter.sources import kmsg
+from gpu_triage.exporter.sources.kmsg import KmsgFollower, Record, parse_record
+
+
+def test_parse_record() -> None:
+    record = parse_record("4,1234,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x\n SUBSYSTEM=pci\n", 100.0)
+    assert record == Record(1234, 105.0, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x")
+    assert parse_record("6,7,8,c,extra;text;with;semicolons", 0.0) == Record(7, 8e-6, "text;with;semicolons")
+    for bad in ("no header here", "6,x,8,-;text", "6,7;text", ""):
+        assert parse_record(bad, 0.0) is None
+
+
+class Collect:
+    """Stands in for the event pipeline: keeps what it is given, and a cursor per origin like the journal."""
+
+    def __init__(self, cursors: dict[str, int] | None = None) -> None:
+        self.records: list[Record] = []
+        self.origins: list[str] = []
+        self.cursors = dict(cursors or {})
+        self.arrived = threading.Condition()
+
+    def __call__(self, origin: str, batch: list[Record]) -> None:
+        with self.arrived:
+            self.records.extend(batch)
+            self.origins.extend([origin] * len(batch))
+            self.cursors[origin] = batch[-1].seq
+            self.arrived.notify_all()
+
+    def wait_for(self, n: int, timeout: float = 5.0) -> list[Record]:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.records) >= n, timeout), self.records
+            return list(self.records)
+
+
+def follow(path: Path, got: Collect | None = None, boot_id: str = "b1") -> tuple[KmsgFollower, Collect]:
+    got = got or Collect()
+    follower = KmsgFollower(path, got, cursor=got.cursors.get, boot_id=boot_id, boot_time=1000.0, clock=lambda: 5.0)
+    follower.start()
+    return follower, got
+
+
+def file_origin(path: Path) -> str:
+    st = path.stat()
+    return f"file:{st.st_dev}:{st.st_ino}"
+
+
+def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("6,10,2000000,-;first record\n[ 12.3] a plain dmesg line\n")
+    follower, got = follow(log)
+    try:
+        # Lines are numbered by line; a kmsg record keeps its own time, a plain line is stamped when read.
+        assert got.wait_for(2) == [Record(1, 1002.0, "first record"), Record(2, 5.0, "[ 12.3] a plain dmesg line")]
+        with log.open("a") as f:
+            f.write("6,11,3000000,-;appended")  # no newline yet: not a whole line
+            f.flush()
+            time.sleep(0.1)
+            assert len(got.records) == 2
+            f.write("\n")
+        assert got.wait_for(3)[-1] == Record(3, 1003.0, "appended")
+        assert follower.stats.up
+        assert set(got.origins) == {file_origin(log)}
+    finally:
+        follower.stop()
+
+
+def test_skips_what_was_already_counted(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"6,{seq},0,-;line {seq}\n" for seq in range(1, 11)))
+    follower, got = follow(log, Collect({file_origin(log): 7}))
+    try:
+        assert [r.seq for r in got.wait_for(3)] == [8, 9, 10]
+    finally:
+        follower.stop()
+
+
+def test_a_plain_text_file_seen_for_the_first_time_is_followed_from_its_end(tmp_path: Path) -> None:
+    """Its old lines carry no time we trust: replayed, yesterday's XID would page as if it were now."""
+    log = tmp_path / "kern.log"
+    log.write_text("Nov 29 03:00:00 node kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, yesterday\n")
+    follower, got = follow(log)
+    try:
+        time.sleep(0.2)
+        assert got.records == []
+        with log.open("a") as f:
+            f.write("Nov 30 03:00:00 node kernel: NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, now\n")
+        assert [(r.seq, r.text.endswith("now")) for r in got.wait_for(1)] == [(2, True)]
+    finally:
+        follower.stop()
+
+
+def test_a_rotated_file_is_followed_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"6,{i},0,-;old {i}\n" for i in range(1, 101)))
+    follower, got = follow(log)
+    try:
+        got.wait_for(100)
+        log.rename(tmp_path / "kern.log.1")
+        log.write_text("6,1,0,-;new file, line 1\n")  # line 1 again, but of another file
+        assert got.wait_for(101)[-1].text == "new file, line 1"
+        assert got.origins[-1] == file_origin(log) != got.origins[0]
+    finally:
+        follower.stop()
+
+
+def test_a_reboot_does_not_replay_a_file(tmp_path: Path) -> None:
+    """The cursor of a file belongs to the file, not to the boot: a new boot id changes nothing."""
+    log = tmp_path / "kern.log"
+    log.write_text("6,1,0,-;before the reboot\n")
+    follower, got = follow(log, boot_id="b1")
+    got.wait_for(1)
+    follower.stop()
+    with log.open("a") as f:
+        f.write("6,2,0,-;after the reboot\n")
+    again, _ = follow(log, got, boot_id="b2")
+    try:
+        assert [r.text for r in got.wait_for(2)] == ["before the reboot", "after the reboot"]
+        time.sleep(0.1)
+        assert len(got.records) == 2
+    finally:
+        again.stop()
+
+
+def test_missing_log_is_reported_and_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kmsg, "_RETRY_SECONDS", 0.05)
+    log = tmp_path / "not-yet.log"
+    follower, got = follow(log)
+    try:
+        time.sleep(0.2)
+        assert not follower.stats.up and "No such file" in (follower.stats.error or "")
+        log.write_text("6,1,0,-;there now\n")
+        assert got.wait_for(1)[0].text == "there now"
+        assert follower.stats.up and follower.stats.error is None
+    finally:
+        follower.stop()
+
+
+def test_unreadable_log_names_the_capability(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def denied(self: KmsgFollower) -> None:  # what reading /dev/kmsg without CAP_SYSLOG gives
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(KmsgFollower, "_follow_file", denied)
+    monkeypatch.setattr(kmsg, "_RETRY_SECONDS", 0.05)
+    log = tmp_path / "kern.log"
+    log.write_text("x\n")
+    follower, _ = follow(log)
+    try:
+        time.sleep(0.3)
+        assert not follower.stats.up and "not permitted" in (follower.stats.error or "")
+    finally:
+        follower.stop()
+    errors = [r.getMessage() for r in caplog.records if r.name == "gpu_triage.exporter.sources.kmsg"]
+    assert errors == [
+        "cannot read the kernel log; the daemon needs CAP_SYSLOG (kernel.dmesg_restrict=1) or root to read it"
+    ]
+
+
+def test_the_real_dev_kmsg() -> None:
+    """The kernel's own ring buffer on this machine: records with growing sequence numbers."""
+    device = Path("/dev/kmsg")
+    if not os.access(device, os.R_OK):
+        pytest.skip("/dev/kmsg is not readable here")
+    follower, got = follow(device)
+    try:
+        records = got.wait_for(1)
+        seqs = [r.seq for r in records]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        assert follower.stats.up and set(got.origins) == {"kmsg:b1"}
+    finally:
+        follower.stop()
+
+
+def test_dev_kmsg_is_counted_per_boot() -> None:
+    """The ring buffer starts over at each boot: a known boot resumes after its cursor, a new one reads
+    from the start."""
+    device = Path("/dev/kmsg")
+    if not os.access(device, os.R_OK):
+        pytest.skip("/dev/kmsg is not readable here")
+    first, got = follow(device, boot_id="this-boot")
+    try:
+        got.wait_for(1)
+        time.sleep(0.3)  # the whole ring buffer
+    finally:
+        first.stop()
+    counted = got.cursors["kmsg:this-boot"]
+    resumed, again = follow(device, Collect({"kmsg:this-boot": counted}), boot_id="this-boot")
+    time.sleep(0.3)
+    resumed.stop()
+    assert all(r.seq > counted for r in again.records), "nothing counted twice"
+    fresh, anew = follow(device, Collect({"kmsg:this-boot": counted}), boot_id="next-boot")
+    try:
+        assert anew.wait_for(1)[0].seq == got.records[0].seq, "a new boot reads from the start"
+    finally:
+        fresh.stop()
+
+
+def test_an_unexpected_failure_costs_a_retry_not_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kmsg, "_RETRY_SECONDS", 0.05)
+    log = tmp_path / "kern.log"
+    log.write_text("6,1,0,-;a record\n")
+    got = Collect()
+    answers = iter([RuntimeError("the journal fell over")])
+
+    def cursor(origin: str) -> int | None:
+        error = next(answers, None)
+        if error is not None:
+            raise error
+        return got.cursors.get(origin)
+
+    follower = KmsgFollower(log, got, cursor=cursor, boot_id="b1", boot_time=0.0, clock=lambda: 5.0)
+    follower.start()
+    try:
+        assert got.wait_for(1)[0].text == "a record"
+        assert follower.stats.up
+    finally:
+        follower.stop()
+
+
+def plain(text: str) -> str:
+    return f"Nov 30 03:00:00 node kernel: {text}\n"
+
+
+def test_the_file_that_replaces_a_rotated_one_is_read_whole_even_after_a_gap(tmp_path: Path) -> None:
+    """logrotate renames the file, and a moment later creates the new one: nothing in it is skipped."""
+    log = tmp_path / "kern.log"
+    log.write_text(plain("old, before the daemon started"))
+    follower, got = follow(log)
+    try:
+        time.sleep(0.1)
+        log.rename(tmp_path / "kern.log.1")
+        time.sleep(0.3)  # the follower finds no file for a while
+        log.write_text(plain("first in the new file") + plain("second in the new file"))
+        assert [r.text.split(": ")[1] for r in got.wait_for(2)] == ["first in the new file", "second in the new file"]
+        assert follower.stats.up and follower.stats.error is None, "a rotation is not an outage"
+    finally:
+        follower.stop()
+
+
+def test_a_file_truncated_in_place_is_read_from_its_start(tmp_path: Path) -> None:
+    """copytruncate keeps the inode: the lines written after the truncation are new, not counted ones."""
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"6,{i},0,-;old {i}\n" for i in range(1, 6)))
+    follower, got = follow(log)
+    try:
+        got.wait_for(5)
+        with log.open("w") as f:
+            f.write("6,9,0,-;after the truncation\n")
+        assert got.wait_for(6)[-1] == Record(1, 1000.0, "after the truncation")
+    finally:
+        follower.stop()
+
+
+def test_a_file_truncated_while_the_daemon_was_down_is_read_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("6,1,0,-;new line 1\n6,2,0,-;new line 2\n")
+    follower, got = follow(log, Collect({file_origin(log): 10}))  # it had 10 lines when last counted
+    try:
+        assert [r.text for r in got.wait_for(2)] == ["new line 1", "new line 2"]
+    finally:
+        follower.stop()

@@ -1,0 +1,254 @@
+"""The XID path end to end: sources -> merge -> journal -> /metrics, across restarts and bursts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
+from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.sources.journal import Event, Journal
+from gpu_triage.exporter.sources.kmsg import Record
+from gpu_triage.exporter.sources.pipeline import MERGE_WINDOW_SECONDS, EventPipeline
+from tests.conftest import FakeClock, settings
+
+GPUS = [GpuIdentity(0, "GPU-aaaa", "0000:18:00.0"), GpuIdentity(1, "GPU-bbbb", "0000:2a:00.0")]
+
+
+def pipeline(tmp_path: Path) -> tuple[EventPipeline, list[Event]]:
+    seen: list[Event] = []
+    p = EventPipeline(Journal(tmp_path / "j.sqlite3"), boot_id="b1", gpus=lambda: GPUS, on_events=seen.extend)
+    return p, seen
+
+
+def line(seq: int, ts: float, text: str) -> tuple[str, list[Record]]:
+    return ("kernel", ("kmsg:b1", [Record(seq, ts, text)]))
+
+
+def driver(gpu: int, code: int, ts: float) -> tuple[str, tuple[str, list[DriverXid]]]:
+    return ("driver", ("nvml", [DriverXid(gpu, code, ts)]))
+
+
+XID79_GPU1 = "NVRM: Xid (PCI:0000:2a:00): 79, pid=77, name=python3, GPU has fallen off the bus."
+
+
+def test_kernel_events_land_on_the_right_gpu(tmp_path: Path) -> None:
+    p, seen = pipeline(tmp_path)
+    p.process([line(1, 10.0, XID79_GPU1)])
+    (event,) = seen
+    assert (event.gpu_index, event.uuid, event.pci_bus_id, event.code) == (1, "GPU-bbbb", "0000:2a:00.0", 79)
+    assert (event.pid, event.process, event.kmsg_seq, event.sources) == (77, "python3", 1, "kmsg")
+    assert p.journal.cursor("kmsg:b1") == 1
+
+
+def test_the_same_fault_from_both_sources_is_one_event(tmp_path: Path) -> None:
+    p, seen = pipeline(tmp_path)
+    p.process([driver(1, 79, 10.0)])  # NVML is first...
+    p.process([line(1, 10.3, XID79_GPU1)])  # ...the kernel's line follows
+    assert p.stats.merged == 1
+    first, richer = seen  # the one new event, then the same event made richer, for the verdict
+    assert richer.id == first.id and (first.pid, richer.pid) == (None, 77)
+    (stored,) = p.journal.events()
+    assert stored.sources == "kmsg,nvml" and stored.pid == 77, "the kernel's richer record is kept"
+    assert [t.count for t in p.journal.totals()] == [1]
+
+
+def test_merging_works_either_way_and_within_one_batch(tmp_path: Path) -> None:
+    p, _ = pipeline(tmp_path)
+    p.process([line(1, 10.0, XID79_GPU1), driver(1, 79, 10.2)])
+    assert [e.sources for e in p.journal.events()] == ["kmsg,nvml"]
+
+
+def test_no_merge_across_gpus_codes_or_time(tmp_path: Path) -> None:
+    p, _ = pipeline(tmp_path)
+    p.process([line(1, 10.0, XID79_GPU1)])
+    p.process([driver(0, 79, 10.1)])  # another GPU
+    p.process([driver(1, 48, 10.1)])  # another code
+    p.process([driver(1, 79, 10.0 + MERGE_WINDOW_SECONDS + 5)])  # too late to be the same report
+    assert len(p.journal.events()) == 4 and p.stats.merged == 0
+
+
+def test_a_burst_from_both_sources_pairs_one_to_one(tmp_path: Path) -> None:
+    p, _ = pipeline(tmp_path)
+    text = "NVRM: Xid (PCI:0000:18:00): 31, pid=5, name=train, Ch 00000010, intr 10000000"
+    p.process([line(i, 50.0 + i * 0.01, text) for i in range(1, 6)])
+    p.process([driver(0, 31, 50.0 + i * 0.01) for i in range(1, 6)])
+    events = p.journal.events()
+    assert len(events) == 5 and all(e.sources == "kmsg,nvml" for e in events)
+
+
+def test_unknown_bus_id_is_kept_and_bound_by_the_kernel_line(tmp_path: Path) -> None:
+    p, _ = pipeline(tmp_path)
+    p.process(
+        [
+            line(1, 1.0, "NVRM: GPU at PCI:0000:e1:00: GPU-0b11d014-6ba6-4f3e-9e6a-7e1a1234abcd"),
+            line(
+                2, 2.0, "NVRM: Xid (PCI:0000:e1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+            ),
+        ]
+    )
+    (event,) = p.journal.events()
+    assert event.gpu_index is None and event.pci_bus_id == "0000:e1:00.0"
+    assert event.uuid == "GPU-0b11d014-6ba6-4f3e-9e6a-7e1a1234abcd"
+
+
+def test_sxids_are_their_own_kind(tmp_path: Path) -> None:
+    p, _ = pipeline(tmp_path)
+    p.process([line(1, 1.0, "nvidia-nvswitch0: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up")])
+    (event,) = p.journal.events()
+    assert (event.kind, event.code, event.gpu_index, event.uuid) == ("sxid", 20034, None, None)
+
+
+FALLEN_GPU1 = "NVRM: GPU 0000:2a:00.0: GPU has fallen off the bus."
+
+
+def test_a_gpu_falling_off_the_bus_is_one_event_whichever_report_comes_first(tmp_path: Path) -> None:
+    for name, texts in (("message-first", [FALLEN_GPU1, XID79_GPU1]), ("xid-first", [XID79_GPU1, FALLEN_GPU1])):
+        p, _ = pipeline(tmp_path / name)
+        p.process([("kernel", ("kmsg:b1", [Record(seq, 10.0 + seq, t) for seq, t in enumerate(texts, 1)]))])
+        assert [(e.code, e.pid, e.gpu_index) for e in p.journal.events()] == [(79, 77, 1)], name
+
+
+def test_a_held_back_report_keeps_the_time_of_its_own_line(tmp_path: Path) -> None:
+    p, _ = pipeline(tmp_path)
+    p.process([("kernel", ("kmsg:b1", [Record(1, 10.0, FALLEN_GPU1), Record(2, 20.0, "usb 1-1: new device")]))])
+    (event,) = p.journal.events()
+    assert (event.code, event.ts, event.kmsg_seq, event.gpu_index) == (79, 10.0, 1, 1)
+    assert p.journal.cursor("kmsg:b1") == 2
+
+
+def test_lines_without_events_still_move_the_cursor(tmp_path: Path) -> None:
+    p, seen = pipeline(tmp_path)
+    p.process([("kernel", ("kmsg:b1", [Record(i, 1.0, f"usb 1-1: new device {i}") for i in range(1, 101)]))])
+    assert seen == [] and p.journal.cursor("kmsg:b1") == 100
+
+
+# -- through the daemon ------------------------------------------------------------------------
+
+
+def start_daemon(tmp_path: Path, boot_id: str, kmsg: Path) -> Daemon:
+    clock = FakeClock()
+    clock.advance(100)
+    d = Daemon(
+        SimBackend(load_scenario("h100-training"), clock=clock),
+        settings(tmp_path, kmsg_path=kmsg),
+        clock=clock,
+        boot_id=boot_id,
+    )
+    d.start()
+    return d
+
+
+def kmsg_line(seq: int, code: int, bus: str = "0000:18:00") -> str:
+    return f"4,{seq},{seq * 1000},-;NVRM: Xid (PCI:{bus}): {code}, pid=9, name=python3, details {seq}\n"
+
+
+def xid_count(d: Daemon, code: int) -> float:
+    prefix = f'nvidia_gpu_xid_errors_total{{gpu="0",uuid="{d.snapshot.gpus[0].identity.uuid}",xid="{code}"}} '
+    for row in d.metrics.text.decode().splitlines():
+        if row.startswith(prefix):
+            return float(row.removeprefix(prefix))
+    return 0.0
+
+
+def test_restart_neither_loses_nor_double_counts(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.write_text("".join(kmsg_line(seq, 31) for seq in range(1, 4)))
+    d = start_daemon(tmp_path, "boot-1", kmsg)
+    assert d.pipeline.wait_idle()
+    assert xid_count(d, 31) == 3
+    d.stop()
+    with kmsg.open("a") as f:  # the kernel logs on while the daemon is down
+        f.write("".join(kmsg_line(seq, 31) for seq in range(4, 6)))
+    d = start_daemon(tmp_path, "boot-1", kmsg)
+    deadline = time.monotonic() + 5
+    while xid_count(d, 31) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert d.pipeline.wait_idle()
+    assert xid_count(d, 31) == 5, "the two lines logged while down are counted, the first three not again"
+    d.stop()
+
+
+def test_a_burst_of_ten_thousand_lines_is_journaled_completely(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.touch()
+    d = start_daemon(tmp_path, "boot-1", kmsg)
+    try:
+        with kmsg.open("a") as f:
+            f.write("".join(kmsg_line(seq, 13) for seq in range(1, 10_001)))
+        deadline = time.monotonic() + 30
+        while xid_count(d, 13) < 10_000:
+            assert time.monotonic() < deadline, xid_count(d, 13)
+            time.sleep(0.05)
+        assert xid_count(d, 13) == 10_000 and len(d.journal.events(limit=20_000)) == 10_000
+    finally:
+        d.stop()
+
+
+def test_an_injected_xid_is_on_metrics_without_waiting_for_a_poll(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.touch()
+    d = start_daemon(tmp_path, "boot-1", kmsg)
+    try:
+        assert d.driver_events is not None
+        d.backend.inject(FaultSpec(gpu=0, kind="xid", xid=79))  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 2  # the poll interval is 5 s: only the event path can be this quick
+        while xid_count(d, 79) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (event,) = d.journal.events()
+        assert event.sources == "sim" and event.gpu_index == 0
+    finally:
+        d.stop()
+
+
+def test_the_verdict_hears_what_the_kernel_log_adds_to_a_driver_event(tmp_path: Path) -> None:
+    """NVML reports Xid 154 first, bare; the kernel's line, a moment later, names the action it asks for."""
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.touch()
+    d = start_daemon(tmp_path, "boot-1", kmsg)
+    try:
+        gpu = d.snapshot.gpus[0].identity
+        d.pipeline.from_driver([DriverXid(0, 154, d.clock())], "nvml")
+        assert d.pipeline.wait_idle()
+        bus = gpu.pci_bus_id.removesuffix(".0")
+        with kmsg.open("a") as f:  # a plain line: stamped when read, by the daemon's clock
+            f.write(
+                f"NVRM: Xid (PCI:{bus}): 154, pid='<unknown>', name=<unknown>, GPU recovery action "
+                "changed from 0x0 (None) to 0x1 (GPU Reset Required)\n"
+            )
+        deadline = time.monotonic() + 5
+        while d.journal.events()[0].sources != "kmsg,nvml":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert d.pipeline.wait_idle()
+        (verdict,) = [g for g in d.diagnosis()["gpus"] if g["gpu"] == 0]
+        assert verdict["action"] == "RESET_GPU", "not the catalog's REBOOT_NODE for a 154 without its text"
+    finally:
+        d.stop()
+
+
+def test_retention_is_applied_while_the_daemon_runs(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.touch()
+    clock = FakeClock()
+    d = Daemon(
+        SimBackend(load_scenario("h100-training"), clock=clock),
+        settings(tmp_path, journal_retention="2h"),
+        clock=clock,
+        boot_id="b1",
+    )
+    d.start()
+    try:
+        with kmsg.open("a") as f:  # a plain line, stamped when read
+            f.write("NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=python3, details\n")
+        deadline = time.monotonic() + 5
+        while not d.journal.events():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        clock.advance(3 * 3600)  # older than the retention now, and the hourly purge is due
+        d.refresh()
+        assert d.journal.events() == [] and xid_count(d, 31) == 1, "the event goes, the counter stays"
+    finally:
+        d.stop()
