@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
+from gpu_triage.diagnosis.health import NodeVerdict
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.metrics.exposition import MetricsCache
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
@@ -31,6 +33,24 @@ from gpu_triage.exporter.verdicts import Verdicts, diagnosis_json, summary, verd
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
 PURGE_EVERY_SECONDS = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """What one render of /metrics describes: a snapshot, and the verdict made from it."""
+
+    snapshot: Snapshot
+    node: NodeVerdict
+
+
+class Families:
+    """client_python's collector protocol over a function that builds families afresh on each render."""
+
+    def __init__(self, build: Callable[[], Iterable[Metric]]) -> None:
+        self._build = build
+
+    def collect(self) -> Iterable[Metric]:
+        return self._build()
 
 
 def read_boot_id() -> str:
@@ -80,12 +100,20 @@ class Daemon:
         self.driver_events: DriverEvents | None = None
         if settings.source_events and isinstance(backend, XidEventSource):
             self.driver_events = DriverEvents(backend, backend.name, self.pipeline.from_driver)
-        # The daemon's own process_* and python_* metrics, kept in a registry of their own.
-        self._own: CollectorRegistry | None = None
-        if not settings.web_disable_exporter_metrics:
-            self._own = CollectorRegistry()
+        # Everything /metrics shows, in page order; a new producer of families registers here.
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._frame = Frame(self.snapshot, self.verdicts.node)
+        for build in (
+            lambda: gpu_families(self._frame.snapshot),
+            lambda: xid_families(self.journal.totals()),
+            lambda: verdict_families(self._frame.snapshot, self._frame.node),
+            lambda: daemon_families(self._frame.snapshot),
+            self._source_families,
+        ):
+            self.registry.register(Families(build))
+        if not settings.web_disable_exporter_metrics:  # the daemon's own process_* and python_* metrics
             for own in (ProcessCollector, PlatformCollector, GCCollector):
-                own(registry=self._own)
+                own(registry=self.registry)
         self._render_lock = threading.Lock()
         self._purged_at = float("-inf")
         self._stopped = False
@@ -159,22 +187,17 @@ class Daemon:
             now = self.clock()
             self._purge_now_and_then(now)
             node = self.verdicts.update(snapshot, now)
-            families: list[Metric] = [
-                *gpu_families(snapshot),
-                *xid_families(self.journal.totals()),
-                *verdict_families(snapshot, node),
-                *daemon_families(snapshot),
-                *source_families(
-                    self.kmsg.stats if self.kmsg else None,
-                    self.driver_events.stats if self.driver_events else None,
-                    self.backend.name,
-                    self.pipeline.stats,
-                ),
-            ]
-            if self._own is not None:
-                families.extend(self._own.collect())
-            self.metrics.update(families)
+            self._frame = Frame(snapshot, node)
+            self.metrics.update(list(self.registry.collect()))
             self.verdicts.node = node
+
+    def _source_families(self) -> Iterable[Metric]:
+        return source_families(
+            self.kmsg.stats if self.kmsg else None,
+            self.driver_events.stats if self.driver_events else None,
+            self.backend.name,
+            self.pipeline.stats,
+        )
 
     def poll_soon(self) -> None:
         """Read the fast fields now, in the background (after a simulated fault, say)."""

@@ -28,7 +28,7 @@ from gpu_triage.diagnosis.health import (
     verdict_json,
 )
 from gpu_triage.diagnosis.incidents import Occurrence
-from gpu_triage.exporter.backends.base import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
+from gpu_triage.exporter.backends.readings import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
 from gpu_triage.exporter.polling.snapshot import GpuState, GpuStatus, Snapshot
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 

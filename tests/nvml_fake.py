@@ -16,13 +16,11 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpu_triage.exporter.backends.base import (
+from gpu_triage.exporter.backends.base import Collector, GpuIdentity, GpuLostError
+from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     Clocks,
-    Collector,
     Ecc,
-    GpuIdentity,
-    GpuLostError,
     Inventory,
     Memory,
     NvLink,

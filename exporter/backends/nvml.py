@@ -20,13 +20,18 @@ import pynvml
 from gpu_triage.diagnosis.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import (
     BackendError,
-    ClockDomain,
-    Clocks,
     Collector,
     DriverXid,
-    Ecc,
     GpuIdentity,
     GpuLostError,
+    Result,
+    require_every_collector,
+)
+from gpu_triage.exporter.backends.nvml_query import BROKEN, FieldLog, Query, describe_init_error, error_name
+from gpu_triage.exporter.backends.readings import (
+    ClockDomain,
+    Clocks,
+    Ecc,
     Inventory,
     LinkReading,
     Memory,
@@ -38,11 +43,9 @@ from gpu_triage.exporter.backends.base import (
     Reading,
     Recovery,
     Remapping,
-    Result,
     Thermal,
     Utilization,
 )
-from gpu_triage.exporter.backends.nvml_query import BROKEN, FieldLog, Query, describe_init_error, error_name
 
 log = logging.getLogger(__name__)
 MHZ = 1e6
@@ -371,3 +374,4 @@ _READERS = {
     Collector.ECC: NvmlBackend._ecc,
     Collector.REMAPPING: NvmlBackend._remapping,
 }
+require_every_collector(_READERS, "nvml")

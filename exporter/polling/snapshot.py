@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
-from gpu_triage.exporter.backends.base import Collector, GpuIdentity, Reading
+from gpu_triage.exporter.backends.base import Collector, GpuIdentity
+from gpu_triage.exporter.backends.readings import Reading
 
 R = TypeVar("R", bound=Reading)
 

@@ -13,16 +13,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpu_triage.diagnosis.pci import canonical_bus_id
-from gpu_triage.exporter.backends.base import ClockDomain as Domain
 from gpu_triage.exporter.backends.base import (
-    Clocks,
     Collector,
     DriverXid,
-    Ecc,
     GpuIdentity,
     GpuLostError,
+    Result,
+    require_every_collector,
+)
+from gpu_triage.exporter.backends.readings import ClockDomain as Domain
+from gpu_triage.exporter.backends.readings import (
+    Clocks,
+    Ecc,
     Inventory,
     LinkReading,
     Memory,
@@ -34,13 +39,12 @@ from gpu_triage.exporter.backends.base import (
     Reading,
     Recovery,
     Remapping,
-    Result,
     Thermal,
     Utilization,
 )
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
-from gpu_triage.exporter.backends.sim.model import NodeModel, clock_reasons, mix64, noise
-from gpu_triage.exporter.backends.sim.scenario import Scenario
+from gpu_triage.exporter.backends.sim.model import GpuState, NodeModel, clock_reasons, mix64, noise
+from gpu_triage.exporter.backends.sim.scenario import GpuShape, NodeShape, Scenario
 
 MHZ = 1e6
 # Where the eight GPUs of an HGX H100 baseboard usually sit on the PCI bus.
@@ -81,7 +85,15 @@ class SimBackend:
         if hung:
             self._hang(hung)
         with self._lock:
-            return Result(self._reading(gpu.index, collector, {f.spec.kind for f in faults}, faults))
+            view = _View(
+                gpu.index,
+                self.scenario.node,
+                self._model.gpus[gpu.index],
+                self.scenario.seed,
+                faults,
+                {f.spec.kind for f in faults},
+            )
+            return Result(_READERS[collector](view))
 
     def close(self) -> None:
         self._book.clear()  # releases any simulated hung call
@@ -161,118 +173,175 @@ class SimBackend:
         gpu_uuid = uuid.UUID(int=(hash_pair(seed, index) << 64) | hash_pair(seed, index + 1_000_003), version=4)
         return GpuIdentity(index=index, uuid=f"GPU-{gpu_uuid}", pci_bus_id=bus_id)
 
-    def _reading(self, gpu: int, collector: Collector, kinds: set[FaultKind], faults: list[ActiveFault]) -> Reading:
-        shape, node = self.scenario.node.gpus, self.scenario.node
-        s = self._model.gpus[gpu]
-        busy = s.utilization >= 0.01
-        slow = 1.0
-        if FaultKind.THERMAL_SLOWDOWN in kinds:
-            slow *= 0.6
-        if FaultKind.POWER_SLOWDOWN in kinds:
-            slow *= 0.75
-        seed, tick = self.scenario.seed, s.tick
-        match collector:
-            case Collector.INVENTORY:
-                return Inventory(
-                    name=shape.model,
-                    serial=f"{1650923000000 + hash_pair(seed, gpu) % 1000000:013d}",
-                    vbios_version=node.vbios_version,
-                    driver_version=node.driver_version,
-                    cuda_driver_version=node.cuda_driver_version,
-                    mig_enabled=shape.mig,
-                )
-            case Collector.UTILIZATION:
-                mem_ratio = min(1.0, s.utilization * 0.55 * (1 + 0.1 * noise(seed, gpu, tick, 2)))
-                return Utilization(gpu_ratio=round(s.utilization, 2), memory_controller_ratio=round(mem_ratio, 2))
-            case Collector.MEMORY:
-                usable = shape.memory_bytes - shape.reserved_memory_bytes
-                used = int(usable * s.memory_used_ratio) if busy else 0
-                return Memory(
-                    used_bytes=used,
-                    total_bytes=shape.memory_bytes,
-                    reserved_bytes=shape.reserved_memory_bytes,
-                )
-            case Collector.POWER:
-                return Power(
-                    usage_watts=round(s.power_watts, 3),
-                    limit_watts=shape.power_limit_watts,
-                    energy_joules=round(s.energy_joules, 3),
-                )
-            case Collector.THERMAL:
-                return Thermal(
-                    gpu_celsius=float(round(s.temperature_celsius)),
-                    memory_celsius=float(round(s.memory_temperature_celsius)),
-                    fan_ratio=round(0.3 + 0.5 * s.utilization, 2) if shape.fan else None,
-                )
-            case Collector.CLOCKS:
-                sm = (shape.max_sm_clock_mhz if busy else shape.idle_sm_clock_mhz) * slow
-                video = shape.max_video_clock_mhz if busy else 765.0
-                current = {
-                    Domain.SM: round(sm) * MHZ,
-                    Domain.GRAPHICS: round(sm) * MHZ,
-                    Domain.MEMORY: shape.max_memory_clock_mhz * MHZ,
-                    Domain.VIDEO: video * MHZ,
-                }
-                maximum = {
-                    Domain.SM: shape.max_sm_clock_mhz * MHZ,
-                    Domain.GRAPHICS: shape.max_sm_clock_mhz * MHZ,
-                    Domain.MEMORY: shape.max_memory_clock_mhz * MHZ,
-                    Domain.VIDEO: shape.max_video_clock_mhz * MHZ,
-                }
-                return Clocks(current, maximum, clock_reasons(s.utilization, kinds), performance_state=0)
-            case Collector.PCIE:
-                tx = s.utilization * 2.4e9 * (1 + 0.2 * noise(seed, gpu, tick, 3))
-                rx = s.utilization * 3.1e9 * (1 + 0.2 * noise(seed, gpu, tick, 4))
-                return Pcie(
-                    link_generation=shape.pcie_generation,
-                    max_link_generation=shape.pcie_generation,
-                    link_width=shape.pcie_width,
-                    max_link_width=shape.pcie_width,
-                    replay_errors=s.pcie_replays,
-                    tx_bytes_per_second=round(tx, -3),
-                    rx_bytes_per_second=round(rx, -3),
-                )
-            case Collector.NVLINK:
-                down = {f.spec.link for f in faults if f.spec.kind is FaultKind.NVLINK_DOWN}
-                return NvLink(
-                    tuple(
-                        LinkReading(
-                            link=i,
-                            active=i not in down,
-                            replay_errors=s.nvlink_replays[i],
-                            recovery_errors=s.nvlink_recoveries[i],
-                            crc_errors=s.nvlink_crcs[i],
-                        )
-                        for i in range(shape.nvlink_links)
-                    )
-                )
-            case Collector.PROCESSES:
-                if not busy:
-                    return Processes(())
-                usable = shape.memory_bytes - shape.reserved_memory_bytes
-                used = int(usable * s.memory_used_ratio)
-                return Processes((ProcessReading(pid=41000 + 17 * gpu, name="python3", used_bytes=used),))
-            case Collector.RECOVERY:
-                return Recovery(action=0)
-            case Collector.ECC:
-                # Hopper reports row remapping; the pre-Ampere page-retirement calls are "not supported".
-                return Ecc(
-                    enabled=True,
-                    corrected_volatile=s.ecc_corrected,
-                    uncorrected_volatile=s.ecc_uncorrected,
-                    corrected_aggregate=s.ecc_corrected_aggregate,
-                    uncorrected_aggregate=s.ecc_uncorrected_aggregate,
-                    retired_pages_single_bit=None,
-                    retired_pages_double_bit=None,
-                    retired_pages_pending=None,
-                )
-            case Collector.REMAPPING:
-                return Remapping(
-                    correctable_rows=s.remapped_correctable,
-                    uncorrectable_rows=s.remapped_uncorrectable,
-                    pending=FaultKind.ROW_REMAP_PENDING in kinds,
-                    failure=FaultKind.ROW_REMAP_FAILURE in kinds,
-                )
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """What a simulated read sees: the GPU's shape and state now, and the faults on it."""
+
+    gpu: int
+    node: NodeShape
+    state: GpuState
+    seed: int
+    faults: list[ActiveFault]
+    kinds: set[FaultKind]
+
+    @property
+    def shape(self) -> GpuShape:
+        return self.node.gpus
+
+    @property
+    def busy(self) -> bool:
+        return self.state.utilization >= 0.01
+
+    @property
+    def noise(self) -> Callable[[int], float]:
+        return lambda channel: noise(self.seed, self.gpu, self.state.tick, channel)
+
+
+def _inventory(v: _View) -> Inventory:
+    return Inventory(
+        name=v.shape.model,
+        serial=f"{1650923000000 + hash_pair(v.seed, v.gpu) % 1000000:013d}",
+        vbios_version=v.node.vbios_version,
+        driver_version=v.node.driver_version,
+        cuda_driver_version=v.node.cuda_driver_version,
+        mig_enabled=v.shape.mig,
+    )
+
+
+def _utilization(v: _View) -> Utilization:
+    mem_ratio = min(1.0, v.state.utilization * 0.55 * (1 + 0.1 * v.noise(2)))
+    return Utilization(gpu_ratio=round(v.state.utilization, 2), memory_controller_ratio=round(mem_ratio, 2))
+
+
+def _memory(v: _View) -> Memory:
+    usable = v.shape.memory_bytes - v.shape.reserved_memory_bytes
+    used = int(usable * v.state.memory_used_ratio) if v.busy else 0
+    return Memory(used_bytes=used, total_bytes=v.shape.memory_bytes, reserved_bytes=v.shape.reserved_memory_bytes)
+
+
+def _power(v: _View) -> Power:
+    return Power(
+        usage_watts=round(v.state.power_watts, 3),
+        limit_watts=v.shape.power_limit_watts,
+        energy_joules=round(v.state.energy_joules, 3),
+    )
+
+
+def _thermal(v: _View) -> Thermal:
+    return Thermal(
+        gpu_celsius=float(round(v.state.temperature_celsius)),
+        memory_celsius=float(round(v.state.memory_temperature_celsius)),
+        fan_ratio=round(0.3 + 0.5 * v.state.utilization, 2) if v.shape.fan else None,
+    )
+
+
+def _clocks(v: _View) -> Clocks:
+    shape = v.shape
+    slow = 1.0
+    if FaultKind.THERMAL_SLOWDOWN in v.kinds:
+        slow *= 0.6
+    if FaultKind.POWER_SLOWDOWN in v.kinds:
+        slow *= 0.75
+    sm = (shape.max_sm_clock_mhz if v.busy else shape.idle_sm_clock_mhz) * slow
+    video = shape.max_video_clock_mhz if v.busy else 765.0
+    current = {
+        Domain.SM: round(sm) * MHZ,
+        Domain.GRAPHICS: round(sm) * MHZ,
+        Domain.MEMORY: shape.max_memory_clock_mhz * MHZ,
+        Domain.VIDEO: video * MHZ,
+    }
+    maximum = {
+        Domain.SM: shape.max_sm_clock_mhz * MHZ,
+        Domain.GRAPHICS: shape.max_sm_clock_mhz * MHZ,
+        Domain.MEMORY: shape.max_memory_clock_mhz * MHZ,
+        Domain.VIDEO: shape.max_video_clock_mhz * MHZ,
+    }
+    return Clocks(current, maximum, clock_reasons(v.state.utilization, v.kinds), performance_state=0)
+
+
+def _pcie(v: _View) -> Pcie:
+    tx = v.state.utilization * 2.4e9 * (1 + 0.2 * v.noise(3))
+    rx = v.state.utilization * 3.1e9 * (1 + 0.2 * v.noise(4))
+    return Pcie(
+        link_generation=v.shape.pcie_generation,
+        max_link_generation=v.shape.pcie_generation,
+        link_width=v.shape.pcie_width,
+        max_link_width=v.shape.pcie_width,
+        replay_errors=v.state.pcie_replays,
+        tx_bytes_per_second=round(tx, -3),
+        rx_bytes_per_second=round(rx, -3),
+    )
+
+
+def _nvlink(v: _View) -> NvLink:
+    down = {f.spec.link for f in v.faults if f.spec.kind is FaultKind.NVLINK_DOWN}
+    s = v.state
+    return NvLink(
+        tuple(
+            LinkReading(
+                link=i,
+                active=i not in down,
+                replay_errors=s.nvlink_replays[i],
+                recovery_errors=s.nvlink_recoveries[i],
+                crc_errors=s.nvlink_crcs[i],
+            )
+            for i in range(v.shape.nvlink_links)
+        )
+    )
+
+
+def _processes(v: _View) -> Processes:
+    if not v.busy:
+        return Processes(())
+    usable = v.shape.memory_bytes - v.shape.reserved_memory_bytes
+    used = int(usable * v.state.memory_used_ratio)
+    return Processes((ProcessReading(pid=41000 + 17 * v.gpu, name="python3", used_bytes=used),))
+
+
+def _recovery(v: _View) -> Recovery:
+    return Recovery(action=0)
+
+
+def _ecc(v: _View) -> Ecc:
+    s = v.state
+    # Hopper reports row remapping; the pre-Ampere page-retirement calls are "not supported".
+    return Ecc(
+        enabled=True,
+        corrected_volatile=s.ecc_corrected,
+        uncorrected_volatile=s.ecc_uncorrected,
+        corrected_aggregate=s.ecc_corrected_aggregate,
+        uncorrected_aggregate=s.ecc_uncorrected_aggregate,
+        retired_pages_single_bit=None,
+        retired_pages_double_bit=None,
+        retired_pages_pending=None,
+    )
+
+
+def _remapping(v: _View) -> Remapping:
+    return Remapping(
+        correctable_rows=v.state.remapped_correctable,
+        uncorrectable_rows=v.state.remapped_uncorrectable,
+        pending=FaultKind.ROW_REMAP_PENDING in v.kinds,
+        failure=FaultKind.ROW_REMAP_FAILURE in v.kinds,
+    )
+
+
+_READERS: dict[Collector, Callable[[_View], Reading]] = {
+    Collector.INVENTORY: _inventory,
+    Collector.UTILIZATION: _utilization,
+    Collector.MEMORY: _memory,
+    Collector.POWER: _power,
+    Collector.THERMAL: _thermal,
+    Collector.CLOCKS: _clocks,
+    Collector.PCIE: _pcie,
+    Collector.NVLINK: _nvlink,
+    Collector.PROCESSES: _processes,
+    Collector.RECOVERY: _recovery,
+    Collector.ECC: _ecc,
+    Collector.REMAPPING: _remapping,
+}
+require_every_collector(_READERS, "sim")
 
 
 def hash_pair(seed: int, n: int) -> int:

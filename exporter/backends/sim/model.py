@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gpu_triage.exporter.backends.base import ClockEventReason as Reason
+from gpu_triage.exporter.backends.readings import ClockEventReason as Reason
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultKind, FaultSpec
 from gpu_triage.exporter.backends.sim.scenario import Phase, Scenario
 

@@ -11,8 +11,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpu_triage.exporter.backends.base import BackendError, Collector, DriverXid, GpuLostError, Recovery, Thermal
+from gpu_triage.exporter.backends.base import BackendError, Collector, DriverXid, GpuLostError
 from gpu_triage.exporter.backends.nvml import NvmlBackend
+from gpu_triage.exporter.backends.readings import Recovery, Thermal
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from gpu_triage.exporter.polling.poller import Poller

@@ -8,17 +8,9 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from gpu_triage.exporter.backends.base import (
-    ClockEventReason,
-    Collector,
-    Ecc,
-    GpuLostError,
-    NvLink,
-    Power,
-    Remapping,
-    Thermal,
-)
-from gpu_triage.exporter.backends.base import Clocks as ClocksReading
+from gpu_triage.exporter.backends.base import Collector, GpuLostError
+from gpu_triage.exporter.backends.readings import ClockEventReason, Ecc, NvLink, Power, Remapping, Thermal
+from gpu_triage.exporter.backends.readings import Clocks as ClocksReading
 from gpu_triage.exporter.backends.sim import FaultError, FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.backends.sim.model import noise
 from tests.conftest import FakeClock

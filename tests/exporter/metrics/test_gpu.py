@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity, Processes, ProcessReading
+from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity
+from gpu_triage.exporter.backends.readings import FAMILIES, Processes, ProcessReading
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.metrics.exposition import MetricsCache, encode, reference_encode
-from gpu_triage.exporter.metrics.gpu import FAMILIES, daemon_families, gpu_families
+from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.kmsg import Record
 from tests.conftest import REPO, FakeClock, require_tool, settings
