@@ -14,11 +14,12 @@ from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity
 from gpu_triage.exporter.backends.readings import FAMILIES, Processes, ProcessReading
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
-from gpu_triage.exporter.metrics.exposition import MetricsCache, encode, reference_encode
+from gpu_triage.exporter.metrics.exposition import MetricsCache, encode
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.kmsg import Record
 from tests.conftest import REPO, FakeClock, require_tool, settings
+from tests.exporter.metrics.test_exposition import reference_encode
 
 GOLDEN = REPO / "tests" / "golden" / "metrics-sim.prom"
 # Families whose values depend on the machine or the moment, not on the scenario.
