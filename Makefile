@@ -26,6 +26,8 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict tools/gen_kubernetes.py kubernetes/node_condition.py
+	$(PY) tools/gen_kubernetes.py --check
 
 bench: $(VENV)/.installed
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
