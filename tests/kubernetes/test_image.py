@@ -115,7 +115,7 @@ def build_context(dest: Path) -> Path:
         dirs[:] = [d for d in dirs if not any(p.fullmatch((rel / d).as_posix()) for p in patterns)]
         for name in [d for d in dirs if (REPO / rel / d).is_symlink()]:  # src/gpu_triage's links: COPY keeps them
             (dest / rel).mkdir(parents=True, exist_ok=True)
-            (dest / rel / name).symlink_to(os.readlink(REPO / rel / name))
+            (dest / rel / name).symlink_to((REPO / rel / name).readlink())
         for name in files:
             path = (rel / name).as_posix()
             if not any(p.fullmatch(path) for p in patterns):
