@@ -28,22 +28,9 @@ from types import MappingProxyType
 
 from gpu_triage.diagnosis.actions import Action, Severity, most_urgent
 from gpu_triage.diagnosis.findings import Evidence, Finding, urgency
-from gpu_triage.diagnosis.playbooks import UNKNOWN_XID_PLAYBOOK
-from gpu_triage.diagnosis.xid_catalog import XidCatalog, load_catalog
+from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID, XidCatalog
+from gpu_triage.diagnosis.xid_data import load_catalog
 
-
-@dataclass(frozen=True, slots=True)
-class XidVerdict:
-    """What to say about an XID when nothing but a fixed verdict applies."""
-
-    action: Action
-    severity: Severity
-    playbook: str
-
-
-# A code missing from the catalog (a newer driver's, most likely): we cannot say how bad it is, so
-# find out on the drained GPU rather than guess. The daemon and offline diagnosis both use this.
-UNKNOWN_XID = XidVerdict(Action.RUN_DIAGNOSTICS, Severity.UNKNOWN, UNKNOWN_XID_PLAYBOOK)
 BURST_GAP_SECONDS = 180.0
 REPEAT_WINDOW_SECONDS = 86400.0
 REPEAT_INCIDENTS = 3

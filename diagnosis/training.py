@@ -30,7 +30,7 @@ from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, Tally, Where, build
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.identity import IdentityBook, Who
-from gpu_triage.diagnosis.incidents import UNKNOWN_XID, Decision, Occurrence, decide
+from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide
 from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser
 from gpu_triage.diagnosis.line_scan import LineScanner
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
@@ -46,7 +46,8 @@ from gpu_triage.diagnosis.training_rules import (
     RuleSet,
     load_rules,
 )
-from gpu_triage.diagnosis.xid_catalog import XidEntry, load_catalog
+from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID, XidEntry
+from gpu_triage.diagnosis.xid_data import load_catalog
 
 MAX_EVENTS = 10_000  # XID events listed in a report; the rest are counted
 EVIDENCE_CHARS = 1000  # of each evidence line kept; bounds memory when many places fail

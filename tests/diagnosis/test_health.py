@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_triage.diagnosis.actions import Action, Health, Severity
+from gpu_triage.diagnosis.conditions import load_conditions
 from gpu_triage.diagnosis.findings import Finding, urgency
 from gpu_triage.diagnosis.health import (
     APP_FINDING_SECONDS,
@@ -14,7 +15,6 @@ from gpu_triage.diagnosis.health import (
     assess_gpu,
     assess_node,
     condition_findings,
-    load_conditions,
     sxid_findings,
 )
 from gpu_triage.diagnosis.incidents import Occurrence

@@ -10,13 +10,13 @@ import pytest
 import yaml
 
 from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.diagnosis.line_scan import LineScanner
 from gpu_triage.diagnosis.log_lines import normalise
 from gpu_triage.diagnosis.training_rules import (
     FIELDS,
     REQUIRED_CLASSES,
     Example,
-    RulesError,
     RuleSet,
     load_rules,
     parse_rules,
@@ -231,14 +231,14 @@ def test_loader_reports_every_problem_at_once() -> None:
     rules[6]["colour"] = "red"
     rules.append(dict(rules[7]))  # a duplicate class
     doc["near_misses"].append("node1:1:1 [0] NCCL WARN NET/IB : Got async event : port error")
-    with pytest.raises(RulesError) as info:
+    with pytest.raises(DataError) as info:
         parse_rules(doc)
     text = str(info.value)
     problems = info.value.problems
     assert len(problems) >= 9
     for needle in (
-        "unknown action 'REBOOT_PLEASE'",
-        "unknown severity 'fatal'",
+        "action 'REBOOT_PLEASE' is not one of",
+        "severity 'fatal' is not one of",
         "bad regex",
         "unbounded repetition",
         "unknown field (group name) 'driver'",
@@ -254,25 +254,25 @@ def test_loader_rejects_an_example_stolen_by_a_more_specific_rule() -> None:
     doc = _doc()
     timeout = next(r for r in doc["rules"] if r["class"] == "collective_timeout")
     timeout["examples"].append("[rank3]: RuntimeError: CUDA error: uncorrectable ECC error encountered")
-    with pytest.raises(RulesError, match="lands on more specific 'gpu_hw_fault'"):
+    with pytest.raises(DataError, match="lands on more specific 'gpu_hw_fault'"):
         parse_rules(doc)
 
 
 def test_loader_rejects_examples_the_prefilter_cannot_see() -> None:
     doc = _doc()
     doc["prefilter"]["triggers"] = [t for t in doc["prefilter"]["triggers"] if t != "WARN"]
-    with pytest.raises(RulesError, match="contains no prefilter trigger"):
+    with pytest.raises(DataError, match="contains no prefilter trigger"):
         parse_rules(doc)
 
 
 def test_loader_rejects_unknown_top_level_keys_and_bad_yaml() -> None:
     doc = _doc()
     doc["extra"] = 1
-    with pytest.raises(RulesError, match="unknown key 'extra'"):
+    with pytest.raises(DataError, match="unknown key 'extra'"):
         parse_rules(doc)
-    with pytest.raises(RulesError, match="not valid YAML"):
+    with pytest.raises(DataError, match="not valid YAML"):
         parse_rules_text("rules: [unclosed")
-    with pytest.raises(RulesError, match="expected a mapping"):
+    with pytest.raises(DataError, match="expected a mapping"):
         parse_rules([1, 2])
 
 
@@ -281,7 +281,7 @@ def test_loader_rejects_rules_without_a_class_the_code_relies_on(class_id: str) 
     doc = _doc()
     doc["rules"] = [r for r in doc["rules"] if r["class"] != class_id]
     # Examples of the removed class now land on other rules; only the missing class matters here.
-    with pytest.raises(RulesError, match=f"no rule for class {class_id!r}"):
+    with pytest.raises(DataError, match=f"no rule for class {class_id!r}"):
         parse_rules(doc)
 
 

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 
 from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.data_files import DataError, Problems, parse_yaml
 from gpu_triage.diagnosis.kernel_log import parse_line
-from gpu_triage.diagnosis.xid_catalog import (
-    CONTEXTS,
-    DATA_FILES,
-    CatalogError,
-    XidCatalog,
-    build_catalog,
-    load_catalog,
-    parse_data,
-)
+from gpu_triage.diagnosis.xid_catalog import CONTEXTS, XidCatalog
+from gpu_triage.diagnosis.xid_data import DATA_FILES, build_catalog, load_catalog
+
+
+def parse_data(text: str, name: str) -> tuple[object, Problems]:
+    problems = Problems()
+    return parse_yaml(text, name, problems), problems
+
 
 ROOT = Path(__file__).resolve().parents[2]
 CSV_DIR = ROOT / "tools" / "xid-catalog"  # NVIDIA's sheets, kept in the repository
@@ -265,12 +265,12 @@ def test_bad_data_lists_every_problem() -> None:
     policy[500] = dict(policy[8])  # policy for a code NVIDIA does not list
     docs["xid_nvidia.yaml"]["xids"][11]["immediate"] = "RESTART_UNIVERSE"  # unknown bucket
     docs["action_mappings.yaml"]["gpud"]["from_action"].pop("IGNORE")
-    with pytest.raises(CatalogError) as caught:
+    with pytest.raises(DataError) as caught:
         build(docs)
     text = "\n".join(caught.value.problems)
     for needle in (
-        "xid 8: unknown keys ['colour']",
-        "xid 46: 'PRAY' is not an Action",
+        "xid 8: unknown key 'colour'",
+        "xid 46: action 'PRAY' is not one of",
         "xid 48: severity 'catastrophic'",
         "xid 79: RESET_GPU differs from RESTART_BM",
         "xid 14: `deviation` given",
@@ -298,7 +298,7 @@ def test_broken_yaml_is_a_problem_not_a_crash() -> None:
 
 
 def test_wrong_shapes_are_problems_not_crashes() -> None:
-    with pytest.raises(CatalogError) as caught:
+    with pytest.raises(DataError) as caught:
         build_catalog(None, [], "x", {"rules": "nope"})
     assert len(caught.value.problems) >= 4
 
@@ -307,7 +307,7 @@ def test_a_cause_split_by_a_yaml_flow_list_is_refused() -> None:
     docs = copy.deepcopy(documents())
     # What `causes: [PCIe link failure (slot, riser), driver bug]` parses to.
     docs["xid_policy.yaml"]["xids"][79]["causes"] = ["PCIe link failure (slot", "riser)", "driver bug"]
-    with pytest.raises(CatalogError) as caught:
+    with pytest.raises(DataError) as caught:
         build(docs)
     assert [p for p in caught.value.problems if "unbalanced brackets" in p] == [
         "xid_policy.yaml: xid 79: cause 'PCIe link failure (slot' has unbalanced brackets (quote causes that contain commas)",
