@@ -34,6 +34,34 @@ UNKNOWN_XID = XidVerdict(Action.RUN_DIAGNOSTICS, Severity.UNKNOWN, action_playbo
 
 
 @dataclass(frozen=True, slots=True)
+class RowRemap:
+    codes: frozenset[int]  # the row remapper's events ...
+    raises: int  # ... beside this code raise its action ...
+    to: Action  # ... to at least this one
+
+
+@dataclass(frozen=True, slots=True)
+class Repeats:
+    codes: frozenset[int]  # application faults that, coming back, point at the GPU
+    incidents: int  # this many incidents ...
+    window_seconds: float  # ... within this window
+    same_spot: frozenset[int]  # or, for these, a second one on the same GPC/TPC
+    to: Action
+
+
+@dataclass(frozen=True, slots=True)
+class ContextPolicy:
+    """Which codes the classifier weighs by their neighbours and history, and how (xid_policy.yaml `classifier`)."""
+
+    burst_gap_seconds: float  # XIDs on one GPU with shorter gaps are one incident
+    sympathetic: frozenset[int]  # never the root cause while another XID is in the incident
+    row_remap: RowRemap
+    decoded: frozenset[int]  # the NVLink5 decode sheet decides their action
+    recovery: int  # the XID that names the recovery action the driver wants
+    repeats: Repeats
+
+
+@dataclass(frozen=True, slots=True)
 class XidEntry:
     code: int
     mnemonic: str
@@ -127,14 +155,19 @@ def parse_hex(text: str | None) -> int | None:
 
 
 class XidCatalog:
-    """Every catalog code with NVIDIA's facts and our policy, plus the mappings and the NVLink5 decode."""
+    """Every catalog code with NVIDIA's facts and our policy, the mappings, the NVLink5 decode, the context policy."""
 
     def __init__(
-        self, entries: Mapping[int, XidEntry], mappings: ActionMappings, nvlink5: tuple[Nvlink5Rule, ...]
+        self,
+        entries: Mapping[int, XidEntry],
+        mappings: ActionMappings,
+        nvlink5: tuple[Nvlink5Rule, ...],
+        context: ContextPolicy,
     ) -> None:
         self._entries = dict(sorted(entries.items()))
         self.mappings = mappings
         self.nvlink5_rules = nvlink5
+        self.context = context
 
     def get(self, code: int) -> XidEntry | None:
         return self._entries.get(code)

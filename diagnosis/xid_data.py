@@ -18,7 +18,10 @@ from gpu_triage.diagnosis.xid_catalog import (
     CONTEXTS,
     ActionMappings,
     Bits,
+    ContextPolicy,
     Nvlink5Rule,
+    Repeats,
+    RowRemap,
     XidCatalog,
     XidEntry,
     parse_hex,
@@ -194,6 +197,71 @@ def _build_entry(code: int, fact: Any, rule: Any, p: Problems, mappings: ActionM
     )
 
 
+class _Context:
+    """Reads the `classifier` section: each code it names must be in the catalog and carry the tag for its role."""
+
+    def __init__(self, p: Problems, entries: dict[int, XidEntry]) -> None:
+        self.p, self.entries = p, entries
+
+    def code(self, where: str, value: Any, tag: str) -> int:
+        at = f"xid_policy.yaml: classifier: {where}"
+        entry = self.entries.get(value) if type(value) is int else None
+        if entry is None:
+            self.p.fail(at, f"{value!r} is not an Xid code of the catalog")
+        elif tag not in entry.context:
+            self.p.fail(at, f"Xid {value} must carry the context tag {tag!r} in `xids`")
+        return value if type(value) is int else 0
+
+    def codes(self, where: str, value: Any, tag: str) -> frozenset[int]:
+        if not isinstance(value, list) or not value:
+            self.p.fail(
+                f"xid_policy.yaml: classifier: {where}", f"expected a non-empty list of Xid codes, got {value!r}"
+            )
+            return frozenset()
+        return frozenset(self.code(where, c, tag) for c in value)
+
+    def number(self, where: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            self.p.fail(f"xid_policy.yaml: classifier: {where}", f"expected a positive number, got {value!r}")
+            return 1.0
+        return float(value)
+
+
+def _build_context(doc: Any, entries: dict[int, XidEntry], p: Problems) -> ContextPolicy:
+    where = "xid_policy.yaml: classifier"
+    top = p.keys(where, doc, {"burst_gap_seconds", "sympathetic", "row_remap", "decoded", "recovery", "repeats"})
+    remap = p.keys(f"{where}: row_remap", top.get("row_remap"), {"codes", "raises", "to"})
+    repeats = p.keys(
+        f"{where}: repeats", top.get("repeats"), {"codes", "incidents", "window_seconds", "same_spot", "to"}
+    )
+    ctx = _Context(p, entries)
+    repeat_codes = ctx.codes("repeats.codes", repeats.get("codes"), "history")
+    same_spot = ctx.codes("repeats.same_spot", repeats.get("same_spot"), "history")
+    if not same_spot <= repeat_codes:
+        p.fail(f"{where}: repeats.same_spot", f"{sorted(same_spot - repeat_codes)} are not in repeats.codes")
+    incidents = ctx.number("repeats.incidents", repeats.get("incidents"))
+    if not incidents.is_integer():
+        p.fail(f"{where}: repeats.incidents", f"expected a whole number, got {incidents}")
+    return ContextPolicy(
+        burst_gap_seconds=ctx.number("burst_gap_seconds", top.get("burst_gap_seconds")),
+        sympathetic=ctx.codes("sympathetic", top.get("sympathetic"), "co_occurrence"),
+        row_remap=RowRemap(
+            codes=ctx.codes("row_remap.codes", remap.get("codes"), "co_occurrence"),
+            raises=ctx.code("row_remap.raises", remap.get("raises"), "co_occurrence"),
+            to=p.action(f"{where}: row_remap.to", remap.get("to")) or _INVALID,
+        ),
+        decoded=ctx.codes("decoded", top.get("decoded"), "decode"),
+        recovery=ctx.code("recovery", top.get("recovery"), "recovery_text"),
+        repeats=Repeats(
+            codes=repeat_codes,
+            incidents=int(incidents),
+            window_seconds=ctx.number("repeats.window_seconds", repeats.get("window_seconds")),
+            same_spot=same_spot,
+            to=p.action(f"{where}: repeats.to", repeats.get("to")) or _INVALID,
+        ),
+    )
+
+
 def _code_order(code: Any) -> tuple[int, int, str]:
     return (0, code, "") if isinstance(code, int) else (1, 0, str(code))
 
@@ -202,7 +270,7 @@ def build_catalog(facts: Any, policy: Any, mappings: Any, nvlink5: Any, problems
     """Join the four parsed documents; raises DataError listing every problem (`problems` first)."""
     p = problems if problems is not None else Problems()
     p.keys("xid_nvidia.yaml", facts, {"source", "xids"})
-    p.keys("xid_policy.yaml", policy, {"xids"})
+    p.keys("xid_policy.yaml", policy, {"classifier", "xids"})
     p.keys("xid_nvlink5.yaml", nvlink5, {"source", "rules"})
     action_mappings = _build_mappings(mappings, p)
     fact_rows = _section(facts, "xids", p, "xid_nvidia.yaml")
@@ -222,10 +290,13 @@ def build_catalog(facts: Any, policy: Any, mappings: Any, nvlink5: Any, problems
         p.fail("xid_nvlink5.yaml", "`rules` must be a list")
     built = [_build_rule(r, f"xid_nvlink5.yaml: rule {i}", p, action_mappings) for i, r in enumerate(rows or ())]
     rules = tuple(r for r in built if r is not None)
-    if stray := sorted({r.xid for r in rules} - set(range(144, 151))):
-        p.fail("xid_nvlink5.yaml", f"rules for codes outside 144-150: {stray}")
+    context = _build_context(policy.get("classifier") if isinstance(policy, dict) else None, entries, p)
+    if stray := sorted({r.xid for r in rules} - context.decoded):
+        p.fail("xid_nvlink5.yaml", f"rules for codes the classifier does not decode (classifier.decoded): {stray}")
+    if undecodable := sorted(context.decoded - {r.xid for r in rules}):
+        p.fail("xid_policy.yaml: classifier: decoded", f"no rows in xid_nvlink5.yaml for {undecodable}")
     p.raise_if_any("invalid XID catalog data")
-    return XidCatalog(entries, action_mappings, rules)
+    return XidCatalog(entries, action_mappings, rules, context)
 
 
 @functools.cache
