@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from gpu_triage.diagnosis.actions import Action, Health, Severity, most_urgent
+from gpu_triage.diagnosis.actions import Action, GpuStatus, Health, Severity, most_urgent
 from gpu_triage.diagnosis.conditions import load_conditions
 from gpu_triage.diagnosis.findings import Evidence, Finding, urgency
 from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide, findings
@@ -33,7 +33,7 @@ _CURED_BY_RESET = frozenset(a for a in Action if a.rank >= Action.DRAIN_AND_RESE
 class Telemetry:
     """What the poller last read that bears on health; None where the GPU does not say."""
 
-    status: Literal["up", "lost", "hung"] = "up"
+    status: GpuStatus = GpuStatus.UP
     recovery_action: int | None = None
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
@@ -79,9 +79,9 @@ def condition_findings(t: Telemetry, gpu: str, catalog: XidCatalog | None = None
     """The findings the telemetry alone supports, most urgent first."""
     catalog = catalog or load_catalog()
     out = []
-    if t.status == "lost":
+    if t.status == GpuStatus.LOST:
         out.append(_condition("gpu_lost", gpu, "NVML: the GPU is lost"))
-    elif t.status == "hung":
+    elif t.status == GpuStatus.HUNG:
         out.append(_condition("gpu_unresponsive", gpu, "a driver call did not return before its deadline"))
     if t.recovery_action:
         name, action = catalog.mappings.recovery_named(t.recovery_action)
@@ -158,9 +158,9 @@ def _partition(found: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
 
 
 def _health(driving: Sequence[Finding], t: Telemetry) -> Health:
-    if t.status == "lost" or any(f.severity is Severity.CRITICAL for f in driving):
+    if t.status == GpuStatus.LOST or any(f.severity is Severity.CRITICAL for f in driving):
         return Health.UNHEALTHY
-    if t.status == "hung":
+    if t.status == GpuStatus.HUNG:
         return Health.UNKNOWN
     return Health.DEGRADED if driving else Health.HEALTHY
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.actions import Action, Health, Severity
+from gpu_triage.diagnosis.actions import Action, GpuStatus, Health, Severity
 from gpu_triage.diagnosis.conditions import load_conditions
 from gpu_triage.diagnosis.findings import Finding, urgency
 from gpu_triage.diagnosis.health import (
@@ -68,8 +68,8 @@ def test_application_faults_close_after_an_hour() -> None:
 @pytest.mark.parametrize(
     ("telemetry", "health", "action", "classes"),
     [
-        (Telemetry(status="lost"), Health.UNHEALTHY, Action.REBOOT_NODE, ["gpu_lost"]),
-        (Telemetry(status="hung"), Health.UNKNOWN, Action.RESET_GPU, ["gpu_unresponsive"]),
+        (Telemetry(status=GpuStatus.LOST), Health.UNHEALTHY, Action.REBOOT_NODE, ["gpu_lost"]),
+        (Telemetry(status=GpuStatus.HUNG), Health.UNKNOWN, Action.RESET_GPU, ["gpu_unresponsive"]),
         (Telemetry(row_remap_failure=True), Health.UNHEALTHY, Action.CONTACT_SUPPORT, ["row_remap_failure"]),
         (Telemetry(row_remap_pending=True), Health.DEGRADED, Action.DRAIN_AND_RESET, ["row_remap_pending"]),
         (Telemetry(uncorrected_ecc=2), Health.UNHEALTHY, Action.RESET_GPU, ["ecc_uncorrectable"]),
@@ -99,14 +99,14 @@ def test_the_driver_recovery_action_is_one_finding_with_its_xid() -> None:
 
 
 def test_xids_and_conditions_together_most_urgent_first() -> None:
-    v = verdict([occ(13, 990)], Telemetry(status="lost"))
+    v = verdict([occ(13, 990)], Telemetry(status=GpuStatus.LOST))
     assert [f.class_id for f in v.findings] == ["gpu_lost", "xid_13"]
 
 
 def test_node_verdict_and_exit_codes() -> None:
     healthy = verdict([])
     sick = verdict([occ(79, 900)])
-    hung = verdict([], Telemetry(status="hung"))
+    hung = verdict([], Telemetry(status=GpuStatus.HUNG))
     assert assess_node([healthy, healthy]).health is Health.HEALTHY
     node = assess_node([healthy, sick, hung])
     assert (node.health, node.action) == (Health.UNHEALTHY, Action.REBOOT_NODE)
@@ -158,7 +158,7 @@ def test_every_condition_is_used_and_complete() -> None:
         f.class_id
         for f in condition_findings(
             Telemetry(
-                status="lost",
+                status=GpuStatus.LOST,
                 recovery_action=1,
                 row_remap_failure=True,
                 uncorrected_ecc=1,
