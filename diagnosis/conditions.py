@@ -59,7 +59,9 @@ def parse_conditions(
         steps = p.strings(f"{where}: steps", spec["steps"])
         playbook = p.playbook(where, spec["playbook"])
         if severity is not None and title is not None and (action is not None or spec["action"] is None):
-            out[str(cid)] = Condition(str(cid), title, severity, action, playbook, tuple(steps))
+            out[str(cid)] = Condition(
+                id=str(cid), title=title, severity=severity, action=action, playbook=playbook, steps=tuple(steps)
+            )
     for cid in USED:
         if cid not in body:
             p.fail(name, f"no condition {cid!r}, which the verdict code raises")
