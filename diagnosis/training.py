@@ -31,7 +31,8 @@ from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, Tally, Where, b
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.identity import IdentityBook, Who
 from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide
-from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser
+from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
+from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.line_scan import LineScanner
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
 from gpu_triage.diagnosis.root_cause import Progress, ProgressTracker, Ranked, Straggler, link_symptoms, order

@@ -18,7 +18,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser, ScanStats
+from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
+from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser, ScanStats
 from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 from gpu_triage.exporter.sources.kmsg import Record

@@ -18,7 +18,7 @@ from gpu_triage.diagnosis.health import (
     sxid_findings,
 )
 from gpu_triage.diagnosis.incidents import Occurrence
-from gpu_triage.diagnosis.kernel_log import parse_line
+from tests.diagnosis.kernel_lines import parse_line
 
 GPU = "0000:18:00.0"
 

@@ -11,10 +11,10 @@ import pytest
 
 from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.data_files import DataError, Problems, parse_yaml
-from gpu_triage.diagnosis.kernel_log import parse_line
 from gpu_triage.diagnosis.xid_catalog import CONTEXTS, XidCatalog
 from gpu_triage.diagnosis.xid_data import build_catalog, load_catalog
 from tests.diagnosis.catalog_data import build, documents
+from tests.diagnosis.kernel_lines import parse_line
 
 ROOT = Path(__file__).resolve().parents[2]
 CSV_DIR = ROOT / "tools" / "xid-catalog"  # NVIDIA's sheets, kept in the repository
