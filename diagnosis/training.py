@@ -65,7 +65,7 @@ class _Source:
 
 @dataclass
 class Report:
-    """The result of one `diagnose` call; `to_json` is the DESIGN "Diagnosis JSON"."""
+    """The result of one `diagnose` call; `to_json` is what POST /api/v1/diagnose and `diagnose --json` print."""
 
     events: list[dict[str, Any]]
     findings: list[Finding]

@@ -1,4 +1,4 @@
-"""Snapshot -> Prometheus metric families (DESIGN.md "Metrics": names, units, labels).
+"""Snapshot -> Prometheus metric families: names, units, labels (the README's "Metrics" section lists them).
 
 Families are built fresh for each snapshot, never kept as long-lived gauges, so a GPU or a link
 that disappears takes its series with it. Values are what the last background poll read:

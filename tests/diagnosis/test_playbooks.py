@@ -91,7 +91,6 @@ def test_every_referenced_id_has_a_playbook(source: str, ids: Callable[[], set[s
 
 
 def test_every_training_class_has_its_own_playbook() -> None:
-    assert len(load_rules().rules) == 27  # the classes of nccl-symptoms.md §0
     for rule in load_rules().rules:
         assert rule.playbook == "nccl-" + rule.class_id.replace("_", "-")
 

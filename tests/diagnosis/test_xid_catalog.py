@@ -82,8 +82,7 @@ def test_buckets_are_all_mapped(catalog: XidCatalog) -> None:
 
 def test_every_deviation_is_documented(catalog: XidCatalog) -> None:
     deviating = {e.code for e in catalog if e.nvidia_action is not None and e.action != e.nvidia_action}
-    assert deviating == {e.code for e in catalog if e.deviation}
-    assert deviating == {13, 31, 32, 45, 63, 64, 80, 92, 137, 147, 148, 157}
+    assert deviating == {e.code for e in catalog if e.deviation}  # which they are: tests/golden/diagnosis-classes.txt
 
 
 def test_policy_values(catalog: XidCatalog) -> None:
