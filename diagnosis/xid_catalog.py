@@ -178,18 +178,6 @@ class XidCatalog:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, code: object) -> bool:
-        return code in self._entries
-
-    @property
-    def codes(self) -> tuple[int, ...]:
-        return tuple(self._entries)
-
-    @property
-    def playbooks(self) -> frozenset[str]:
-        """Every runbook id the policy references (diagnosis/data_check.py checks they exist)."""
-        return frozenset(entry.playbook for entry in self)
-
     def recovery_action_from_text(self, text: str) -> Action | None:
         """The Action Xid 154's text asks for; None when the text is not a recovery-action change."""
         change = parse_recovery_change(text)

@@ -77,7 +77,7 @@ def test_load_is_cached_and_read_only() -> None:
 @pytest.mark.parametrize(
     ("source", "ids"),
     [
-        ("XID catalog", lambda: set(load_catalog().playbooks)),
+        ("XID catalog", lambda: {e.playbook for e in load_catalog()}),
         ("telemetry conditions", lambda: {c.playbook for c in load_conditions().values()}),
         ("training-log rules", lambda: {r.playbook for r in load_rules().rules}),
         ("unknown XID codes", lambda: {UNKNOWN_XID.playbook}),
