@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
+from gpu_triage.diagnosis.data_files import DataError, Problems, parse_yaml, read_data
 
+_FILE = "conditions.yaml"
 _KEYS = {"title", "severity", "action", "playbook", "steps"}
 
 # The conditions the verdict code raises: a file without one of them cannot be used.
@@ -34,21 +35,16 @@ class Condition:
     steps: tuple[str, ...]
 
 
-def parse_conditions(
-    doc: object, name: str = "conditions.yaml", problems: Problems | None = None
-) -> dict[str, Condition]:
+def parse_conditions(doc: object, problems: Problems | None = None) -> dict[str, Condition]:
     """The conditions in the parsed YAML `doc`; raises DataError listing every problem (`problems` first)."""
     p = problems if problems is not None else Problems()
-    top = p.keys(name, doc, {"conditions"})
-    body = top.get("conditions")
-    if "conditions" in top and not isinstance(body, dict):
-        p.fail(name, "`conditions` must be a mapping")
+    body = p.keys(_FILE, doc, {"conditions"}).get("conditions")
     if not isinstance(body, dict):
-        p.raise_if_any("invalid telemetry conditions")
-        body = {}
+        p.fail(_FILE, "`conditions` must be a mapping of condition ids")
+        raise DataError("invalid telemetry conditions", p)
     out = {}
     for cid, spec in body.items():
-        where = f"{name}: {cid}"
+        where = f"{_FILE}: {cid}"
         if not p.complete(where, spec, _KEYS):
             continue
         action = None if spec["action"] is None else p.action(where, spec["action"])
@@ -56,15 +52,15 @@ def parse_conditions(
         title = spec["title"] if isinstance(spec["title"], str) and spec["title"].strip() else None
         if title is None:
             p.fail(where, "`title` must be a non-empty string")
-        steps = p.strings(f"{where}: steps", spec["steps"])
+        steps = tuple(p.strings(f"{where}: steps", spec["steps"]))
         playbook = p.playbook(where, spec["playbook"])
         if severity is not None and title is not None and (action is not None or spec["action"] is None):
             out[str(cid)] = Condition(
-                id=str(cid), title=title, severity=severity, action=action, playbook=playbook, steps=tuple(steps)
+                id=str(cid), title=title, severity=severity, action=action, playbook=playbook, steps=steps
             )
     for cid in USED:
         if cid not in body:
-            p.fail(name, f"no condition {cid!r}, which the verdict code raises")
+            p.fail(_FILE, f"no condition {cid!r}, which the verdict code raises")
     p.raise_if_any("invalid telemetry conditions")
     return out
 
@@ -73,5 +69,5 @@ def parse_conditions(
 def load_conditions() -> Mapping[str, Condition]:
     """The shipped conditions, checked once per process."""
     problems = Problems()
-    doc = parse_yaml(read_data("conditions.yaml"), "conditions.yaml", problems)
+    doc = parse_yaml(read_data(_FILE), _FILE, problems)
     return MappingProxyType(parse_conditions(doc, problems=problems))

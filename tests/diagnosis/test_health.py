@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from gpu_triage.diagnosis.actions import Action, GpuStatus, Health, Severity
-from gpu_triage.diagnosis.conditions import load_conditions
+from gpu_triage.diagnosis.conditions import load_conditions, parse_conditions
+from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.diagnosis.findings import Finding, urgency
 from gpu_triage.diagnosis.health import (
     APP_FINDING_SECONDS,
@@ -18,6 +20,7 @@ from gpu_triage.diagnosis.health import (
     sxid_findings,
 )
 from gpu_triage.diagnosis.incidents import Occurrence
+from tests.conftest import REPO
 from tests.diagnosis.kernel_lines import parse_line
 
 GPU = "0000:18:00.0"
@@ -206,4 +209,23 @@ def test_urgency_orders_by_action_then_severity() -> None:
         "RESET_GPU/critical",
         "RESET_GPU/warning",
         "CHECK_APP/critical",
+    ]
+
+
+def test_a_bad_conditions_file_lists_every_problem() -> None:
+    doc = yaml.safe_load((REPO / "diagnosis" / "data" / "conditions.yaml").read_text(encoding="utf-8"))
+    conditions = doc["conditions"]
+    conditions["gpu_lost"]["action"] = "PANIC"
+    conditions["nvlink_down"]["severity"] = "unknown"  # ours to say, never the data's
+    conditions["thermal_slowdown"]["playbook"] = "Check Cooling"
+    del conditions["sxid_fatal"]["steps"]
+    del conditions["power_brake_slowdown"]
+    with pytest.raises(DataError) as caught:
+        parse_conditions(doc)
+    assert [p.removeprefix("conditions.yaml: ") for p in caught.value.problems] == [
+        "gpu_lost: action 'PANIC' is not one of " + ", ".join(Action),
+        "thermal_slowdown: playbook id 'Check Cooling' is not lower-case words joined by dashes",
+        "nvlink_down: severity 'unknown' is not one of critical, warning, info",
+        "sxid_fatal: missing key 'steps'",
+        "no condition 'power_brake_slowdown', which the verdict code raises",
     ]
