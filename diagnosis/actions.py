@@ -82,6 +82,14 @@ class Health(StrEnum):
     UNKNOWN = "unknown"  # we cannot tell: the GPU does not answer, or nothing is known yet
 
 
+class GpuStatus(StrEnum):
+    """Whether the driver still reaches a GPU, as the poller last found it; `status` in the HTTP API."""
+
+    UP = "up"
+    LOST = "lost"  # the driver says the GPU is gone
+    HUNG = "hung"  # a call to it did not come back before the deadline
+
+
 def most_urgent(actions: list[Action]) -> Action:
     """The one action that covers all of `actions` (IGNORE when there is none)."""
     return min(actions, key=lambda a: a.rank, default=Action.IGNORE)

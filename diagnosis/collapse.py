@@ -22,7 +22,7 @@ MAX_KEYS = 10_000  # distinct (class, where) pairs before new places fold into o
 Where = tuple[str, str | None, int | None, str | None]  # (class, host, rank, gpu)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Spec:
     """What a finding of one class says, whoever found it."""
 

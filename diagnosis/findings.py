@@ -1,4 +1,8 @@
-"""Diagnosis result shapes shared by the XID and training-log classifiers (DESIGN.md, "Diagnosis JSON")."""
+"""Diagnosis result shapes shared by the XID and training-log classifiers.
+
+`Finding.to_json` is the finding of GET /api/v1/diagnosis, POST /api/v1/diagnose and `gpu-triage diagnose
+--json` alike.
+"""
 
 from __future__ import annotations
 

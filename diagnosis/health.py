@@ -13,74 +13,27 @@ Telemetry conditions (a lost GPU, a pending row remap) hold exactly as long as t
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
-import yaml
-
-from gpu_triage.diagnosis.actions import Action, Health, Severity, most_urgent
+from gpu_triage.diagnosis.actions import Action, GpuStatus, Health, Severity, most_urgent
+from gpu_triage.diagnosis.conditions import load_conditions
 from gpu_triage.diagnosis.findings import Evidence, Finding, urgency
 from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide, findings
-from gpu_triage.diagnosis.xid_catalog import XidCatalog, load_catalog
+from gpu_triage.diagnosis.xid_catalog import XidCatalog
+from gpu_triage.diagnosis.xid_data import load_catalog
 
 APP_FINDING_SECONDS = 3600.0
 _APP_ACTIONS = frozenset({Action.RESTART_APP, Action.CHECK_APP, Action.IGNORE})
 _CURED_BY_RESET = frozenset(a for a in Action if a.rank >= Action.DRAIN_AND_RESET.rank)
-_CONDITION_KEYS = {"title", "severity", "action", "playbook", "steps"}
-
-
-class ConditionsError(ValueError):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Condition:
-    id: str
-    title: str
-    severity: Severity
-    action: Action | None  # None: taken from the telemetry value (the NVML recovery action)
-    playbook: str
-    steps: tuple[str, ...]
-
-
-@functools.cache
-def load_conditions() -> Mapping[str, Condition]:
-    doc = yaml.safe_load(resources.files("gpu_triage.diagnosis").joinpath("data", "conditions.yaml").read_text("utf-8"))
-    problems: list[str] = []
-    out = {}
-    for cid, body in (doc or {}).get("conditions", {}).items():
-        if not isinstance(body, dict) or set(body) != _CONDITION_KEYS:
-            problems.append(f"{cid}: needs exactly the keys {sorted(_CONDITION_KEYS)}")
-            continue
-        try:
-            action = None if body["action"] is None else Action(body["action"])
-            severity = Severity(body["severity"])
-        except ValueError as e:
-            problems.append(f"{cid}: {e}")
-            continue
-        out[cid] = Condition(cid, body["title"], severity, action, body["playbook"], tuple(body["steps"]))
-    missing = set(_CONDITIONS_USED) - set(out)
-    problems += [f"{cid}: missing" for cid in sorted(missing)]
-    if problems:
-        raise ConditionsError("invalid conditions.yaml:\n  " + "\n  ".join(problems))
-    return out
-
-
-_CONDITIONS_USED = (
-    "gpu_lost", "gpu_unresponsive", "recovery_action", "row_remap_failure", "row_remap_pending",
-    "ecc_uncorrectable", "retired_pages_pending", "thermal_slowdown", "power_brake_slowdown", "nvlink_down",
-    "sxid_fatal", "sxid_nonfatal",
-)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Telemetry:
     """What the poller last read that bears on health; None where the GPU does not say."""
 
-    status: Literal["up", "lost", "hung"] = "up"
+    status: GpuStatus = GpuStatus.UP
     recovery_action: int | None = None
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
@@ -126,9 +79,9 @@ def condition_findings(t: Telemetry, gpu: str, catalog: XidCatalog | None = None
     """The findings the telemetry alone supports, most urgent first."""
     catalog = catalog or load_catalog()
     out = []
-    if t.status == "lost":
+    if t.status == GpuStatus.LOST:
         out.append(_condition("gpu_lost", gpu, "NVML: the GPU is lost"))
-    elif t.status == "hung":
+    elif t.status == GpuStatus.HUNG:
         out.append(_condition("gpu_unresponsive", gpu, "a driver call did not return before its deadline"))
     if t.recovery_action:
         name, action = catalog.mappings.recovery_named(t.recovery_action)
@@ -205,9 +158,9 @@ def _partition(found: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
 
 
 def _health(driving: Sequence[Finding], t: Telemetry) -> Health:
-    if t.status == "lost" or any(f.severity is Severity.CRITICAL for f in driving):
+    if t.status == GpuStatus.LOST or any(f.severity is Severity.CRITICAL for f in driving):
         return Health.UNHEALTHY
-    if t.status == "hung":
+    if t.status == GpuStatus.HUNG:
         return Health.UNKNOWN
     return Health.DEGRADED if driving else Health.HEALTHY
 

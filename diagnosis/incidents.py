@@ -1,18 +1,20 @@
 """One GPU's XIDs in context: bursts, root causes, sympathetic XIDs, what history changes.
 
-The catalog says what a code means on its own. Here its neighbours and its history decide:
+The catalog says what a code means on its own. Here its neighbours and its history decide, by the rules
+below. Which codes play which part, and the windows, are the catalog's `ContextPolicy` (the `classifier`
+section of xid_policy.yaml); the values in brackets are the shipped ones.
 
-- XIDs with gaps under three minutes are one incident (a burst); its root cause is the most urgent
-  XID, the earliest among equals. The rest are symptoms: listed, but they drive no action.
-- An Xid 154 in the incident (or the recovery action NVML reports now) names the action the driver
-  wants: it overrides the catalog's static action for the root cause.
-- Xid 48 alone asks for a GPU reset; with 63 or 64 beside it the row remapper is involved, so the
-  GPU is drained and reset (64, a failed remap, is its own root cause: RMA).
-- Xid 45, and any line that says "caused by previous Xid", are sympathetic: never a root cause
-  while a real one is in the incident.
-- Xid 144-150 take their action from NVIDIA's NVLink5 decode of the line's payload.
-- 13 or 31 over and over on one GPU (three incidents a day, or 13 twice on the same GPC/TPC) is no
-  longer the application's fault alone: run diagnostics.
+- XIDs with gaps shorter than the burst gap (3 minutes) are one incident; its root cause is the most
+  urgent XID, the earliest among equals. The rest are symptoms: listed, but they drive no action.
+- The recovery XID (154) in the incident, or the recovery action NVML reports now, names the action the
+  driver wants: it overrides the catalog's action for the root cause.
+- The row remapper's events (63, 64) beside an uncorrectable error (48) raise its action (to drain, then
+  reset: the remap takes effect at the next reset); 64, a failed remap, is its own root cause: RMA.
+- Sympathetic codes (45), and any line that says "caused by previous Xid", are never a root cause while
+  a real one is in the incident.
+- Decoded codes (144-150) take their action from NVIDIA's NVLink5 decode of the line's payload.
+- Application faults that keep coming back on one GPU (13 or 31 in three incidents a day, or 13 twice
+  on the same GPC/TPC) are no longer the application's fault alone: run diagnostics.
 - A code that needed a reset or reboot and comes back in a later boot escalates to RMA.
 
 Time is passed in with the occurrences; nothing here reads a clock or a file beyond the catalog.
@@ -23,34 +25,14 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gpu_triage.diagnosis.actions import Action, Severity, most_urgent
 from gpu_triage.diagnosis.findings import Evidence, Finding, urgency
-from gpu_triage.diagnosis.playbooks import UNKNOWN_XID_PLAYBOOK
-from gpu_triage.diagnosis.xid_catalog import XidCatalog, load_catalog
+from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID, Repeats, XidCatalog
+from gpu_triage.diagnosis.xid_data import load_catalog
 
-
-@dataclass(frozen=True, slots=True)
-class XidVerdict:
-    """What to say about an XID when nothing but a fixed verdict applies."""
-
-    action: Action
-    severity: Severity
-    playbook: str
-
-
-# A code missing from the catalog (a newer driver's, most likely): we cannot say how bad it is, so
-# find out on the drained GPU rather than guess. The daemon and offline diagnosis both use this.
-UNKNOWN_XID = XidVerdict(Action.RUN_DIAGNOSTICS, Severity.UNKNOWN, UNKNOWN_XID_PLAYBOOK)
-BURST_GAP_SECONDS = 180.0
-REPEAT_WINDOW_SECONDS = 86400.0
-REPEAT_INCIDENTS = 3
-_SYMPATHETIC = frozenset({45})
-_APP_FAULTS = frozenset({13, 31})
-_REMAP = frozenset({63, 64})
-_NVLINK5 = range(144, 151)
 # Actions a reboot should have cured: seeing the code again in a later boot means the hardware.
 _CURED_BY_REBOOT = frozenset({Action.RESET_GPU, Action.DRAIN_AND_RESET, Action.REBOOT_NODE})
 
@@ -79,26 +61,29 @@ class Decision:
     incident_end: float | None = None  # time of the incident's last XID: findings age from there
 
 
-def incidents(occurrences: Sequence[Occurrence], boundaries: Sequence[float] = ()) -> list[list[Occurrence]]:
-    """Split one GPU's XIDs into bursts: a gap of BURST_GAP_SECONDS or more starts a new one, and so do a
-    new boot and each of `boundaries` (a GPU reset, an acknowledgement): what comes after those is news,
+def incidents(
+    occurrences: Sequence[Occurrence], boundaries: Sequence[float] = (), catalog: XidCatalog | None = None
+) -> list[list[Occurrence]]:
+    """Split one GPU's XIDs into bursts: a gap of the burst gap or more starts a new one, and so do a new
+    boot and each of `boundaries` (a GPU reset, an acknowledgement): what comes after those is news,
     never a symptom of what came before."""
+    gap = (catalog or load_catalog()).context.burst_gap_seconds
     ordered = sorted(occurrences, key=lambda o: (o.ts is None, o.ts or 0.0, o.ref))
     cuts = sorted(boundaries)
     out: list[list[Occurrence]] = []
     for occ in ordered:
         last = out[-1][-1] if out else None
-        if last is None or last.boot_id != occ.boot_id or _apart(last.ts, occ.ts, cuts):
+        if last is None or last.boot_id != occ.boot_id or _apart(last.ts, occ.ts, cuts, gap):
             out.append([occ])
         else:
             out[-1].append(occ)
     return out
 
 
-def _apart(before: float | None, after: float | None, cuts: list[float]) -> bool:
+def _apart(before: float | None, after: float | None, cuts: list[float], gap: float) -> bool:
     if before is None or after is None:
         return False
-    if after - before >= BURST_GAP_SECONDS:
+    if after - before >= gap:
         return True
     i = bisect.bisect_right(cuts, before)
     return i < len(cuts) and cuts[i] <= after
@@ -114,12 +99,12 @@ def decide(
     """A decision for every occurrence of one GPU, in time order. `recovery_now` is the NVML
     recovery action read now: it applies to the latest incident."""
     catalog = catalog or load_catalog()
-    bursts = incidents(occurrences, boundaries)
+    bursts = incidents(occurrences, boundaries, catalog)
     decisions: list[Decision] = []
     for i, burst in enumerate(bursts):
         live_recovery = recovery_now if i == len(bursts) - 1 else None
         decisions.extend(_decide_incident(burst, catalog, live_recovery))
-    return _escalate(decisions)
+    return _escalate(decisions, catalog.context.repeats)
 
 
 def _base(occ: Occurrence, catalog: XidCatalog) -> tuple[Action, Severity]:
@@ -127,27 +112,29 @@ def _base(occ: Occurrence, catalog: XidCatalog) -> tuple[Action, Severity]:
     if entry is None:
         return UNKNOWN_XID.action, UNKNOWN_XID.severity
     action = entry.action
-    if occ.code in _NVLINK5 and (decoded := catalog.decode_nvlink5(occ.code, occ.details)) is not None:
+    if occ.code in catalog.context.decoded and (decoded := catalog.decode_nvlink5(occ.code, occ.details)) is not None:
         action = decoded.action
     return action, entry.severity
 
 
-def _sympathetic(occ: Occurrence) -> bool:
-    return occ.code in _SYMPATHETIC or "caused_by_xid" in occ.details
+def _sympathetic(occ: Occurrence, catalog: XidCatalog) -> bool:
+    return occ.code in catalog.context.sympathetic or "caused_by_xid" in occ.details
 
 
 def _decide_incident(burst: list[Occurrence], catalog: XidCatalog, recovery_now: int | None) -> list[Decision]:
     base = {id(o): _base(o, catalog) for o in burst}
     notes: dict[int, str] = {}
-    if {o.code for o in burst} & _REMAP:
-        # The remap events follow the uncorrectable error that caused them: 48 stays the root cause,
+    remap = catalog.context.row_remap
+    if seen := sorted({o.code for o in burst} & remap.codes):
+        # The remap events follow the uncorrectable error that caused them: it stays the root cause,
         # and the remap has to take effect before the GPU is used again.
         for o in burst:
-            if o.code == 48:
+            if o.code == remap.raises:
                 own, severity = base[id(o)]
-                base[id(o)] = (most_urgent([own, Action.DRAIN_AND_RESET]), severity)
-                notes[id(o)] = "with Xid 63/64 the row remapper is involved: drain, then reset"
-    candidates = [o for o in burst if not _sympathetic(o) and o.code != 154] or burst
+                base[id(o)] = (most_urgent([own, remap.to]), severity)
+                notes[id(o)] = f"with Xid {'/'.join(map(str, seen))} the row remapper is involved: at least {remap.to}"
+    recovery_code = catalog.context.recovery
+    candidates = [o for o in burst if not _sympathetic(o, catalog) and o.code != recovery_code] or burst
     root = min(candidates, key=lambda o: (base[id(o)][0].rank, base[id(o)][1].rank, o.ts or 0.0, o.ref))
     action, severity = base[id(root)]
     note = notes.get(id(root))
@@ -159,10 +146,10 @@ def _decide_incident(burst: list[Occurrence], catalog: XidCatalog, recovery_now:
     end = burst[-1].ts
     for occ in burst:
         if occ is root:
-            out.append(Decision(occ, action, severity, True, note, end))
+            out.append(Decision(occ, action, severity, root=True, note=note, incident_end=end))
         else:
-            why = f"symptom of Xid {root.code}" + (" (sympathetic)" if _sympathetic(occ) else "")
-            out.append(Decision(occ, Action.IGNORE, Severity.INFO, False, why, end))
+            why = f"symptom of Xid {root.code}" + (" (sympathetic)" if _sympathetic(occ, catalog) else "")
+            out.append(Decision(occ, Action.IGNORE, Severity.INFO, root=False, note=why, incident_end=end))
     return out
 
 
@@ -172,9 +159,9 @@ def _recovery(burst: list[Occurrence], catalog: XidCatalog, recovery_now: int | 
         name, now = catalog.mappings.recovery_named(recovery_now)
         return now, f"NVML reports recovery action {name}"
     for occ in reversed(burst):
-        action = catalog.recovery_action_from_text(occ.text) if occ.code == 154 else None
+        action = catalog.recovery_action_from_text(occ.text) if occ.code == catalog.context.recovery else None
         if action is not None and action is not Action.IGNORE:
-            return action, "Xid 154 names the recovery action the driver wants"
+            return action, f"Xid {occ.code} names the recovery action the driver wants"
     return None
 
 
@@ -183,10 +170,10 @@ class _Seen:
     """What earlier root causes of one code left behind, walking forward in time."""
 
     boots: set[str] = field(default_factory=set)
-    recent: deque[Occurrence] = field(default_factory=deque)  # within REPEAT_WINDOW_SECONDS
+    recent: deque[Occurrence] = field(default_factory=deque)  # within the repeat window
 
 
-def _escalate(decisions: list[Decision]) -> list[Decision]:
+def _escalate(decisions: list[Decision], repeats: Repeats) -> list[Decision]:
     """Upgrade root causes by what the same code did before; one pass, in time order."""
     seen: dict[int, _Seen] = {}
     out = []
@@ -200,32 +187,29 @@ def _escalate(decisions: list[Decision]) -> list[Decision]:
             history.recent
             and occ.ts is not None
             and history.recent[0].ts is not None
-            and occ.ts - history.recent[0].ts > REPEAT_WINDOW_SECONDS
+            and occ.ts - history.recent[0].ts > repeats.window_seconds
         ):
             history.recent.popleft()
-        upgrade = _history_upgrade(d, history)
+        out.append(_history_upgrade(d, history, repeats) or d)
         history.recent.append(occ)
         if occ.boot_id:
             history.boots.add(occ.boot_id)
-        out.append(d if upgrade is None else Decision(occ, upgrade[0], upgrade[1], True, upgrade[2], d.incident_end))
     return out
 
 
-def _history_upgrade(d: Decision, history: _Seen) -> tuple[Action, Severity, str] | None:
+def _history_upgrade(d: Decision, history: _Seen, repeats: Repeats) -> Decision | None:
     occ = d.occurrence
     if d.action in _CURED_BY_REBOOT and history.boots - {occ.boot_id, ""}:
-        return (
-            Action.CONTACT_SUPPORT,
-            Severity.CRITICAL,
-            f"Xid {occ.code} came back after a reboot: suspect the hardware",
-        )
-    if occ.code in _APP_FAULTS and d.action.rank > Action.RUN_DIAGNOSTICS.rank:
-        if len(history.recent) + 1 >= REPEAT_INCIDENTS:
-            note = f"Xid {occ.code} in {len(history.recent) + 1} incidents within a day"
-            return Action.RUN_DIAGNOSTICS, Severity.WARNING, note
+        note = f"Xid {occ.code} came back after a reboot: suspect the hardware"
+        return replace(d, action=Action.CONTACT_SUPPORT, severity=Severity.CRITICAL, note=note)
+    if occ.code in repeats.codes and d.action.rank > repeats.to.rank:
+        if len(history.recent) + 1 >= repeats.incidents:
+            note = f"Xid {occ.code} in {len(history.recent) + 1} incidents within {repeats.window_seconds / 3600:g} h"
+            return replace(d, action=repeats.to, severity=Severity.WARNING, note=note)
         spot = _gpc_tpc(occ)
-        if occ.code == 13 and spot is not None and any(_gpc_tpc(e) == spot for e in history.recent):
-            return Action.RUN_DIAGNOSTICS, Severity.WARNING, "Xid 13 again on the same GPC/TPC: suspect the hardware"
+        if occ.code in repeats.same_spot and spot is not None and any(_gpc_tpc(e) == spot for e in history.recent):
+            note = f"Xid {occ.code} again on the same GPC/TPC: suspect the hardware"
+            return replace(d, action=repeats.to, severity=Severity.WARNING, note=note)
     return None
 
 

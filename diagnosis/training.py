@@ -23,15 +23,16 @@ daemon judges them (`incidents.decide`), with the times the lines carry where th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, Tally, Where, build
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.identity import IdentityBook, Who
-from gpu_triage.diagnosis.incidents import UNKNOWN_XID, Decision, Occurrence, decide
-from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser
+from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide
+from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
+from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.line_scan import LineScanner
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
 from gpu_triage.diagnosis.root_cause import Progress, ProgressTracker, Ranked, Straggler, link_symptoms, order
@@ -46,7 +47,8 @@ from gpu_triage.diagnosis.training_rules import (
     RuleSet,
     load_rules,
 )
-from gpu_triage.diagnosis.xid_catalog import XidEntry, load_catalog
+from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID, XidEntry
+from gpu_triage.diagnosis.xid_data import load_catalog
 
 MAX_EVENTS = 10_000  # XID events listed in a report; the rest are counted
 EVIDENCE_CHARS = 1000  # of each evidence line kept; bounds memory when many places fail
@@ -63,7 +65,7 @@ class _Source:
 
 @dataclass
 class Report:
-    """The result of one `diagnose` call; `to_json` is the DESIGN "Diagnosis JSON"."""
+    """The result of one `diagnose` call; `to_json` is what POST /api/v1/diagnose and `diagnose --json` print."""
 
     events: list[dict[str, Any]]
     findings: list[Finding]
@@ -88,7 +90,14 @@ class Report:
 def _rule_spec(rules: RuleSet) -> dict[str, Spec]:
     return {
         r.class_id: Spec(
-            r.class_id, r.severity, r.action, r.title, r.playbook, r.steps, float(r.specificity), r.symptom
+            class_id=r.class_id,
+            severity=r.severity,
+            action=r.action,
+            title=r.title,
+            playbook=r.playbook,
+            steps=r.steps,
+            tier=float(r.specificity),
+            symptom=r.symptom,
         )
         for r in rules.rules
     }
@@ -110,27 +119,26 @@ def _xid_spec(code: int, entry: XidEntry | None, rules: RuleSet) -> Spec:
     """What an XID finding says: the catalog's verdict, and where it ranks among training-log classes."""
     if entry is None:
         return Spec(
-            f"xid_{code}",
-            UNKNOWN_XID.severity,
-            UNKNOWN_XID.action,
-            f"XID {code}: code not in the XID catalog",
-            UNKNOWN_XID.playbook,
-            (
+            class_id=f"xid_{code}",
+            severity=UNKNOWN_XID.severity,
+            action=UNKNOWN_XID.action,
+            title=f"XID {code}: code not in the XID catalog",
+            playbook=UNKNOWN_XID.playbook,
+            steps=(
                 "Keep the full NVRM line for the case: the code is newer than this catalog or undocumented.",
                 _XID_CHECK,
                 UNKNOWN_XID.action.description,
             ),
-            -1.0,
+            tier=-1.0,
         )
-    tier = _xid_tier(entry.action, rules)
     return Spec(
-        f"xid_{code}",
-        entry.severity,
-        entry.action,
-        f"XID {code} ({entry.mnemonic}): {entry.title}",
-        entry.playbook,
-        (_XID_CHECK, entry.action.description),
-        tier,
+        class_id=f"xid_{code}",
+        severity=entry.severity,
+        action=entry.action,
+        title=f"XID {code} ({entry.mnemonic}): {entry.title}",
+        playbook=entry.playbook,
+        steps=(_XID_CHECK, entry.action.description),
+        tier=_xid_tier(entry.action, rules),
     )
 
 
@@ -362,7 +370,7 @@ class _Diagnosis:
             if d is None or (d.action, d.severity) == (spec.action, spec.severity):
                 return None
             tier = _xid_tier(d.action, self.rules) if d.root else float(len(self.rules.rules))
-            new = Spec(spec.class_id, d.severity, d.action, spec.title, spec.playbook, spec.steps, tier, not d.root)
+            new = replace(spec, severity=d.severity, action=d.action, tier=tier, symptom=not d.root)
             return new, ({"note": d.note} if d.note else {})
 
         self.collapser.respec(change)

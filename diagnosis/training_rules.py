@@ -1,7 +1,7 @@
 """The training-log rules (data/training_rules.yaml), loaded into frozen values and checked once.
 
 Everything that can be wrong with the file is found at load time and reported together in one
-`RulesError`: unknown keys, bad or unbounded regexes, unknown group names, actions or severities,
+`DataError`: unknown keys, bad or unbounded regexes, unknown group names, actions or severities,
 duplicate classes, playbook ids that do not follow `nccl-<class>`, examples that do not land on
 their own rule (a more specific rule earlier in the file would steal them), examples the prefilter
 would never see, and near misses that match something.
@@ -16,12 +16,9 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
-from importlib import resources
-from typing import Any
-
-import yaml
 
 from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
 from gpu_triage.diagnosis.log_lines import normalise
 
 
@@ -57,14 +54,6 @@ class ContextKind(StrEnum):
     FAILURE_HOST = "failure_host"  # torchrun failure summary
     FAILURE_RANK = "failure_rank"
     PROGRESS = "progress"  # last enqueued / completed NCCL work of a rank
-
-
-class RulesError(ValueError):
-    """The rules file is invalid; `problems` lists every problem found."""
-
-    def __init__(self, origin: str, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__(f"{origin}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,69 +179,43 @@ _RULE_OPTIONAL = {"symptom"}
 _TOP_KEYS = {"version", "prefilter", "context", "rules", "near_misses"}
 
 
-class _Checker:
-    """Collects problems instead of stopping at the first one."""
+def _signatures(ck: Problems, where: str, node: object) -> tuple[re.Pattern[str], ...]:
+    compiled: list[re.Pattern[str]] = []
+    for i, text in enumerate(ck.strings(where, node)):
+        at = f"{where}[{i}]"
+        if offsets := unbounded_repeats(text):
+            ck.fail(at, f"unbounded repetition at offset(s) {offsets}; use a bounded {{m,n}}")
+        try:
+            pattern = re.compile(text)
+        except re.error as exc:
+            ck.fail(at, f"bad regex: {exc}")
+            continue
+        for name in pattern.groupindex:
+            if name not in FIELDS:
+                ck.fail(at, f"unknown field (group name) {name!r}")
+        compiled.append(pattern)
+    return tuple(compiled)
 
-    def __init__(self) -> None:
-        self.problems: list[str] = []
 
-    def fail(self, where: str, message: str) -> None:
-        self.problems.append(f"{where}: {message}")
-
-    def keys(self, where: str, node: object, allowed: set[str], required: set[str]) -> dict[str, Any]:
-        if not isinstance(node, dict):
-            self.fail(where, f"expected a mapping, got {type(node).__name__}")
-            return {}
-        for key in sorted(set(node) - allowed, key=str):
-            self.fail(where, f"unknown key {key!r}")
-        for key in sorted(required - set(node)):
-            self.fail(where, f"missing key {key!r}")
-        return node
-
-    def strings(self, where: str, node: object, *, allow_empty: bool = False) -> list[str]:
-        if not isinstance(node, list) or not all(isinstance(s, str) and s for s in node):
-            self.fail(where, "expected a list of non-empty strings")
-            return []
-        if not node and not allow_empty:
-            self.fail(where, "must not be empty")
-        return list(node)
-
-    def signatures(self, where: str, node: object) -> tuple[re.Pattern[str], ...]:
-        compiled: list[re.Pattern[str]] = []
-        for i, text in enumerate(self.strings(where, node)):
-            at = f"{where}[{i}]"
-            if offsets := unbounded_repeats(text):
-                self.fail(at, f"unbounded repetition at offset(s) {offsets}; use a bounded {{m,n}}")
-            try:
-                pattern = re.compile(text)
-            except re.error as exc:
-                self.fail(at, f"bad regex: {exc}")
-                continue
-            for name in pattern.groupindex:
-                if name not in FIELDS:
-                    self.fail(at, f"unknown field (group name) {name!r}")
-            compiled.append(pattern)
-        return tuple(compiled)
-
-    def examples(self, where: str, node: object, follow: tuple[Follow, ...]) -> tuple[Example, ...]:
-        if not isinstance(node, list) or not node:
-            self.fail(where, "expected a non-empty list of examples")
-            return ()
-        out: list[Example] = []
-        for i, item in enumerate(node):
-            at = f"{where}[{i}]"
-            if isinstance(item, str) and item:
-                out.append(Example(item))
-                continue
-            spec = self.keys(at, item, {"line", "after"}, {"line", "after"})
-            line, after = spec.get("line"), spec.get("after")
-            if not (isinstance(line, str) and line and isinstance(after, str) and after):
-                self.fail(at, "`line` and `after` must be non-empty strings")
-                continue
-            if not any(f.trigger in after for f in follow):
-                self.fail(at, "`after` contains no follow trigger, so it cannot lead to the line")
-            out.append(Example(line, after))
-        return tuple(out)
+def _examples(ck: Problems, where: str, node: object, follow: tuple[Follow, ...]) -> tuple[Example, ...]:
+    if not isinstance(node, list) or not node:
+        ck.fail(where, "expected a non-empty list of examples")
+        return ()
+    out: list[Example] = []
+    for i, item in enumerate(node):
+        at = f"{where}[{i}]"
+        if isinstance(item, str) and item:
+            out.append(Example(item))
+            continue
+        spec = ck.keys(at, item, {"line", "after"})
+        line, after = spec.get("line"), spec.get("after")
+        if not (isinstance(line, str) and line and isinstance(after, str) and after):
+            ck.fail(at, "`line` and `after` must be non-empty strings")
+            continue
+        if not any(f.trigger in after for f in follow):
+            ck.fail(at, "`after` contains no follow trigger, so it cannot lead to the line")
+        out.append(Example(line, after))
+    return tuple(out)
 
 
 def _reachable(example: Example, triggers: tuple[str, ...]) -> bool:
@@ -260,8 +223,8 @@ def _reachable(example: Example, triggers: tuple[str, ...]) -> bool:
     return any(t in line for t in triggers)
 
 
-def _parse_prefilter(ck: _Checker, node: object) -> tuple[tuple[str, ...], tuple[Follow, ...]]:
-    pre = ck.keys("prefilter", node, {"triggers", "follow"}, {"triggers"})
+def _parse_prefilter(ck: Problems, node: object) -> tuple[tuple[str, ...], tuple[Follow, ...]]:
+    pre = ck.keys("prefilter", node, {"triggers"}, {"follow"})
     triggers = tuple(ck.strings("prefilter.triggers", pre.get("triggers", [])))
     follow: list[Follow] = []
     follow_node = pre.get("follow", [])
@@ -269,7 +232,7 @@ def _parse_prefilter(ck: _Checker, node: object) -> tuple[tuple[str, ...], tuple
         ck.fail("prefilter.follow", "expected a list")
         follow_node = []
     for i, item in enumerate(follow_node):
-        spec = ck.keys(f"prefilter.follow[{i}]", item, {"trigger", "lines"}, {"trigger", "lines"})
+        spec = ck.keys(f"prefilter.follow[{i}]", item, {"trigger", "lines"})
         trig, lines = spec.get("trigger"), spec.get("lines")
         if isinstance(trig, str) and trig and isinstance(lines, int) and 1 <= lines <= 100:
             follow.append(Follow(trig, lines))
@@ -278,7 +241,7 @@ def _parse_prefilter(ck: _Checker, node: object) -> tuple[tuple[str, ...], tuple
     return triggers, tuple(follow)
 
 
-def _parse_context(ck: _Checker, node: object, follow: tuple[Follow, ...]) -> tuple[ContextRule, ...]:
+def _parse_context(ck: Problems, node: object, follow: tuple[Follow, ...]) -> tuple[ContextRule, ...]:
     if not isinstance(node, list):
         ck.fail("context", "expected a list")
         return ()
@@ -287,7 +250,7 @@ def _parse_context(ck: _Checker, node: object, follow: tuple[Follow, ...]) -> tu
     for i, item in enumerate(node):
         at = f"context[{i}]"
         keys = {"kind", "signatures", "examples"}
-        spec = ck.keys(at, item, keys, keys)
+        spec = ck.keys(at, item, keys)
         kind = spec.get("kind")
         if not isinstance(kind, str) or kind not in kinds:
             ck.fail(at, f"unknown context kind {kind!r}")
@@ -295,26 +258,21 @@ def _parse_context(ck: _Checker, node: object, follow: tuple[Follow, ...]) -> tu
         contexts.append(
             ContextRule(
                 ContextKind(kind),
-                ck.signatures(f"{at}.signatures", spec.get("signatures")),
-                ck.examples(f"{at}.examples", spec.get("examples"), follow),
+                _signatures(ck, f"{at}.signatures", spec.get("signatures")),
+                _examples(ck, f"{at}.examples", spec.get("examples"), follow),
             )
         )
     return tuple(contexts)
 
 
-def _parse_rule(ck: _Checker, i: int, item: object, follow: tuple[Follow, ...]) -> Rule | None:
-    spec = ck.keys(f"rules[{i}]", item, _RULE_KEYS | _RULE_OPTIONAL, _RULE_KEYS)
+def _parse_rule(ck: Problems, i: int, item: object, follow: tuple[Follow, ...]) -> Rule | None:
+    spec = ck.keys(f"rules[{i}]", item, _RULE_KEYS, _RULE_OPTIONAL)
     class_id = spec.get("class")
     at = f"rules[{i}] ({class_id})"
     if not (isinstance(class_id, str) and re.fullmatch(r"[a-z][a-z0-9_]{1,60}", class_id)):
         ck.fail(at, "`class` must be a lower_snake_case id")
         return None
-    severity, action = spec.get("severity"), spec.get("action")
-    severities = {s.value for s in Severity}
-    if severity not in severities:
-        ck.fail(at, f"unknown severity {severity!r}")
-    if not isinstance(action, str) or action not in Action.__members__:
-        ck.fail(at, f"unknown action {action!r}")
+    severity, action = ck.severity(at, spec.get("severity")), ck.action(at, spec.get("action"))
     if spec.get("playbook") != playbook_id(class_id):
         ck.fail(at, f"playbook must be {playbook_id(class_id)!r}, got {spec.get('playbook')!r}")
     title, symptom = spec.get("title"), spec.get("symptom", False)
@@ -324,24 +282,24 @@ def _parse_rule(ck: _Checker, i: int, item: object, follow: tuple[Follow, ...]) 
         ck.fail(at, "`symptom` must be true or false")
     return Rule(
         class_id=class_id,
-        severity=Severity(severity) if severity in severities else Severity.UNKNOWN,
-        action=Action[action] if isinstance(action, str) and action in Action.__members__ else Action.IGNORE,
+        severity=severity or Severity.UNKNOWN,
+        action=action or Action.IGNORE,
         playbook=playbook_id(class_id),
         title=str(title),
         steps=tuple(ck.strings(f"{at}.steps", spec.get("steps"))),
-        signatures=ck.signatures(f"{at}.signatures", spec.get("signatures")),
-        examples=ck.examples(f"{at}.examples", spec.get("examples"), follow),
+        signatures=_signatures(ck, f"{at}.signatures", spec.get("signatures")),
+        examples=_examples(ck, f"{at}.examples", spec.get("examples"), follow),
         specificity=i,
         symptom=symptom is True,
     )
 
 
 def parse_rules(doc: object, origin: str = "training_rules.yaml") -> RuleSet:
-    """Validate the parsed YAML `doc`; raise RulesError listing every problem."""
-    ck = _Checker()
-    top = ck.keys(origin, doc, _TOP_KEYS, _TOP_KEYS)
+    """Validate the parsed YAML `doc`; raise DataError listing every problem."""
+    ck = Problems(origin)
+    top = ck.keys("", doc, _TOP_KEYS)
     if top.get("version", 1) != 1:
-        ck.fail(origin, f"unsupported version {top.get('version')!r}")
+        ck.fail("version", f"unsupported version {top.get('version')!r}")
     triggers, follow = _parse_prefilter(ck, top.get("prefilter", {}))
     contexts = _parse_context(ck, top.get("context", []), follow)
     rules_node = top.get("rules")
@@ -364,12 +322,11 @@ def parse_rules(doc: object, origin: str = "training_rules.yaml") -> RuleSet:
     near = tuple(ck.strings("near_misses", top.get("near_misses", []), allow_empty=True))
     ruleset = RuleSet(tuple(rules), contexts, triggers, follow, near)
     _check_examples(ck, ruleset)
-    if ck.problems:
-        raise RulesError(origin, ck.problems)
+    ck.raise_if_any(origin)
     return ruleset
 
 
-def _check_examples(ck: _Checker, rs: RuleSet) -> None:
+def _check_examples(ck: Problems, rs: RuleSet) -> None:
     items: list[tuple[str, tuple[re.Pattern[str], ...], tuple[Example, ...]]] = [
         (r.class_id, r.signatures, r.examples) for r in rs.rules
     ] + [(f"context {c.kind}", c.signatures, c.examples) for c in rs.context]
@@ -404,15 +361,13 @@ def _check_examples(ck: _Checker, rs: RuleSet) -> None:
 
 
 def parse_rules_text(text: str, origin: str = "training_rules.yaml") -> RuleSet:
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RulesError(origin, [f"not valid YAML: {exc}"]) from exc
+    problems = Problems()
+    doc = parse_yaml(text, origin, problems)
+    problems.raise_if_any(origin)
     return parse_rules(doc, origin)
 
 
 @cache
 def load_rules() -> RuleSet:
     """The shipped rules, parsed and validated once per process."""
-    text = resources.files("gpu_triage.diagnosis").joinpath("data/training_rules.yaml").read_text(encoding="utf-8")
-    return parse_rules_text(text)
+    return parse_rules_text(read_data("training_rules.yaml"))

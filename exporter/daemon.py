@@ -16,6 +16,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
+from gpu_triage.diagnosis.data_check import check_data
 from gpu_triage.diagnosis.health import NodeVerdict
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.metrics.exposition import MetricsCache
@@ -123,7 +124,9 @@ class Daemon:
         return self.poller.snapshot
 
     def start(self) -> None:
-        """Find the GPUs, take the first snapshot, then poll and follow the XID sources in the background."""
+        """Check the diagnosis data (DataError lists every problem), find the GPUs, take the first snapshot,
+        then poll and follow the XID sources in the background."""
+        check_data()
         self.poller.discover()
         self._purge_now_and_then(self.clock())
         self.verdicts.load(self.clock())

@@ -12,11 +12,11 @@ import contextlib
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpu_triage.diagnosis.actions import Action, Health
+from gpu_triage.diagnosis.actions import Action, GpuStatus, Health
 from gpu_triage.diagnosis.findings import Finding, urgency
 from gpu_triage.diagnosis.health import (
     GpuVerdict,
@@ -29,7 +29,7 @@ from gpu_triage.diagnosis.health import (
 )
 from gpu_triage.diagnosis.incidents import Occurrence
 from gpu_triage.exporter.backends.readings import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
-from gpu_triage.exporter.polling.snapshot import GpuState, GpuStatus, Snapshot
+from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 
 HISTORY_SECONDS = 7 * 86400.0  # what the classifier looks back on (repeats, returns after a reboot)
@@ -40,16 +40,11 @@ _POWER_BRAKE = ClockEventReason.HW_POWER_BRAKE_SLOWDOWN.bit
 
 
 def telemetry(state: GpuState) -> Telemetry:
-    status: Literal["up", "lost", "hung"] = "up"
-    if state.status == GpuStatus.LOST:
-        status = "lost"
-    elif state.status == GpuStatus.HUNG:
-        status = "hung"
     recovery, remap, ecc = state.get(Recovery), state.get(Remapping), state.get(Ecc)
     clocks, links = state.get(Clocks), state.get(NvLink)
     reasons = (clocks.event_reasons or 0) if clocks else 0
     return Telemetry(
-        status=status,
+        status=GpuStatus(state.status),
         recovery_action=recovery.action if recovery else None,
         row_remap_pending=remap.pending if remap else None,
         row_remap_failure=remap.failure if remap else None,
@@ -120,7 +115,7 @@ class Verdicts:
             for key, xids in self._xids.items():
                 if key in seen or not xids:
                     continue
-                orphan = self._assess(key, key, list(xids), Telemetry(status="lost"), marks, now)
+                orphan = self._assess(key, key, list(xids), Telemetry(status=GpuStatus.LOST), marks, now)
                 if any(f.class_id.startswith("xid_") for f in orphan.findings):
                     gpus.append(orphan)
             node = assess_node(gpus, sxid_findings(list(self._sxids), boot_id=self._boot_id))

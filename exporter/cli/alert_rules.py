@@ -24,7 +24,8 @@ from pathlib import Path
 import yaml
 
 from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.xid_catalog import XidCatalog, load_catalog
+from gpu_triage.diagnosis.xid_catalog import XidCatalog
+from gpu_triage.diagnosis.xid_data import load_catalog
 
 BEGIN_MARKER = "# BEGIN generated critical-XID rules"
 END_MARKER = "# END generated critical-XID rules"

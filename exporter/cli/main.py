@@ -115,6 +115,19 @@ def _serve(args: argparse.Namespace, unknown: list[str]) -> int:
     return 0
 
 
+def _data_ok() -> bool:
+    """Whether the diagnosis data is sound; says what is wrong with it, all at once, when it is not."""
+    from gpu_triage.diagnosis.data_check import check_data
+    from gpu_triage.diagnosis.data_files import DataError
+
+    try:
+        check_data()
+    except DataError as e:
+        print(f"gpu-triage: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
@@ -122,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args, unknown)
     if unknown:
         parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+    if args.command in ("xid", "diagnose") and not _data_ok():
+        return 2
     if args.command == "xid":
         from gpu_triage.exporter.cli.commands import explain_xid
 

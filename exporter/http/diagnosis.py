@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from gpu_triage.diagnosis.xid_catalog import load_catalog
+from gpu_triage.diagnosis.xid_data import load_catalog
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.gpus import gpu_or_404
 from gpu_triage.exporter.log_input import InputTooLargeError, decoded

@@ -19,9 +19,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from markdown_it import MarkdownIt
 
 from gpu_triage.diagnosis.actions import Severity
+from gpu_triage.diagnosis.conditions import load_conditions
+from gpu_triage.diagnosis.data_check import playbook_references
 from gpu_triage.diagnosis.findings import Finding
-from gpu_triage.diagnosis.health import load_conditions
-from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, load_playbooks, playbook_references
+from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, load_playbooks
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def _index_row(p: Playbook, live: int) -> str:
 
 def runbooks_router(live_findings: Callable[[], list[Finding]]) -> APIRouter:
     """`/runbooks/`, `/runbooks/{id}` and `/runbooks/{id}.md`; `live_findings` gives the open findings."""
-    playbooks = load_playbooks()  # raises at start-up on a bad or missing playbook, never per request
+    playbooks = load_playbooks()  # checked with the rest of the data when the daemon started
     refs = playbook_references()
     pages = {pid: _render(p, refs.get(pid, [])) for pid, p in playbooks.items()}
     conditions = _conditions_table()

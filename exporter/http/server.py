@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 
+from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.exporter.backends.base import BackendError
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.daemon import Daemon
@@ -126,7 +127,7 @@ def serve(settings: Settings) -> None:
         try:
             daemon = Daemon(backend, settings)
             daemon.start()
-        except (JournalError, BackendError) as e:
+        except (JournalError, BackendError, DataError) as e:
             raise StartupError(str(e)) from e
         watchdog = Watchdog(
             notifier, daemon.alive, lambda: _status_line(daemon), status_interval=settings.collector_interval

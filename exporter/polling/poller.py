@@ -21,9 +21,10 @@ from types import MappingProxyType
 from apscheduler.executors.pool import ThreadPoolExecutor as JobExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from gpu_triage.diagnosis.actions import GpuStatus
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuBackend, GpuIdentity, GpuLostError, Result
 from gpu_triage.exporter.polling.readpool import ReadPool
-from gpu_triage.exporter.polling.snapshot import CollectorStatus, GpuState, GpuStatus, Snapshot, gpu_status
+from gpu_triage.exporter.polling.snapshot import CollectorStatus, GpuState, Snapshot, gpu_status
 
 log = logging.getLogger(__name__)
 

@@ -11,16 +11,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
+from gpu_triage.diagnosis.actions import GpuStatus
 from gpu_triage.exporter.backends.base import Collector, GpuIdentity
 from gpu_triage.exporter.backends.readings import Reading
 
 R = TypeVar("R", bound=Reading)
-
-
-class GpuStatus:
-    UP = "up"
-    LOST = "lost"  # the driver says the GPU is gone
-    HUNG = "hung"  # a call to it did not come back before the deadline
 
 
 def gpu_status(problems: Mapping[Collector, str]) -> str:

@@ -14,13 +14,12 @@ import bisect
 import logging
 import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent, KernelLogParser, ScanStats
+from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
+from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser, ScanStats
 from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 from gpu_triage.exporter.sources.kmsg import Record
@@ -31,6 +30,25 @@ log = logging.getLogger(__name__)
 MERGE_WINDOW_SECONDS = 10.0
 _MAX_WAITING = 10_000  # per (kind, GPU, code): a storm beyond this merges less, never slower
 _KERNEL = "kmsg"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelBatch:
+    """Records of one kernel log, in order (see KmsgFollower)."""
+
+    origin: str
+    records: Sequence[Record]
+
+
+@dataclass(frozen=True, slots=True)
+class DriverBatch:
+    """XIDs from the driver's event API."""
+
+    source: str  # the backend that reported them: nvml, sim
+    xids: Sequence[DriverXid]
+
+
+Batch = KernelBatch | DriverBatch
 
 
 @dataclass
@@ -54,7 +72,7 @@ class EventPipeline:
         self.stats = PipelineStats()
         self._gpus = gpus
         self._on_events = on_events
-        self._queue: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
         self._parser = KernelLogParser(self.stats.parse)
         # PCI bus id -> uuid, from the kernel log's binding lines; those before the cursor are in the
         # journal as "init" marks, so a restart still names a GPU the driver no longer lists.
@@ -63,28 +81,26 @@ class EventPipeline:
         # Reports waiting for the other kind of source to report them too, by (kind, gpu, code).
         self._waiting: dict[tuple[str, str, int], tuple[deque[_Slot], deque[_Slot]]] = {}
         self._thread: threading.Thread | None = None
-        self.idle = threading.Event()  # set while nothing is queued: tests and benchmarks wait on it
+        self._unfinished = 0  # batches queued and not yet journaled
+        self._count_lock = threading.Lock()
+        self.idle = threading.Event()  # set while nothing is queued or in progress (tests wait on it)
         self.idle.set()
 
     # -- feeding (any thread) ------------------------------------------------------------------
 
     def from_kernel(self, origin: str, records: list[Record]) -> None:
         """`records` of the kernel log `origin` (see KmsgFollower), in order."""
-        self.idle.clear()
-        self._queue.put(("kernel", (origin, records)))
+        self._put(KernelBatch(origin, records))
 
     def from_driver(self, xids: list[DriverXid], source: str) -> None:
         if xids:
-            self.idle.clear()
-            self._queue.put(("driver", (source, xids)))
+            self._put(DriverBatch(source, xids))
 
-    def wait_idle(self, timeout: float = 5.0) -> bool:
-        """Block until everything queued so far is journaled (tests and benchmarks use this)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.idle.wait(timeout=0.01) and self._queue.empty():
-                return True
-        return False
+    def _put(self, batch: Batch) -> None:
+        with self._count_lock:
+            self._unfinished += 1
+            self.idle.clear()
+        self._queue.put(batch)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="event-pipeline", daemon=True)
@@ -106,17 +122,19 @@ class EventPipeline:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = None in items
+            batches = [i for i in items if i is not None]
             try:
-                self.process([i for i in items if i is not None])
+                self.process(batches)
             except Exception:
                 log.exception("event pipeline batch failed")
-            if stop:
+            with self._count_lock:
+                self._unfinished -= len(batches)
+                if self._unfinished == 0:
+                    self.idle.set()
+            if None in items:
                 return
-            if self._queue.empty():
-                self.idle.set()
 
-    def process(self, items: list[tuple[str, Any]]) -> list[Event]:
+    def process(self, batches: Sequence[Batch]) -> list[Event]:
         """Journal one batch of source items; returns the new events (merged ones are not new).
 
         `on_events` hears of the new events and of journaled ones a second source made richer."""
@@ -125,12 +143,12 @@ class EventPipeline:
         fresh: list[_Slot] = []
         enriched: list[Event] = []
         cursor: tuple[str, int] | None = None
-        for kind, payload in items:
-            if kind == "kernel":
-                origin, records = payload
+        for batch in batches:
+            if isinstance(batch, KernelBatch):
+                records = batch.records
                 for record in records:
                     self.stats.kmsg_lines += 1
-                    cursor = (origin, record.seq)
+                    cursor = (batch.origin, record.seq)
                     for ke in self._parser.feed(record.text, record.seq):
                         self._add_kernel(ke, _record_of(ke, records, record), gpus, fresh, enriched, cursor)
                 # The driver prints both reports of a GPU falling off the bus at once: whatever the parser
@@ -138,9 +156,8 @@ class EventPipeline:
                 for ke in self._parser.flush():
                     self._add_kernel(ke, _record_of(ke, records, records[-1]), gpus, fresh, enriched, cursor)
             else:
-                source, xids = payload
-                for xid in xids:
-                    self._add(self._from_driver(xid, source, by_index), fresh, enriched, None)
+                for xid in batch.xids:
+                    self._add(self._from_driver(xid, batch.source, by_index), fresh, enriched, None)
         marks, self._marks = self._marks, []
         stored = self.journal.record([slot.event for slot in fresh], cursor, marks)
         for slot, event in zip(fresh, stored, strict=True):
@@ -237,7 +254,7 @@ class EventPipeline:
         mine.append(slot)
 
 
-def _record_of(ke: KernelEvent, records: list[Record], otherwise: Record) -> Record:
+def _record_of(ke: KernelEvent, records: Sequence[Record], otherwise: Record) -> Record:
     """The record an event was made from: the parser may hand it out lines later (its time is that record's)."""
     if ke.line == otherwise.seq:
         return otherwise

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from gpu_triage.diagnosis.actions import Action, Health, Severity
+from gpu_triage.diagnosis.actions import Action, GpuStatus, Health, Severity
+from gpu_triage.diagnosis.conditions import load_conditions, parse_conditions
+from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.diagnosis.findings import Finding, urgency
 from gpu_triage.diagnosis.health import (
     APP_FINDING_SECONDS,
@@ -14,11 +17,11 @@ from gpu_triage.diagnosis.health import (
     assess_gpu,
     assess_node,
     condition_findings,
-    load_conditions,
     sxid_findings,
 )
 from gpu_triage.diagnosis.incidents import Occurrence
-from gpu_triage.diagnosis.kernel_log import parse_line
+from tests.conftest import REPO
+from tests.diagnosis.kernel_lines import parse_line
 
 GPU = "0000:18:00.0"
 
@@ -68,8 +71,8 @@ def test_application_faults_close_after_an_hour() -> None:
 @pytest.mark.parametrize(
     ("telemetry", "health", "action", "classes"),
     [
-        (Telemetry(status="lost"), Health.UNHEALTHY, Action.REBOOT_NODE, ["gpu_lost"]),
-        (Telemetry(status="hung"), Health.UNKNOWN, Action.RESET_GPU, ["gpu_unresponsive"]),
+        (Telemetry(status=GpuStatus.LOST), Health.UNHEALTHY, Action.REBOOT_NODE, ["gpu_lost"]),
+        (Telemetry(status=GpuStatus.HUNG), Health.UNKNOWN, Action.RESET_GPU, ["gpu_unresponsive"]),
         (Telemetry(row_remap_failure=True), Health.UNHEALTHY, Action.CONTACT_SUPPORT, ["row_remap_failure"]),
         (Telemetry(row_remap_pending=True), Health.DEGRADED, Action.DRAIN_AND_RESET, ["row_remap_pending"]),
         (Telemetry(uncorrected_ecc=2), Health.UNHEALTHY, Action.RESET_GPU, ["ecc_uncorrectable"]),
@@ -99,14 +102,14 @@ def test_the_driver_recovery_action_is_one_finding_with_its_xid() -> None:
 
 
 def test_xids_and_conditions_together_most_urgent_first() -> None:
-    v = verdict([occ(13, 990)], Telemetry(status="lost"))
+    v = verdict([occ(13, 990)], Telemetry(status=GpuStatus.LOST))
     assert [f.class_id for f in v.findings] == ["gpu_lost", "xid_13"]
 
 
 def test_node_verdict_and_exit_codes() -> None:
     healthy = verdict([])
     sick = verdict([occ(79, 900)])
-    hung = verdict([], Telemetry(status="hung"))
+    hung = verdict([], Telemetry(status=GpuStatus.HUNG))
     assert assess_node([healthy, healthy]).health is Health.HEALTHY
     node = assess_node([healthy, sick, hung])
     assert (node.health, node.action) == (Health.UNHEALTHY, Action.REBOOT_NODE)
@@ -158,7 +161,7 @@ def test_every_condition_is_used_and_complete() -> None:
         f.class_id
         for f in condition_findings(
             Telemetry(
-                status="lost",
+                status=GpuStatus.LOST,
                 recovery_action=1,
                 row_remap_failure=True,
                 uncorrected_ecc=1,
@@ -206,4 +209,23 @@ def test_urgency_orders_by_action_then_severity() -> None:
         "RESET_GPU/critical",
         "RESET_GPU/warning",
         "CHECK_APP/critical",
+    ]
+
+
+def test_a_bad_conditions_file_lists_every_problem() -> None:
+    doc = yaml.safe_load((REPO / "diagnosis" / "data" / "conditions.yaml").read_text(encoding="utf-8"))
+    conditions = doc["conditions"]
+    conditions["gpu_lost"]["action"] = "PANIC"
+    conditions["nvlink_down"]["severity"] = "unknown"  # ours to say, never the data's
+    conditions["thermal_slowdown"]["playbook"] = "Check Cooling"
+    del conditions["sxid_fatal"]["steps"]
+    del conditions["power_brake_slowdown"]
+    with pytest.raises(DataError) as caught:
+        parse_conditions(doc)
+    assert [p.removeprefix("conditions.yaml: ") for p in caught.value.problems] == [
+        "gpu_lost: action 'PANIC' is not one of " + ", ".join(Action),
+        "thermal_slowdown: playbook id 'Check Cooling' is not lower-case words joined by dashes",
+        "nvlink_down: severity 'unknown' is not one of critical, warning, info",
+        "sxid_fatal: missing key 'steps'",
+        "no condition 'power_brake_slowdown', which the verdict code raises",
     ]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.incidents import BURST_GAP_SECONDS, Occurrence, decide, findings, incidents
+from gpu_triage.diagnosis.incidents import Occurrence, decide, findings, incidents
+from gpu_triage.diagnosis.xid_data import load_catalog
+from tests.diagnosis.catalog_data import build, documents
+
+BURST_GAP_SECONDS = load_catalog().context.burst_gap_seconds
 
 XID154_REBOOT = (
     "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
@@ -108,3 +112,19 @@ def test_findings_collapse_repeats_and_put_the_root_first() -> None:
     assert root.details["mnemonic"] == "ROBUST_CHANNEL_GPU_ECC_DBE" and "row remapper" in str(root.details["note"])
     assert sympathetic.count == 3 and len(sympathetic.evidence) == 2, "first and last line of the repeats"
     assert sympathetic.id == "xid_45:0000:18:00.0"
+
+
+def test_the_context_policy_comes_from_the_data() -> None:
+    """Changing the `classifier` section of xid_policy.yaml changes the verdicts: nothing is pinned in code."""
+    docs = documents()
+    section = docs["xid_policy.yaml"]["classifier"]
+    section["burst_gap_seconds"] = 60
+    section["repeats"]["incidents"] = 2
+    section["sympathetic"] = [43]
+    docs["xid_policy.yaml"]["xids"][43]["context"] = ["co_occurrence"]
+    catalog = build(docs)
+    assert [len(b) for b in incidents([occ(13, 0.0), occ(31, 100.0)], catalog=catalog)] == [1, 1]
+    second = decide([occ(13, 0.0), occ(13, 1000.0)], catalog=catalog)[1]
+    assert (second.action, second.note) == (Action.RUN_DIAGNOSTICS, "Xid 13 in 2 incidents within 24 h")
+    now_sympathetic, no_longer = decide([occ(43, 0.0), occ(45, 1.0)], catalog=catalog)
+    assert (now_sympathetic.root, no_longer.root) == (False, True)

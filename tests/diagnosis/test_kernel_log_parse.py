@@ -7,13 +7,9 @@ from typing import NamedTuple
 
 import pytest
 
-from gpu_triage.diagnosis.kernel_log import (
-    MAX_LINE_CHARS,
-    EventKind,
-    KernelLogParser,
-    parse_line,
-    parse_recovery_change,
-)
+from gpu_triage.diagnosis.kernel_log import MAX_LINE_CHARS, EventKind, parse_recovery_change
+from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
+from tests.diagnosis.kernel_lines import parse_line
 
 UUID = "GPU-0b11d014-a2a8-aa5e-ab77-7a1e0e2b0a79"
 

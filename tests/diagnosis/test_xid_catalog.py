@@ -2,45 +2,27 @@
 
 from __future__ import annotations
 
-import copy
 import csv
 import importlib.util
-from importlib import resources
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 
 from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.kernel_log import parse_line
-from gpu_triage.diagnosis.xid_catalog import (
-    CONTEXTS,
-    DATA_FILES,
-    CatalogError,
-    XidCatalog,
-    build_catalog,
-    load_catalog,
-    parse_data,
-)
+from gpu_triage.diagnosis.data_files import DataError, Problems, parse_yaml
+from gpu_triage.diagnosis.xid_catalog import CONTEXTS, XidCatalog
+from gpu_triage.diagnosis.xid_data import build_catalog, load_catalog
+from tests.diagnosis.catalog_data import build, documents
+from tests.diagnosis.kernel_lines import parse_line
 
 ROOT = Path(__file__).resolve().parents[2]
 CSV_DIR = ROOT / "tools" / "xid-catalog"  # NVIDIA's sheets, kept in the repository
 
 
-def documents() -> dict[str, Any]:
-    out = {}
-    for name in DATA_FILES:
-        document, problems = parse_data(
-            (resources.files("gpu_triage.diagnosis") / "data" / name).read_text("utf-8"), name
-        )
-        assert problems == []
-        out[name] = document
-    return out
-
-
-def build(docs: dict[str, Any]) -> XidCatalog:
-    return build_catalog(*(docs[name] for name in DATA_FILES))
+def parse_data(text: str, name: str) -> tuple[object, Problems]:
+    problems = Problems()
+    return parse_yaml(text, name, problems), problems
 
 
 def generator() -> ModuleType:
@@ -57,11 +39,10 @@ def catalog() -> XidCatalog:
 
 
 def test_loads_every_code(catalog: XidCatalog) -> None:
-    assert catalog.codes == tuple(range(1, 173))
+    assert [e.code for e in catalog] == list(range(1, 173))
     assert len(catalog) == 172
-    assert 79 in catalog and 173 not in catalog
+    assert catalog.get(79) is not None
     assert catalog.get(173) is None
-    assert [e.code for e in catalog] == list(catalog.codes)
 
 
 def test_every_csv_code_is_in_the_data(catalog: XidCatalog) -> None:
@@ -100,8 +81,7 @@ def test_buckets_are_all_mapped(catalog: XidCatalog) -> None:
 
 def test_every_deviation_is_documented(catalog: XidCatalog) -> None:
     deviating = {e.code for e in catalog if e.nvidia_action is not None and e.action != e.nvidia_action}
-    assert deviating == {e.code for e in catalog if e.deviation}
-    assert deviating == {13, 31, 32, 45, 63, 64, 80, 92, 137, 147, 148, 157}
+    assert deviating == {e.code for e in catalog if e.deviation}  # which they are: tests/golden/diagnosis-classes.txt
 
 
 def test_policy_values(catalog: XidCatalog) -> None:
@@ -114,10 +94,11 @@ def test_policy_values(catalog: XidCatalog) -> None:
 
 
 def test_playbook_ids(catalog: XidCatalog) -> None:
-    specific = {p for p in catalog.playbooks if p.startswith("xid-")}
+    playbooks = {e.playbook for e in catalog}
+    specific = {p for p in playbooks if p.startswith("xid-")}
     assert 15 <= len(specific) <= 25
     assert {"xid-13", "xid-31", "xid-45", "xid-48", "xid-74", "xid-79", "xid-154", "xid-nvlink5"} <= specific
-    assert "ignore" not in catalog.playbooks
+    assert "ignore" not in playbooks
 
 
 def test_key_codes(catalog: XidCatalog) -> None:
@@ -252,7 +233,7 @@ def test_nvlink5_decode_without_registers_uses_the_severity_word(catalog: XidCat
 
 
 def test_bad_data_lists_every_problem() -> None:
-    docs = copy.deepcopy(documents())
+    docs = documents()
     policy = docs["xid_policy.yaml"]["xids"]
     policy[8]["colour"] = "red"  # unknown key
     policy[46]["action"] = "PRAY"  # unknown Action
@@ -265,12 +246,12 @@ def test_bad_data_lists_every_problem() -> None:
     policy[500] = dict(policy[8])  # policy for a code NVIDIA does not list
     docs["xid_nvidia.yaml"]["xids"][11]["immediate"] = "RESTART_UNIVERSE"  # unknown bucket
     docs["action_mappings.yaml"]["gpud"]["from_action"].pop("IGNORE")
-    with pytest.raises(CatalogError) as caught:
+    with pytest.raises(DataError) as caught:
         build(docs)
     text = "\n".join(caught.value.problems)
     for needle in (
-        "xid 8: unknown keys ['colour']",
-        "xid 46: 'PRAY' is not an Action",
+        "xid 8: unknown key 'colour'",
+        "xid 46: action 'PRAY' is not one of",
         "xid 48: severity 'catastrophic'",
         "xid 79: RESET_GPU differs from RESTART_BM",
         "xid 14: `deviation` given",
@@ -298,16 +279,16 @@ def test_broken_yaml_is_a_problem_not_a_crash() -> None:
 
 
 def test_wrong_shapes_are_problems_not_crashes() -> None:
-    with pytest.raises(CatalogError) as caught:
+    with pytest.raises(DataError) as caught:
         build_catalog(None, [], "x", {"rules": "nope"})
     assert len(caught.value.problems) >= 4
 
 
 def test_a_cause_split_by_a_yaml_flow_list_is_refused() -> None:
-    docs = copy.deepcopy(documents())
+    docs = documents()
     # What `causes: [PCIe link failure (slot, riser), driver bug]` parses to.
     docs["xid_policy.yaml"]["xids"][79]["causes"] = ["PCIe link failure (slot", "riser)", "driver bug"]
-    with pytest.raises(CatalogError) as caught:
+    with pytest.raises(DataError) as caught:
         build(docs)
     assert [p for p in caught.value.problems if "unbalanced brackets" in p] == [
         "xid_policy.yaml: xid 79: cause 'PCIe link failure (slot' has unbalanced brackets (quote causes that contain commas)",
@@ -319,3 +300,39 @@ def test_xid154_linked_follows_the_linkage(catalog: XidCatalog) -> None:
     linked = [e for e in catalog if e.xid154_linked]
     assert linked and all(e.xid154_linkage for e in linked)
     assert all(e.xid154_linkage is None for e in catalog if not e.xid154_linked)
+
+
+def test_the_classifier_section_names_only_tagged_catalog_codes(catalog: XidCatalog) -> None:
+    context = catalog.context
+    tagged = {
+        "co_occurrence": context.sympathetic | context.row_remap.codes | {context.row_remap.raises},
+        "decode": context.decoded,
+        "recovery_text": {context.recovery},
+        "history": context.repeats.codes | context.repeats.same_spot,
+    }
+    for tag, codes in tagged.items():
+        assert codes and all(tag in catalog.get(c).context for c in codes), tag  # type: ignore[union-attr]
+    assert {r.xid for r in catalog.nvlink5_rules} == context.decoded
+
+
+def test_a_bad_classifier_section_lists_every_problem() -> None:
+    docs = documents()
+    section = docs["xid_policy.yaml"]["classifier"]
+    section["sympathetic"] = [45, 79]  # 79 carries no co_occurrence tag
+    section["recovery"] = 999  # not in the catalog
+    section["burst_gap_seconds"] = -1
+    section["repeats"]["same_spot"] = [13, 119]  # 119 has history, but is no repeat code
+    section["repeats"]["to"] = "PRAY"
+    section["decoded"] = [144, 145]  # the decode sheet has rows for 146-150 too
+    section["colour"] = "red"
+    with pytest.raises(DataError) as caught:
+        build(docs)
+    assert [p.removeprefix("xid_policy.yaml: classifier") for p in caught.value.problems] == [
+        ": unknown key 'colour'",
+        ": repeats.same_spot: [119] are not in repeats.codes",
+        ": burst_gap_seconds: expected a positive number, got -1",
+        ": sympathetic: Xid 79 must carry the context tag 'co_occurrence' in `xids`",
+        ": recovery: 999 is not an Xid code of the catalog",
+        ": repeats.to: action 'PRAY' is not one of " + ", ".join(Action),
+        "xid_nvlink5.yaml: rules for codes the classifier does not decode (classifier.decoded): [146, 147, 148, 149, 150]",
+    ]

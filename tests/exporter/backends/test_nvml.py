@@ -11,13 +11,13 @@ from typing import Any
 import pynvml
 import pytest
 
+from gpu_triage.diagnosis.actions import GpuStatus
 from gpu_triage.exporter.backends.base import BackendError, Collector, DriverXid, GpuLostError
 from gpu_triage.exporter.backends.nvml import NvmlBackend
 from gpu_triage.exporter.backends.readings import Recovery, Thermal
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from gpu_triage.exporter.polling.poller import Poller
-from gpu_triage.exporter.polling.snapshot import GpuStatus
 from tests.conftest import FakeClock
 from tests.nvml_fake import FakeNvml
 

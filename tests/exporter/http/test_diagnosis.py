@@ -13,7 +13,7 @@ from tests.conftest import FakeClock
 
 
 def settle(daemon: Daemon) -> None:
-    assert daemon.pipeline.wait_idle()
+    assert daemon.pipeline.idle.wait(timeout=5)
 
 
 def gpu(body: dict[str, Any], index: int) -> dict[str, Any]:

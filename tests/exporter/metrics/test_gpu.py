@@ -18,6 +18,7 @@ from gpu_triage.exporter.metrics.exposition import MetricsCache, encode
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.kmsg import Record
+from gpu_triage.exporter.sources.pipeline import DriverBatch, KernelBatch
 from tests.conftest import REPO, FakeClock, require_tool, settings
 from tests.exporter.metrics.test_exposition import reference_encode
 
@@ -45,13 +46,13 @@ def faulty_node_page(state_dir: Path) -> bytes:
     # reported (one event, not two), an XID on a GPU NVML does not know, and an NVSwitch SXID.
     daemon.pipeline.process(
         [
-            ("driver", ("sim", sim.wait_xids(0.0))),
-            ("driver", ("sim", [DriverXid(gpu=6, code=94, timestamp=clock.now - 2)])),
-            ("kernel", ("kmsg:boot-1", [
+            DriverBatch("sim", sim.wait_xids(0.0)),
+            DriverBatch("sim", [DriverXid(gpu=6, code=94, timestamp=clock.now - 2)]),
+            KernelBatch("kmsg:boot-1", [
                 Record(101, clock.now - 1, "NVRM: Xid (PCI:0000:ba:00): 94, pid=41102, name=python3, Ch 00000008"),
                 Record(102, clock.now, "NVRM: Xid (PCI:0000:e1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."),
                 Record(103, clock.now, "nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61 egress non-posted PRIV error (First)"),
-            ])),
+            ]),
         ]
     )  # fmt: skip
     daemon.refresh()

@@ -10,7 +10,7 @@ from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenari
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.sources.journal import Event, Journal
 from gpu_triage.exporter.sources.kmsg import Record
-from gpu_triage.exporter.sources.pipeline import MERGE_WINDOW_SECONDS, EventPipeline
+from gpu_triage.exporter.sources.pipeline import MERGE_WINDOW_SECONDS, DriverBatch, EventPipeline, KernelBatch
 from tests.conftest import FakeClock, settings
 
 GPUS = [GpuIdentity(0, "GPU-aaaa", "0000:18:00.0"), GpuIdentity(1, "GPU-bbbb", "0000:2a:00.0")]
@@ -22,12 +22,12 @@ def pipeline(tmp_path: Path) -> tuple[EventPipeline, list[Event]]:
     return p, seen
 
 
-def line(seq: int, ts: float, text: str) -> tuple[str, list[Record]]:
-    return ("kernel", ("kmsg:b1", [Record(seq, ts, text)]))
+def line(seq: int, ts: float, text: str) -> KernelBatch:
+    return KernelBatch("kmsg:b1", [Record(seq, ts, text)])
 
 
-def driver(gpu: int, code: int, ts: float) -> tuple[str, tuple[str, list[DriverXid]]]:
-    return ("driver", ("nvml", [DriverXid(gpu, code, ts)]))
+def driver(gpu: int, code: int, ts: float) -> DriverBatch:
+    return DriverBatch("nvml", [DriverXid(gpu, code, ts)])
 
 
 XID79_GPU1 = "NVRM: Xid (PCI:0000:2a:00): 79, pid=77, name=python3, GPU has fallen off the bus."
@@ -106,13 +106,13 @@ FALLEN_GPU1 = "NVRM: GPU 0000:2a:00.0: GPU has fallen off the bus."
 def test_a_gpu_falling_off_the_bus_is_one_event_whichever_report_comes_first(tmp_path: Path) -> None:
     for name, texts in (("message-first", [FALLEN_GPU1, XID79_GPU1]), ("xid-first", [XID79_GPU1, FALLEN_GPU1])):
         p, _ = pipeline(tmp_path / name)
-        p.process([("kernel", ("kmsg:b1", [Record(seq, 10.0 + seq, t) for seq, t in enumerate(texts, 1)]))])
+        p.process([KernelBatch("kmsg:b1", [Record(seq, 10.0 + seq, t) for seq, t in enumerate(texts, 1)])])
         assert [(e.code, e.pid, e.gpu_index) for e in p.journal.events()] == [(79, 77, 1)], name
 
 
 def test_a_held_back_report_keeps_the_time_of_its_own_line(tmp_path: Path) -> None:
     p, _ = pipeline(tmp_path)
-    p.process([("kernel", ("kmsg:b1", [Record(1, 10.0, FALLEN_GPU1), Record(2, 20.0, "usb 1-1: new device")]))])
+    p.process([KernelBatch("kmsg:b1", [Record(1, 10.0, FALLEN_GPU1), Record(2, 20.0, "usb 1-1: new device")])])
     (event,) = p.journal.events()
     assert (event.code, event.ts, event.kmsg_seq, event.gpu_index) == (79, 10.0, 1, 1)
     assert p.journal.cursor("kmsg:b1") == 2
@@ -120,7 +120,7 @@ def test_a_held_back_report_keeps_the_time_of_its_own_line(tmp_path: Path) -> No
 
 def test_lines_without_events_still_move_the_cursor(tmp_path: Path) -> None:
     p, seen = pipeline(tmp_path)
-    p.process([("kernel", ("kmsg:b1", [Record(i, 1.0, f"usb 1-1: new device {i}") for i in range(1, 101)]))])
+    p.process([KernelBatch("kmsg:b1", [Record(i, 1.0, f"usb 1-1: new device {i}") for i in range(1, 101)])])
     assert seen == [] and p.journal.cursor("kmsg:b1") == 100
 
 
@@ -156,7 +156,7 @@ def test_restart_neither_loses_nor_double_counts(tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg.log"
     kmsg.write_text("".join(kmsg_line(seq, 31) for seq in range(1, 4)))
     d = start_daemon(tmp_path, "boot-1", kmsg)
-    assert d.pipeline.wait_idle()
+    assert d.pipeline.idle.wait(timeout=5)
     assert xid_count(d, 31) == 3
     d.stop()
     with kmsg.open("a") as f:  # the kernel logs on while the daemon is down
@@ -165,7 +165,7 @@ def test_restart_neither_loses_nor_double_counts(tmp_path: Path) -> None:
     deadline = time.monotonic() + 5
     while xid_count(d, 31) < 5 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert d.pipeline.wait_idle()
+    assert d.pipeline.idle.wait(timeout=5)
     assert xid_count(d, 31) == 5, "the two lines logged while down are counted, the first three not again"
     d.stop()
 
@@ -211,7 +211,7 @@ def test_the_verdict_hears_what_the_kernel_log_adds_to_a_driver_event(tmp_path: 
     try:
         gpu = d.snapshot.gpus[0].identity
         d.pipeline.from_driver([DriverXid(0, 154, d.clock())], "nvml")
-        assert d.pipeline.wait_idle()
+        assert d.pipeline.idle.wait(timeout=5)
         bus = gpu.pci_bus_id.removesuffix(".0")
         with kmsg.open("a") as f:  # a plain line: stamped when read, by the daemon's clock
             f.write(
@@ -222,7 +222,7 @@ def test_the_verdict_hears_what_the_kernel_log_adds_to_a_driver_event(tmp_path: 
         while d.journal.events()[0].sources != "kmsg,nvml":
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        assert d.pipeline.wait_idle()
+        assert d.pipeline.idle.wait(timeout=5)
         (verdict,) = [g for g in d.diagnosis()["gpus"] if g["gpu"] == 0]
         assert verdict["action"] == "RESET_GPU", "not the catalog's REBOOT_NODE for a 154 without its text"
     finally:
