@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -350,11 +351,25 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvm
     return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
 }
 
-/* Introspection for the tests: the layout this build reads, to hold the Python writer to. */
+/* Introspection for the tests, which hold the Python writer to the layout and the default node
+ * this build has. */
 NVML_EXPORT unsigned int vgpuStateLayout(unsigned int *headerSize, unsigned int *gpuSize, unsigned int *fileSize)
 {
     *headerSize = sizeof(struct vgpu_header);
     *gpuSize = sizeof(struct vgpu_gpu);
     *fileSize = VGPU_FILE_SIZE;
     return VGPU_LAYOUT_VERSION;
+}
+
+NVML_EXPORT int vgpuDefaultImage(void *buffer, size_t size)
+{
+    if (buffer == NULL || size < sizeof(struct vgpu_image))
+        return -1;
+    struct vgpu_image *image = malloc(sizeof *image);
+    if (image == NULL)
+        return -1;
+    vgpu_default_image(image);
+    memcpy(buffer, image, sizeof *image);
+    free(image);
+    return 0;
 }
