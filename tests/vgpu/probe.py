@@ -154,5 +154,5 @@ def dump(handle: Any) -> dict[str, Any]:
         "compute_processes": attempt(n.nvmlDeviceGetComputeRunningProcesses, h),
         "graphics_processes": attempt(n.nvmlDeviceGetGraphicsRunningProcesses, h),
         "gpm_supported": attempt(lambda: n.nvmlGpmQueryDeviceSupport(h).isSupportedDevice),
-        "fields": fields(h, FIELDS),
+        "fields": attempt(fields, h, FIELDS),
     }
