@@ -566,6 +566,14 @@ def encode_gpu(gpu: Gpu) -> bytes:
     return struct.pack("<I", zlib.crc32(record[4:])) + record[4:]
 
 
+def _record(gpu: Gpu | bytes) -> bytes:
+    if isinstance(gpu, Gpu):
+        return encode_gpu(gpu)
+    if len(gpu) != GPU_SIZE:
+        raise ValueError(f"a GPU record is {GPU_SIZE} bytes, not {len(gpu)}")
+    return gpu
+
+
 # -- the file -----------------------------------------------------------------------------------
 
 
@@ -615,7 +623,7 @@ class StateWriter:
     def __init__(
         self,
         path: str | os.PathLike[str],
-        gpus: Sequence[Gpu] | None = None,
+        gpus: Sequence[Gpu | bytes] | None = None,
         *,
         driver_version: str = DRIVER_VERSION,
         nvml_version: str = NVML_VERSION,
@@ -650,13 +658,13 @@ class StateWriter:
         if gpus is not None and not created:
             self.write(gpus)
 
-    def _create(self, gpus: Sequence[Gpu]) -> None:
+    def _create(self, gpus: Sequence[Gpu | bytes]) -> None:
         _limit(gpus, MAX_GPUS, "GPUs")
         image = bytearray(FILE_SIZE)
         image[: _HEADER_FIXED.size] = _fixed_header()
         image[_CRC_OFFSET:HEADER_SIZE] = _header_section(self._system, 0, len(gpus))
         for i, gpu in enumerate(gpus):
-            image[HEADER_SIZE + i * GPU_SIZE : HEADER_SIZE + (i + 1) * GPU_SIZE] = encode_gpu(gpu)
+            image[HEADER_SIZE + i * GPU_SIZE : HEADER_SIZE + (i + 1) * GPU_SIZE] = _record(gpu)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:
             os.fchmod(fd, 0o644)  # the daemon reading it may run as another user than the simulator
@@ -677,10 +685,14 @@ class StateWriter:
     def _end(self, odd: int) -> None:
         self._words[_SEQ_OFFSET // 8] = odd + 1
 
-    def write(self, gpus: Sequence[Gpu]) -> None:
-        """Publish the GPUs' state: readers see all of it or, until it is done, all of the previous one."""
+    def write(self, gpus: Sequence[Gpu | bytes]) -> None:
+        """Publish the GPUs' state: readers see all of it or, until it is done, all of the previous one.
+
+        A GPU may also be given as its record from encode_gpu(), for a caller that keeps the
+        records of GPUs that did not change.
+        """
         _limit(gpus, MAX_GPUS, "GPUs")
-        records = b"".join(encode_gpu(g) for g in gpus)  # encode before the seqlock: readers wait less
+        records = b"".join(_record(g) for g in gpus)  # encoded before the seqlock: readers wait less
         header = _header_section(self._system, self._event_total, len(gpus))
         odd = self._begin()
         try:
@@ -721,6 +733,9 @@ class StateWriter:
         return self.push_event(gpu, EVENT_XID, xid, **instance)
 
     def close(self) -> None:
+        """Unmaps and unlocks the file, which stays for readers to map; closing twice is harmless."""
+        if self._map.closed:
+            return
         self._words.release()
         self._map.close()
         os.close(self._fd)
