@@ -15,8 +15,14 @@ from typing import Any
 
 import pytest
 
-# The one import of the writer in these tests (the package layout is moving; see vgpu/README.md).
+# The project modules these tests use, named in this one place: the package layout is moving.
+# Test files take `vs` from here; the worker imports the backend by these names.
 from exporter.backends.sim import vgpu_state as vs
+
+NVML_BACKEND_MODULE = "exporter.backends.nvml"
+BACKEND_BASE_MODULE = "exporter.backends.base"
+
+__all__ = ["BACKEND_BASE_MODULE", "NVML_BACKEND_MODULE", "H", "Worker", "vs"]
 
 REPO = Path(__file__).resolve().parents[2]
 LIB_DIR = REPO / "build" / "vgpu"

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.sim import vgpu_state as vs
-from tests.vgpu.conftest import H, Worker
+from tests.vgpu.conftest import H, Worker, vs
 
 # Every entry point the library promises (vgpu/README.md): gpu-triage's, nvitop's and gpustat's.
 _ENTRY_POINTS = """

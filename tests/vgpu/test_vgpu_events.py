@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from exporter.backends.sim import vgpu_state as vs
-from tests.vgpu.conftest import H, Worker
+from tests.vgpu.conftest import H, Worker, vs
 
 TIMEOUT, GPU_IS_LOST, NOT_SUPPORTED, INVALID_ARGUMENT = 10, 15, 3, 2
 

@@ -9,8 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from exporter.backends.sim import vgpu_state as vs
-from tests.vgpu.conftest import H, Worker
+from tests.vgpu.conftest import H, Worker, vs
 
 GPU_IS_LOST, INVALID_ARGUMENT, UNKNOWN = 15, 2, 999
 READ_DEADLINE = 0.5  # seconds the library retries an inconsistent record before NVML_ERROR_UNKNOWN (state.c)

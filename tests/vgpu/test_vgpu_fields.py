@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.backends.sim import vgpu_state as vs
-from tests.vgpu.conftest import H, Worker
+from tests.vgpu.conftest import H, Worker, vs
 
 UINT_MAX = 0xFFFFFFFF
 NVLINK_STATE = 165  # NVML_FI_DEV_NVLINK_GET_STATE

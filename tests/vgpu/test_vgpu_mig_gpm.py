@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.backends.sim import vgpu_state as vs
-from tests.vgpu.conftest import H, Worker
+from tests.vgpu.conftest import H, Worker, vs
 
 INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND, VERSION_MISMATCH = 2, 3, 6, 25
 GIB = 2**30

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.backends.sim import vgpu_state as vs
-from tests.vgpu.conftest import H, Worker
+from tests.vgpu.conftest import H, Worker, vs
 
 NOT_SUPPORTED = {"nvml": 3}
 GIB = 2**30

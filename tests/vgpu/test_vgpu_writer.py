@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.sim import vgpu_state as vs
+from tests.vgpu.conftest import vs
 
 
 def test_the_file_appears_whole_and_readable_by_other_users(tmp_path: Path) -> None:
