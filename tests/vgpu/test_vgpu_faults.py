@@ -87,7 +87,7 @@ def test_a_hung_call_gives_up_after_the_bound(
 def test_a_record_whose_checksum_does_not_match_is_never_served(nvml: Worker, state: vs.StateWriter) -> None:
     node = vs.h100_node()
     state.write(node)
-    power_offset = vs.HEADER_SIZE + 912 + 18 * 4  # GPU 0's power_mw (vgpu/state.h)
+    power_offset = vs.HEADER_SIZE + 988  # GPU 0's power_mw (vgpu/README.md, "GPU record")
     with state.path.open("r+b") as f:  # a torn write, as a weakly ordered CPU could show one
         f.seek(power_offset)
         f.write(struct.pack("<I", 123))
