@@ -7,7 +7,7 @@ BACKEND ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo auto || echo sim)
 KMSG    := $(if $(filter sim,$(BACKEND)),--kmsg.path .state/kmsg.log)
 ARGS    ?=
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean vgpu
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -31,6 +31,17 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# The virtual GPU: a libnvidia-ml.so.1 that the real pynvml loads (vgpu/README.md).
+VGPU_LIB    := build/vgpu/libnvidia-ml.so.1
+VGPU_CFLAGS := -std=c11 -O2 -g -fPIC -fvisibility=hidden -pthread -Wall -Wextra -Werror -Wpedantic -Wshadow
+
+vgpu: $(VGPU_LIB)
+
+# Built under a temporary name and renamed, so a process loading the library never maps a half-written file.
+$(VGPU_LIB): $(wildcard vgpu/*.c) $(wildcard vgpu/*.h)
+	mkdir -p $(dir $@)
+	$(CC) $(VGPU_CFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@.tmp.$$$$ $(wildcard vgpu/*.c) && mv -f $@.tmp.$$$$ $@
 
 clean:
 	rm -rf $(VENV) .state build *.egg-info

@@ -1,0 +1,116 @@
+"""XID events: the writer's ring, as nvmlEventSetWait_v2 delivers it."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from tests.vgpu.conftest import H, Worker, vs
+
+TIMEOUT, GPU_IS_LOST, NOT_SUPPORTED, INVALID_ARGUMENT = 10, 15, 3, 2
+
+REGISTER_ALL_FOR_XIDS = (
+    "es = H['events'] = n.nvmlEventSetCreate()\n"
+    "for i in range(8): n.nvmlDeviceRegisterEvents(H[str(i)], n.nvmlEventTypeXidCriticalError, es)"
+)
+
+
+def wait(nvml: Worker, timeout_ms: int) -> dict[str, object]:
+    return dict(nvml.call("nvmlEventSetWait_v2", H("events"), timeout_ms))
+
+
+def test_an_xid_wakes_a_waiting_caller_early(nvml: Worker, state: vs.StateWriter) -> None:
+    nvml.run(REGISTER_ALL_FOR_XIDS)
+    nvml.send({"call": "nvmlEventSetWait_v2", "args": [H("events"), 20_000]})
+    with pytest.raises(queue.Empty):
+        nvml.answer(timeout=0.2)  # nothing to deliver yet: the caller waits
+    pushed = time.monotonic()
+    state.push_xid(5, 79)
+    reply = nvml.answer(timeout=10)
+    assert time.monotonic() - pushed < 5  # woken by the event, far inside the 20 s timeout
+    event = nvml.value(reply)
+    assert (event["eventType"], event["eventData"]) == (vs.EVENT_XID, 79)
+    assert event["device"] == nvml.call("nvmlDeviceGetHandleByIndex", 5)
+    assert (event["gpuInstanceId"], event["computeInstanceId"]) == (vs.NO_INSTANCE, vs.NO_INSTANCE)
+    assert nvml.error("nvmlEventSetWait_v2", H("events"), 0) == TIMEOUT  # delivered once
+
+
+def test_a_zero_wait_times_out_at_once_and_queued_events_come_in_order(nvml: Worker, state: vs.StateWriter) -> None:
+    nvml.run(REGISTER_ALL_FOR_XIDS)
+    nvml.send({"call": "nvmlEventSetWait_v2", "args": [H("events"), 0]})
+    reply = nvml.answer()
+    assert (reply.get("nvml"), reply["elapsed"] < 0.1) == (TIMEOUT, True)
+    state.push_xid(1, 48)
+    state.push_xid(2, 31, gpu_instance_id=3, compute_instance_id=0)
+    first, second = wait(nvml, 0), wait(nvml, 0)
+    assert first["eventData"] == 48
+    assert (second["eventData"], second["gpuInstanceId"], second["computeInstanceId"]) == (31, 3, 0)
+
+
+def test_only_registered_gpus_and_types_after_registration_are_delivered(nvml: Worker, state: vs.StateWriter) -> None:
+    state.push_xid(0, 13)  # before registration: the kernel log has it, NVML does not
+    nvml.run(
+        "es = H['events'] = n.nvmlEventSetCreate()\n"
+        "n.nvmlDeviceRegisterEvents(H['0'], n.nvmlEventTypeXidCriticalError, es)"
+    )
+    state.push_event(0, vs.EVENT_PSTATE)  # a type not registered
+    state.push_xid(1, 94)  # a GPU not registered
+    state.push_xid(0, 63)
+    assert wait(nvml, 1000)["eventData"] == 63
+    assert nvml.error("nvmlEventSetWait_v2", H("events"), 0) == TIMEOUT
+
+
+def test_registering_an_unsupported_type_registers_nothing(nvml: Worker, state: vs.StateWriter) -> None:
+    nvml.run("H['events'] = n.nvmlEventSetCreate()")
+    assert nvml.call("nvmlDeviceGetSupportedEventTypes", H(0)) & vs.EVENT_XID
+    assert nvml.error("nvmlDeviceRegisterEvents", H(0), 0x10 | vs.EVENT_XID, H("events")) == NOT_SUPPORTED
+    assert nvml.error("nvmlDeviceRegisterEvents", H(0), 1 << 40, H("events")) == INVALID_ARGUMENT
+    state.push_xid(0, 79)
+    assert nvml.error("nvmlEventSetWait_v2", H("events"), 0) == TIMEOUT
+
+
+def test_a_lost_gpu_ends_the_wait_after_what_was_queued(nvml: Worker, state: vs.StateWriter) -> None:
+    nvml.run(REGISTER_ALL_FOR_XIDS)
+    node = vs.h100_node()
+    node[6].lost = True
+    state.push_xid(6, 79)  # fallen off the bus: the XID still comes through
+    state.write(node)
+    assert wait(nvml, 1000)["eventData"] == 79
+    nvml.send({"call": "nvmlEventSetWait_v2", "args": [H("events"), 20_000]})
+    reply = nvml.answer(timeout=10)
+    assert (reply.get("nvml"), reply["elapsed"] < 5) == (GPU_IS_LOST, True)
+
+
+def test_the_ring_keeps_the_last_events_when_a_reader_falls_behind(nvml: Worker, state: vs.StateWriter) -> None:
+    nvml.run(REGISTER_ALL_FOR_XIDS)
+    for i in range(vs.EVENT_CAPACITY + 10):
+        state.push_xid(i % 8, 1000 + i)
+    got = nvml.run(
+        "out = []\n"
+        "while True:\n"
+        "    try: out.append(n.nvmlEventSetWait_v2(H['events'], 0).eventData)\n"
+        "    except n.NVMLError: break\n"
+        "result = out"
+    )
+    assert got == [1000 + i for i in range(10, vs.EVENT_CAPACITY + 10)]
+
+
+def test_a_freed_event_set_is_an_invalid_argument(nvml: Worker, state: vs.StateWriter) -> None:
+    nvml.run(REGISTER_ALL_FOR_XIDS)
+    nvml.call("nvmlEventSetFree", H("events"))
+    assert nvml.error("nvmlEventSetWait_v2", H("events"), 0) == INVALID_ARGUMENT
+    assert nvml.error("nvmlEventSetFree", H("events")) == INVALID_ARGUMENT
+
+
+def test_the_unversioned_wait_fills_the_original_record(nvml: Worker, state: vs.StateWriter) -> None:
+    nvml.run(REGISTER_ALL_FOR_XIDS)
+    state.push_xid(3, 119)
+    got = nvml.run(
+        "data = n.c_nvmlEventData_t()\n"
+        "data.gpuInstanceId = 77\n"
+        "ret = n._nvmlGetFunctionPointer('nvmlEventSetWait')(H['events'], ctypes.byref(data), 0)\n"
+        "result = [ret, data.eventData, data.gpuInstanceId]"
+    )
+    assert got == [0, 119, 77]  # the instance ids, which the old record lacks, are left alone
