@@ -17,10 +17,10 @@ import pytest
 
 # The project modules these tests use, named in this one place: the package layout is moving.
 # Test files take `vs` from here; the worker imports the backend by these names.
-from exporter.backends.sim import vgpu_state as vs
+from gpu_triage.exporter.backends.sim import vgpu_state as vs
 
-NVML_BACKEND_MODULE = "exporter.backends.nvml"
-BACKEND_BASE_MODULE = "exporter.backends.base"
+NVML_BACKEND_MODULE = "gpu_triage.exporter.backends.nvml"
+BACKEND_BASE_MODULE = "gpu_triage.exporter.backends.base"
 
 __all__ = ["BACKEND_BASE_MODULE", "NVML_BACKEND_MODULE", "H", "Worker", "vs"]
 
