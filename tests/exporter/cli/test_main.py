@@ -26,6 +26,8 @@ def served(tmp_path: Path) -> Iterator[str]:
         yield daemon.url
     assert daemon.process.returncode == 0, f"SIGTERM should be a clean stop: {daemon.output()}"
     assert "stopping" in daemon.output()
+    # uvicorn's start and stop lines are ours to name (and debug): no logger=uvicorn.error in normal operation.
+    assert "uvicorn" not in daemon.output() and "msg=listening address=127.0.0.1:" in daemon.output()
 
 
 def nvml_works() -> bool:
