@@ -9,6 +9,9 @@ sight, and every command below runs from a temporary directory: only the install
 
 from __future__ import annotations
 
+import ast
+import email.parser
+import importlib.metadata
 import os
 import re
 import shutil
@@ -105,6 +108,35 @@ def test_site_packages_gains_gpu_triage_and_nothing_else(installed: Installed) -
     assert not (installed.site / "exporter").exists() and not (installed.site / "diagnosis").exists()
     for kind in KINDS:
         assert (installed.site / "gpu_triage" / kind).is_dir(), kind
+
+
+# Imported by the product but not declared: it comes with a declared one that pins the versions it works with.
+_COMES_WITH = {"starlette": "fastapi"}
+
+
+def test_every_third_party_import_is_a_declared_dependency(installed: Installed) -> None:
+    """The clean venv borrows the dev venv's packages, so a missing runtime dependency would not show
+    above; the wheel's metadata must name the distribution of every module the installed code imports."""
+    imported: set[str] = set()
+    for source in (installed.site / "gpu_triage").rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"gpu_triage", "__future__"}
+    distributions = importlib.metadata.packages_distributions()
+    [dist_info] = installed.site.glob("gpu_triage-*.dist-info")
+    metadata = email.parser.Parser().parsestr((dist_info / "METADATA").read_text())
+    required = {
+        re.split(r"[ <>=!~;\[]", r, maxsplit=1)[0].lower().replace("_", "-")
+        for r in metadata.get_all("Requires-Dist") or []
+        if "extra ==" not in r
+    }
+    for module in sorted(third_party):
+        names = {d.lower().replace("_", "-") for d in distributions.get(module, [])}
+        assert names, f"{module}: no installed distribution provides it"
+        assert names & required or _COMES_WITH.get(module) in required, f"{module} ({names}) is not in Requires-Dist"
 
 
 def test_the_build_raises_no_setuptools_warning(installed: Installed) -> None:
