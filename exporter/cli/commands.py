@@ -49,7 +49,7 @@ def explain_xid(code: int, as_json: bool, out: TextIO = sys.stdout) -> int:
         lines += wrap.wrap(f"why we differ: {entry['deviation']}")
     if entry["context"]:
         lines.append(f"  the verdict also weighs: {', '.join(entry['context'])}")
-    lines.append(f"  playbook: {entry['runbook']}  (curl localhost:9481{entry['runbook']}.md)")
+    lines.append(f"  playbook: {entry['runbook']}  (curl -s localhost:9481{entry['runbook']}.md)")
     out.write("\n".join(lines) + "\n")
     return 0
 
