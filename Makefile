@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml
 
 run: $(VENV)/.installed
 	mkdir -p .state && touch .state/kmsg.log
+	@echo "gpu-triage: starting on :9481 (Ctrl-C stops it). In another terminal, for the gpu-triage command:"
+	@echo "    cd $(CURDIR) && . $(VENV)/bin/activate        (or install it: pipx install $(CURDIR))"
 	$(VENV)/bin/gpu-triage serve --backend $(BACKEND) --state.dir .state $(KMSG) $(ARGS)
 
 test: $(VENV)/.installed lint

@@ -51,6 +51,30 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(_fields(record), default=str)
 
 
+HTTP_LOGGER = "gpu_triage.exporter.http.server"
+# uvicorn logs everything its server says, errors or not, as "uvicorn.error": give its lines our names.
+_UVICORN = {
+    "uvicorn.error": HTTP_LOGGER,
+    "uvicorn.asgi": HTTP_LOGGER,
+    "uvicorn.access": "gpu_triage.exporter.http.access",
+}
+
+
+class _FromUvicorn(logging.Filter):
+    """Renames uvicorn's records, and makes its start and stop lines debug: ours ("listening", "stopping")
+    already say so, with the addresses."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.name = _UVICORN.get(record.name, record.name)
+        if record.name == HTTP_LOGGER and record.levelno == logging.INFO:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
+_from_uvicorn = _FromUvicorn()
+
+
 def setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
@@ -59,3 +83,5 @@ def setup_logging(level: str, fmt: str) -> None:
     root.setLevel(_LEVELS[level])
     # The scheduler logs every job run at info; only its problems matter here.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, _LEVELS[level]))
+    for name in _UVICORN:
+        logging.getLogger(name).addFilter(_from_uvicorn)  # once: addFilter ignores a filter it has

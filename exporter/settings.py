@@ -36,6 +36,8 @@ def parse_duration(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     text = value.strip()
+    if re.fullmatch(r"-\s*\.?\d.*", text):
+        raise ValueError("must be positive")
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
         return float(text)
     parts = _DURATION.findall(text)
@@ -281,6 +283,8 @@ def _describe(err: Any) -> str:
     option = _BY_FIELD.get(field)
     where = f"--{option.flag} (or {env_name(option.flag)})" if option else field or "settings"
     message = str(err["msg"]).removeprefix("Value error, ")
+    if err.get("type") == "greater_than" and err.get("ctx", {}).get("gt") == 0:
+        message = "must be positive"
     value = err.get("input")
     shown = f" (got {value!r})" if isinstance(value, str | int | float) else ""
     return f"{where}: {message}{shown}"

@@ -9,7 +9,9 @@ operator's marks, a handful of rows.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -28,10 +30,14 @@ from gpu_triage.diagnosis.health import (
     verdict_json,
 )
 from gpu_triage.diagnosis.incidents import Occurrence
+from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID
+from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.exporter.backends.base import GpuIdentity
 from gpu_triage.exporter.backends.readings import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 
+log = logging.getLogger(__name__)
 HISTORY_SECONDS = 7 * 86400.0  # what the classifier looks back on (repeats, returns after a reboot)
 _HISTORY_PER_GPU = 5000
 _RECENT_IDS = 4096  # events a second source may still enrich (it reports within seconds)
@@ -70,14 +76,24 @@ class Verdicts:
         # Recent events by journal id, to replace one in place when the kernel log enriches it.
         self._recent: OrderedDict[int, tuple[deque[Occurrence], Occurrence]] = OrderedDict()
         self._since: dict[str, float] = {}  # finding id -> when we first saw it open
+        # The last verdict logged, per GPU (PCI bus id) and for the node: a change is logged once.
+        self._told: dict[str, tuple[Health, Action]] = {}
+        self._told_node = _FINE
         self.node = NodeVerdict(Health.UNKNOWN, Action.IGNORE, (), ())
 
     def load(self, now: float) -> None:
+        """The journal's recent history, at start: old news, so not logged again."""
         for event in self._journal.events(since=now - HISTORY_SECONDS, limit=100_000):
-            self.add(event)
+            self._add(event)
 
     def add(self, event: Event) -> None:
-        """A new event, or a journaled one another source made richer (same id): replaced, not added."""
+        """A new event, or a journaled one another source made richer (same id): replaced, not added.
+        A new one is logged, once."""
+        if not self._add(event):
+            _log_event(event)
+
+    def _add(self, event: Event) -> bool:
+        """Whether the event was known already."""
         new = occurrence(event)
         with self._lock:
             known = self._recent.get(event.id) if event.id else None
@@ -96,6 +112,7 @@ class Verdicts:
                 self._recent[event.id] = (history, new)
                 if len(self._recent) > _RECENT_IDS:
                     self._recent.popitem(last=False)
+        return known is not None
 
     def update(self, snapshot: Snapshot, now: float) -> NodeVerdict:
         """Recompute every GPU's verdict. The caller publishes it (`self.node = ...`) once the metrics
@@ -120,7 +137,44 @@ class Verdicts:
                     gpus.append(orphan)
             node = assess_node(gpus, sxid_findings(list(self._sxids), boot_id=self._boot_id))
             self._stamp(node, now)
+            indexes = {s.identity.pci_bus_id: s.identity for s in snapshot.gpus}
+            _fill_steps(node, {bus: g.index for bus, g in indexes.items()})
+            self._log_changes(node, indexes, summary(snapshot, node))
         return node
+
+    def _log_changes(self, node: NodeVerdict, gpus: dict[str, GpuIdentity], line: str) -> None:
+        """Each GPU's verdict, and the node's, when it differs from the last one logged (at start: from
+        healthy, so a healthy node starts quietly)."""
+        for v in node.gpus:
+            was = self._told.get(v.gpu, _FINE)
+            if (v.health, v.action) == was:
+                continue
+            self._told[v.gpu] = (v.health, v.action)
+            g = gpus.get(v.gpu)
+            log.info(
+                "GPU verdict changed",
+                extra={
+                    "gpu": g.index if g else None,
+                    "pci_bus_id": v.gpu,
+                    "uuid": g.uuid if g else None,
+                    "health": v.health.value,
+                    "action": v.action.value,
+                    "was": f"{was[0].value} {was[1].value}",
+                    **({"cause": v.findings[0].title} if v.findings else {}),
+                },
+            )
+        if (node.health, node.action) != self._told_node:
+            was = self._told_node
+            self._told_node = (node.health, node.action)
+            log.info(
+                "node verdict changed",
+                extra={
+                    "health": node.health.value,
+                    "action": node.action.value,
+                    "was": f"{was[0].value} {was[1].value}",
+                    "summary": line,
+                },
+            )
 
     def _forget_before(self, cutoff: float) -> None:
         """A daemon up for months decides on the same span of history as one just started."""
@@ -153,6 +207,43 @@ class Verdicts:
 
     def open_findings(self) -> list[Finding]:
         return _all_findings(self.node)
+
+
+_FINE = (Health.HEALTHY, Action.IGNORE)
+
+
+def _log_event(event: Event) -> None:
+    """An XID or SXID as it arrives: what, where, and the action its code calls for on its own."""
+    if event.kind == "sxid":
+        fields: dict[str, object] = {"sxid": event.code, "pci_bus_id": event.pci_bus_id}
+        log.warning("NVSwitch SXID", extra={**fields, "source": event.sources, "text": event.text})
+        return
+    entry = load_catalog().get(event.code)
+    action = entry.action if entry else UNKNOWN_XID.action
+    fields = {"xid": event.code, "gpu": event.gpu_index, "pci_bus_id": event.pci_bus_id, "uuid": event.uuid}
+    log.warning("XID", extra={**fields, "action": action.value, "source": event.sources, "text": event.text})
+
+
+def _fill_steps(node: NodeVerdict, indexes: dict[str, int]) -> None:
+    """Next steps for the XID findings that came without any: the action, then how to close the finding.
+
+    diagnosis/ knows the code and the action; only the daemon knows the GPU's index and that it can be
+    acknowledged here.
+    """
+    for v in node.gpus:
+        index = indexes.get(v.gpu)
+        for f in v.findings:
+            if f.steps or not f.class_id.startswith("xid_"):
+                continue
+            code = f.class_id.removeprefix("xid_")
+            steps = [f.action.description]
+            steps.append(f"`gpu-triage xid {code}` says what the code means; the runbook is /runbooks/{f.playbook}.")
+            if index is not None and f.action not in (Action.REBOOT_NODE, Action.CONTACT_SUPPORT, Action.IGNORE):
+                steps.append(
+                    "Once it is done, close the finding: "
+                    f"`curl -s -XPOST localhost:9481/api/v1/gpus/{index}/acknowledge` (a reboot closes it too)."
+                )
+            f.steps = steps
 
 
 def _last(marks: Sequence[Mark], uuid: str, kind: str) -> float | None:
@@ -208,14 +299,28 @@ def diagnosis_json(snapshot: Snapshot, node: NodeVerdict, boot_id: str, now: flo
         )
     for missing in by_bus.values():  # known only from the kernel log
         gpus.append({"gpu": None, "uuid": None, "status": "missing", **verdict_json(missing)})
-    findings = sorted(_all_findings(node), key=urgency)
+    findings = [f.to_json() for f in sorted(_all_findings(node), key=urgency)]
+    for finding in [*findings, *(f for g in gpus for f in g.get("findings", []))]:
+        details = finding["details"]
+        for key in _TIMES:
+            if isinstance(details.get(key), int | float):
+                details[f"{key}_iso"] = iso_time(details[key])
     return {
         "node": {"health": node.health.value, "action": node.action.value, "summary": summary(snapshot, node)},
         "gpus": gpus,
-        "findings": [f.to_json() for f in findings],
+        "findings": findings,
         "boot_id": boot_id,
         "generated_at": now,
+        "generated_at_iso": iso_time(now),
     }
+
+
+_TIMES = ("first_seen", "last_seen", "since")  # unix seconds in a finding's details
+
+
+def iso_time(seconds: float) -> str:
+    """Unix seconds as ISO 8601 in UTC, to the second: what a person reads next to the number."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def summary(snapshot: Snapshot, node: NodeVerdict) -> str:

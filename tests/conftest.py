@@ -23,6 +23,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden", action="store_true", help="rewrite golden files instead of comparing against them"
     )
+    parser.addoption(
+        "--update-screenshots",
+        action="store_true",
+        help="write the browser test's screenshots into docs/images/ (the README's pictures)",
+    )
 
 
 class FakeClock:

@@ -101,11 +101,14 @@ def running(
     verify: ssl.SSLContext | bool = True,
     auth: tuple[str, str] | None = None,
     timeout: float = 30.0,
+    cwd: Path | None = None,
 ) -> Iterator[Server]:
     """`cmd` as a process, once GET `ready` answers 200 (None: at once); stopped when the block exits."""
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(log.open("wb")) if log is not None else None
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None, env=_environment(env))
+        process = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT if out else None, env=_environment(env), cwd=cwd
+        )
         server = Server(url, process, log)
         try:
             if ready is not None:

@@ -20,6 +20,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -65,9 +66,14 @@ def _quoted(text: str) -> str:
 
 
 def _base(value: str, what: str) -> str:
+    """An absolute http(s) URL without its trailing slash: a relative one would make every alert's link
+    resolve against whatever page shows it (Alertmanager's, a chat client's), which is no link at all."""
     base = value.strip().rstrip("/")
     if not base or _CONTROL.search(base):
         raise ValueError(f"{what} must be a non-empty URL on one line, got {value!r}")
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"{what} must be an absolute http:// or https:// URL, got {value!r}")
     return base
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 import httpx
+import yaml
 
 from gpu_triage.diagnosis.actions import Action, Health
 from gpu_triage.diagnosis.health import EXIT_CODES
@@ -48,7 +49,7 @@ def explain_xid(code: int, as_json: bool, out: TextIO = sys.stdout) -> int:
         lines += wrap.wrap(f"why we differ: {entry['deviation']}")
     if entry["context"]:
         lines.append(f"  the verdict also weighs: {', '.join(entry['context'])}")
-    lines.append(f"  playbook: {entry['runbook']}  (curl localhost:9481{entry['runbook']}.md)")
+    lines.append(f"  playbook: {entry['runbook']}  (curl -s localhost:9481{entry['runbook']}.md)")
     out.write("\n".join(lines) + "\n")
     return 0
 
@@ -64,6 +65,8 @@ def check(
     password_file: str | None = None,
 ) -> int:
     """The node verdict from the local daemon: exit 0 ok, 1 warning, 2 critical, 3 unknown."""
+    if "://" not in url:
+        url = f"http://{url}"  # `--url localhost:9481`, as one would type it for curl
     try:
         verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
         auth = None
@@ -74,7 +77,7 @@ def check(
         answer.raise_for_status()
         body: dict[str, Any] = answer.json()
         health = Health(body["node"]["health"])
-    except (httpx.HTTPError, ValueError, KeyError, OSError) as e:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError, KeyError, OSError) as e:
         out.write(f"UNKNOWN - cannot get a verdict from gpu-triage at {url}: {e}\n")
         return EXIT_CODES[Health.UNKNOWN]
     if as_json:
@@ -133,6 +136,8 @@ def diagnose_files(
             if path == "-":
                 f = stdin or sys.stdin.buffer
                 name = "stdin"
+                if f.isatty():
+                    err.write("gpu-triage: reading the log from stdin (end it with Ctrl-D), or name log files\n")
             else:
                 try:
                     f = Path(path).open("rb")  # noqa: SIM115 - closed below, after the lazy read
@@ -161,14 +166,36 @@ def diagnose_files(
     return 1 if report["findings"] else 0
 
 
-def render_alerts(path: str, runbook_base: str | None, dashboard_base: str | None, out: TextIO = sys.stdout) -> int:
-    """`gpu-triage alerts render`: the rules with their links pointed elsewhere."""
+def render_alerts(
+    path: str | None, runbook_base: str | None, dashboard_base: str | None, out: TextIO = sys.stdout
+) -> int:
+    """`gpu-triage alerts render`: the rules (the shipped ones unless `path` names others), links pointed elsewhere."""
     from gpu_triage.exporter.cli.alert_rules import render
+    from gpu_triage.exporter.cli.export import shipped
 
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        if path is None:
+            text = shipped("alerts", "gpu-triage.rules.yml").decode()
+        else:
+            text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
         out.write(render(text, runbook_base, dashboard_base=dashboard_base))
-    except (OSError, ValueError) as e:
-        sys.stderr.write(f"gpu-triage alerts render: {e}\n")
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        sys.stderr.write(f"gpu-triage alerts render: {_one_line(e)}\n")
         return 2
     return 0
+
+
+def export_files(kind: str, dest: Path, force: bool, out: TextIO = sys.stdout) -> int:
+    """`gpu-triage export KIND DIR`."""
+    from gpu_triage.exporter.cli.export import ExportError, export
+
+    try:
+        export(kind, dest, force=force, out=out)
+    except (ExportError, OSError) as e:
+        sys.stderr.write(f"gpu-triage export: {e}\n")
+        return 1
+    return 0
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())

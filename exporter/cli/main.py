@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from gpu_triage import __version__
+from gpu_triage.exporter.cli.export import KINDS, WHAT
 from gpu_triage.exporter.logs import setup_logging
 from gpu_triage.exporter.settings import OPTIONS, SettingsError, load_settings
 
@@ -56,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--url",
         default=os.environ.get("GPU_TRIAGE_URL", "http://127.0.0.1:9481"),
-        help="the daemon (env GPU_TRIAGE_URL)",
+        help="the daemon, http:// assumed when no scheme is given (env GPU_TRIAGE_URL; default %(default)s)",
     )
     check.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
     check.add_argument("--json", action="store_true", help="print the whole diagnosis as JSON")
@@ -82,14 +84,29 @@ def _parser() -> argparse.ArgumentParser:
         description="Print the alert rules with every runbook_url pointing at BASE/<playbook id> instead of the "
         "daemon on the alerting node, e.g. --runbook-base https://wiki.example.com/gpu-runbooks.",
     )
-    render.add_argument("file", nargs="?", default="-", help="the rules file (alerts/gpu-triage.rules.yml; - stdin)")
-    render.add_argument("--runbook-base", metavar="URL", help="where the playbooks are published")
+    render.add_argument("file", nargs="?", help="a rules file to render instead of the shipped one (- reads stdin)")
+    render.add_argument("--runbook-base", metavar="URL", help="where the playbooks are published (http or https)")
     render.add_argument("--dashboard-base", metavar="URL", help="the Grafana URL, for absolute dashboard links")
+    export = sub.add_parser(
+        "export",
+        help="write the shipped alert rules, dashboards or systemd files into a directory",
+        description="Write the files gpu-triage ships for one KIND into DIR (created if missing), one line per "
+        "file: " + "; ".join(f"{kind}: {what}" for kind, what in WHAT.items()) + ". A file that exists with "
+        "other content is left alone, and nothing is written, unless --force is given.",
+    )
+    export.add_argument("kind", choices=sorted(KINDS), metavar="KIND", help=", ".join(sorted(KINDS)))
+    export.add_argument("dir", type=Path, metavar="DIR", help="where to write them")
+    export.add_argument("--force", action="store_true", help="replace files that differ from the shipped ones")
+    for name, command in sub.choices.items():
+        command.set_defaults(usage_parser=command)
+        if name == "alerts":
+            for inner in alert_commands.choices.values():
+                inner.set_defaults(usage_parser=inner)
     return parser
 
 
 def _serve(args: argparse.Namespace, unknown: list[str]) -> int:
-    cli = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    cli = {k: v for k, v in vars(args).items() if k not in ("command", "config", "usage_parser")}
     config = args.config
     if config is None and (env_config := os.environ.get("GPU_TRIAGE_CONFIG")):
         config = Path(env_config)
@@ -128,13 +145,43 @@ def _data_ok() -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args, unknown = parser.parse_known_args(argv)
+_NEGATIVE = re.compile(r"-\.?\d")
+
+
+def _value_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every long option, of every command, that takes a value."""
+    flags: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                flags |= _value_flags(sub)
+        elif action.nargs != 0:
+            flags.update(s for s in action.option_strings if s.startswith("--"))
+    return flags
+
+
+def _glue_negative_values(argv: list[str], value_flags: set[str]) -> list[str]:
+    """`--collector.interval -1s` as `--collector.interval=-1s`: argparse takes '-1s' for an option and
+    would complain of a missing value, where the user needs to hear that the value must be positive."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in value_flags and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    args, unknown = parser.parse_known_args(_glue_negative_values(argv, _value_flags(parser)))
     if args.command == "serve":
         return _serve(args, unknown)
     if unknown:
-        parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+        usage: argparse.ArgumentParser = getattr(args, "usage_parser", parser)
+        usage.error(f"unrecognised arguments: {' '.join(unknown)}")
     if args.command in ("xid", "diagnose") and not _data_ok():
         return 2
     if args.command == "xid":
@@ -155,8 +202,27 @@ def main(argv: list[str] | None = None) -> int:
         from gpu_triage.exporter.cli.commands import render_alerts
 
         return render_alerts(args.file, args.runbook_base, args.dashboard_base)
+    if args.command == "export":
+        from gpu_triage.exporter.cli.commands import export_files
+
+        return export_files(args.kind, args.dir, args.force)
     parser.print_help(sys.stderr)
     return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every error a user can cause ends in one line on stderr and a non-zero status, never a traceback."""
+    try:
+        return _run(_parser(), sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader (`| head`) went away: say nothing, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as e:
+        print(f"gpu-triage: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

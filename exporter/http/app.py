@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import logging
 
 from fastapi import FastAPI, Request
@@ -14,6 +13,7 @@ from gpu_triage import __version__
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.diagnosis import diagnose_router, diagnosis_router
 from gpu_triage.exporter.http.gpus import gpus_router
+from gpu_triage.exporter.http.landing import landing_page
 from gpu_triage.exporter.http.runbooks import runbooks_router
 from gpu_triage.exporter.http.sim_faults import sim_router
 from gpu_triage.exporter.http.web_config import WebConfig, WebConfigMiddleware
@@ -46,8 +46,8 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
         return Response(scrape.body, media_type=scrape.content_type, headers=headers)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def landing() -> HTMLResponse:
-        return HTMLResponse(_landing_page(daemon, telemetry_path))
+    def landing() -> HTMLResponse:  # a journal query: run in the thread pool, not on the event loop
+        return landing_page(daemon)
 
     @app.get("/healthz", summary="Liveness: the daemon's poll loop is turning")
     async def healthz() -> Response:
@@ -65,7 +65,12 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
     app.include_router(gpus_router(daemon))
     app.include_router(diagnosis_router(daemon))
     app.include_router(diagnose_router(daemon))
-    app.include_router(runbooks_router(daemon.verdicts.open_findings))
+    app.include_router(
+        runbooks_router(
+            daemon.verdicts.open_findings,
+            lambda: {g.identity.pci_bus_id: g.identity.index for g in daemon.snapshot.gpus},
+        )
+    )
     if daemon.backend.name == "sim":
         app.include_router(sim_router(daemon))
     return app
@@ -93,41 +98,3 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def crash(request: Request, exc: Exception) -> JSONResponse:
         log.exception("request failed", extra={"path": request.url.path})
         return error(500, f"internal error: {type(exc).__name__}")
-
-
-def _landing_page(daemon: Daemon, telemetry_path: str) -> str:
-    snapshot = daemon.snapshot
-    links = [
-        (telemetry_path, "Prometheus metrics"),
-        ("/api/v1/diagnosis", "the node's verdict: which GPU, what happened, what to do"),
-        ("/api/v1/gpus", "GPUs, as JSON"),
-        ("/api/v1/events", "XID history"),
-        ("/runbooks/", "playbooks: what to do for every XID, condition and training-log failure"),
-        ("/healthz", "liveness"),
-        ("/readyz", "readiness"),
-        ("/openapi.json", "API description (OpenAPI)"),
-    ]
-    if daemon.backend.name == "sim":
-        links.append(("/api/v1/sim/faults", "simulator faults (POST to inject one)"))
-    rows = "\n".join(
-        f"<tr><td>{g.identity.index}</td><td>{html.escape(g.identity.uuid)}</td>"
-        f"<td>{html.escape(g.identity.pci_bus_id)}</td><td>{html.escape(g.status)}</td></tr>"
-        for g in snapshot.gpus
-    )
-    items = "\n".join(f'<li><a href="{html.escape(href)}">{html.escape(href)}</a> {text}</li>' for href, text in links)
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>gpu-triage</title></head>
-<body style="font-family: sans-serif; max-width: 60em; margin: 2em auto">
-<h1>gpu-triage</h1>
-<p>Version {html.escape(__version__)}, backend <b>{html.escape(snapshot.backend)}</b>.
-<b>{html.escape(daemon.status_line())}</b></p>
-<ul>
-{items}
-</ul>
-<h2>GPUs</h2>
-<table border="1" cellpadding="4" style="border-collapse: collapse">
-<tr><th>gpu</th><th>uuid</th><th>PCI bus id</th><th>status</th></tr>
-{rows}
-</table>
-</body></html>
-"""

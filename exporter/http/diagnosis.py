@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -18,6 +19,7 @@ from gpu_triage.exporter.http.gpus import gpu_or_404
 from gpu_triage.exporter.log_input import InputTooLargeError, decoded
 from gpu_triage.exporter.settings import parse_duration
 
+log = logging.getLogger(__name__)
 MAX_CONCURRENT_DIAGNOSES = 2
 
 
@@ -99,7 +101,9 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
 
     @router.post("/gpus/{gpu}/acknowledge", summary="Mark a GPU's XID findings so far as dealt with")
     def acknowledge(gpu: int, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
-        daemon.acknowledge(gpu_or_404(daemon, gpu).identity.uuid, note)
+        uuid = gpu_or_404(daemon, gpu).identity.uuid
+        log.info("GPU acknowledged", extra={"gpu": gpu, "uuid": uuid, "note": note})  # before the verdict it changes
+        daemon.acknowledge(uuid, note)
         gpus: list[dict[str, Any]] = daemon.diagnosis()["gpus"]
         return next(g for g in gpus if g["gpu"] == gpu)
 

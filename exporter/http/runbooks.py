@@ -1,16 +1,13 @@
 """GET /runbooks/: the playbooks as self-contained HTML pages, with the node's live findings on top.
 
-Alerts link here (`runbook_url`), usually opened from a phone at night and often on a node that cannot
-reach the internet: no external CSS, JS or fonts. Playbook bodies are rendered once, when the router is
-built; only the live findings are rendered per request, and everything in them comes from log lines,
-so it is escaped (and the Content-Security-Policy forbids scripts should an escape ever be missed).
+Alerts link here (`runbook_url`). Playbook bodies are rendered once, when the router is built; only the
+live findings are rendered per request, and everything in them comes from log lines, so it is escaped
+(page.py has the rest of what these pages and the landing page share).
 """
 
 from __future__ import annotations
 
-import html
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -18,27 +15,14 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from markdown_it import MarkdownIt
 
-from gpu_triage.diagnosis.actions import Severity
 from gpu_triage.diagnosis.conditions import load_conditions
 from gpu_triage.diagnosis.data_check import playbook_references
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, load_playbooks
+from gpu_triage.exporter.http.page import badge, document, esc, utc
 
 log = logging.getLogger(__name__)
 
-_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
-_STYLE = """
-body{font:15px/1.5 system-ui,sans-serif;max-width:60em;margin:1.5em auto;padding:0 1em;color:#222}
-h1{font-size:1.6em;margin:.3em 0}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-code,pre{font:13px/1.4 ui-monospace,monospace;background:#f4f4f4}code{padding:0 .2em}
-pre{padding:.6em;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
-table{border-collapse:collapse;width:100%}th,td{border:1px solid #ddd;padding:.3em .5em;text-align:left;
-vertical-align:top}th{background:#f4f4f4}a{color:#0645ad}nav{font-size:.9em;color:#555}
-.sev{display:inline-block;padding:0 .5em;border-radius:.3em;color:#fff;font-size:.85em;font-weight:600}
-.sev-critical{background:#c0392b}.sev-warning{background:#d68910}.sev-info{background:#2874a6}
-.sev-unknown{background:#666}.live{border:2px solid #c0392b;border-radius:.4em;padding:0 1em 1em;
-background:#fdf2f0}.live h2{border:0;margin-top:.6em;color:#c0392b}.muted{color:#666;font-size:.9em}
-"""
 _md = MarkdownIt("commonmark", {"html": False}).enable("table")  # our pages carry no raw HTML
 
 
@@ -48,30 +32,13 @@ class _Page:
     body_html: str  # the rendered sections, fixed for the life of the process
 
 
-def _esc(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _badge(severity: Severity) -> str:
-    return f'<span class="sev sev-{_esc(severity.value)}">{_esc(severity.value)}</span>'
-
-
-def _document(title: str, body: str) -> HTMLResponse:
-    page = (
-        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_esc(title)}</title><style>{_STYLE}</style></head>\n<body>\n{body}\n</body></html>\n"
-    )
-    return HTMLResponse(page, headers={"Content-Security-Policy": _CSP})
-
-
 def _render(playbook: Playbook, referrers: list[str]) -> _Page:
     toc = " · ".join(f'<a href="#{name.lower()}">{name}</a>' for name, _ in playbook.sections)
     parts = [f"<nav>{toc}</nav>"]
     for name, text in playbook.sections:
         parts.append(f'<h2 id="{name.lower()}">{name}</h2>\n{_md.render(text)}')
     if referrers:
-        parts.append(f'<p class="muted">Used for: {_esc(_used_for(referrers))}.</p>')
+        parts.append(f'<p class="muted">Used for: {esc(_used_for(referrers))}.</p>')
     return _Page(playbook, "\n".join(parts))
 
 
@@ -84,37 +51,39 @@ def _used_for(referrers: list[str]) -> str:
     return ", ".join(actions + xids + rest)
 
 
-def _when(value: str | int | None) -> str:
-    """Unix seconds from a finding's details as UTC; anything else is shown as it came, escaped."""
-    if value is None:
-        return "—"
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(value)))
-    except (ValueError, OverflowError, OSError):
-        return _esc(value)
-
-
 def _evidence(finding: Finding) -> str:
     lines = []
     for ev in finding.evidence:
         where = f"{ev.source}:{ev.line}" if ev.source else f"line {ev.line}"
-        lines.append(f"{_esc(where)}: {_esc(ev.text)}")
+        lines.append(f"{esc(where)}: {esc(ev.text)}")
     return "<pre>" + "\n".join(lines) + "</pre>" if lines else ""
 
 
-def _live_section(found: list[Finding]) -> str:
+def gpu_name(bus: str | None, indexes: Mapping[str, int]) -> str:
+    """'GPU 1 (0000:2a:00.0)' for a GPU the driver lists, the bare bus id for one it does not, 'node' for none."""
+    if bus is None:
+        return "node"
+    index = indexes.get(bus)
+    return bus if index is None else f"GPU {index} ({bus})"
+
+
+def _where(f: Finding, indexes: Mapping[str, int]) -> str:
+    where = gpu_name(f.gpu, indexes)
+    if f.host:
+        where = f"{f.host} {where}"
+    if f.rank is not None:
+        where += f" (rank {f.rank})"
+    return where
+
+
+def _live_section(found: list[Finding], indexes: Mapping[str, int]) -> str:
     rows = []
     for f in sorted(found, key=lambda f: (f.severity.rank, f.action.rank, f.gpu or "")):
-        where = f.gpu or "node"
-        if f.host:
-            where = f"{f.host} {where}"
-        if f.rank is not None:
-            where += f" (rank {f.rank})"
         rows.append(
-            f"<tr><td><code>{_esc(where)}</code></td><td>{_when(f.details.get('first_seen'))}</td>"
-            f"<td>{_when(f.details.get('last_seen'))}</td><td>{_badge(f.severity)}</td>"
-            f"<td><b>{_esc(f.action.value)}</b></td><td>{f.count}</td>"
-            f"<td>{_esc(f.title)}{_evidence(f)}</td></tr>"
+            f"<tr><td><code>{esc(_where(f, indexes))}</code></td><td>{utc(f.details.get('first_seen'))}</td>"
+            f"<td>{utc(f.details.get('last_seen'))}</td><td>{badge(f.severity)}</td>"
+            f"<td><b>{esc(f.action.value)}</b></td><td>{f.count}</td>"
+            f"<td>{esc(f.title)}{_evidence(f)}</td></tr>"
         )
     return (
         f'<section class="live"><h2>Live on this node now ({len(found)})</h2>\n'
@@ -143,8 +112,8 @@ def _order(p: Playbook) -> tuple[int, int, str]:
 
 def _conditions_table() -> str:
     rows = "\n".join(
-        f'<tr><td><code>{_esc(cid)}</code></td><td>{_esc(c.title)}</td><td><a href="{_esc(c.playbook)}">'
-        f"{_esc(c.playbook)}</a></td></tr>"
+        f'<tr><td><code>{esc(cid)}</code></td><td>{esc(c.title)}</td><td><a href="{esc(c.playbook)}">'
+        f"{esc(c.playbook)}</a></td></tr>"
         for cid, c in load_conditions().items()
     )
     return (
@@ -153,7 +122,13 @@ def _conditions_table() -> str:
     )
 
 
-def _index(pages: Mapping[str, _Page], live: dict[str, list[Finding]], note: str, conditions: str) -> HTMLResponse:
+def _index(
+    pages: Mapping[str, _Page],
+    live: dict[str, list[Finding]],
+    note: str,
+    conditions: str,
+    indexes: Mapping[str, int],
+) -> HTMLResponse:
     groups: dict[str, list[str]] = {
         "Actions": [],
         "XID codes": [],
@@ -165,7 +140,8 @@ def _index(pages: Mapping[str, _Page], live: dict[str, list[Finding]], note: str
     parts = ["<h1>gpu-triage runbooks</h1>", note]
     if live:
         items = "".join(
-            f'<li><a href="{_esc(pid)}">{_esc(pages[pid].playbook.title)}</a>: {len(found)} live finding(s)</li>'
+            f'<li><a href="{esc(pid)}">{esc(pages[pid].playbook.title)}</a> on '
+            f"<b>{esc(', '.join(sorted({_where(f, indexes) for f in found})))}</b></li>"
             for pid, found in sorted(live.items())
             if pid in pages
         )
@@ -179,19 +155,22 @@ def _index(pages: Mapping[str, _Page], live: dict[str, list[Finding]], note: str
             f"{rows}</table>"
         )
     parts.append(conditions)
-    return _document("gpu-triage runbooks", "\n".join(parts))
+    return document("gpu-triage runbooks", "\n".join(parts))
 
 
 def _index_row(p: Playbook, live: int) -> str:
     return (
-        f'<tr><td><a href="{_esc(p.id)}"><b>{_esc(p.title)}</b></a> <code>{_esc(p.id)}</code><br>'
-        f'<span class="muted">{_esc(p.summary)}</span></td><td>{_badge(p.severity)}</td>'
-        f"<td>{_esc(p.action.value)}</td><td>{f'<b>{live}</b>' if live else ''}</td></tr>"
+        f'<tr><td><a href="{esc(p.id)}"><b>{esc(p.title)}</b></a> <code>{esc(p.id)}</code><br>'
+        f'<span class="muted">{esc(p.summary)}</span></td><td>{badge(p.severity)}</td>'
+        f"<td>{esc(p.action.value)}</td><td>{f'<b>{live}</b>' if live else ''}</td></tr>"
     )
 
 
-def runbooks_router(live_findings: Callable[[], list[Finding]]) -> APIRouter:
-    """`/runbooks/`, `/runbooks/{id}` and `/runbooks/{id}.md`; `live_findings` gives the open findings."""
+def runbooks_router(
+    live_findings: Callable[[], list[Finding]], gpu_indexes: Callable[[], Mapping[str, int]] = dict
+) -> APIRouter:
+    """`/runbooks/`, `/runbooks/{id}` and `/runbooks/{id}.md`; `live_findings` gives the open findings,
+    `gpu_indexes` the NVML index of each PCI bus id, to name the GPUs they are on."""
     playbooks = load_playbooks()  # checked with the rest of the data when the daemon started
     refs = playbook_references()
     pages = {pid: _render(p, refs.get(pid, [])) for pid, p in playbooks.items()}
@@ -218,7 +197,7 @@ def runbooks_router(live_findings: Callable[[], list[Finding]]) -> APIRouter:
     @router.get("/", response_class=HTMLResponse, summary="Every runbook, and which have live findings")
     def index() -> HTMLResponse:
         by_playbook, note = live()
-        return _index(pages, by_playbook, note, conditions)
+        return _index(pages, by_playbook, note, conditions, gpu_indexes())
 
     # Registered before /{pid}, which would otherwise take "xid-79.md" as an id.
     @router.get("/{pid}.md", summary="A runbook's Markdown source", response_model=None)
@@ -236,12 +215,12 @@ def runbooks_router(live_findings: Callable[[], list[Finding]]) -> APIRouter:
         p = page.playbook
         by_playbook, note = live()
         head = (
-            f'<nav><a href="./">All runbooks</a> · <a href="{_esc(p.id)}.md">Markdown source</a></nav>\n'
-            f"<h1>{_esc(p.title)}</h1>\n<p>{_badge(p.severity)} Action <b>{_esc(p.action.value)}</b>: "
-            f"{_esc(p.action.description)}</p>\n<p><i>{_esc(p.summary)}</i></p>"
+            f'<nav><a href="./">All runbooks</a> · <a href="{esc(p.id)}.md">Markdown source</a></nav>\n'
+            f"<h1>{esc(p.title)}</h1>\n<p>{badge(p.severity)} Action <b>{esc(p.action.value)}</b>: "
+            f"{esc(p.action.description)}</p>\n<p><i>{esc(p.summary)}</i></p>"
         )
         found = by_playbook.get(p.id, [])
-        live_html = _live_section(found) if found else note
-        return _document(f"{p.title} (gpu-triage runbook)", f"{head}\n{live_html}\n{page.body_html}")
+        live_html = _live_section(found, gpu_indexes()) if found else note
+        return document(f"{p.title} (gpu-triage runbook)", f"{head}\n{live_html}\n{page.body_html}")
 
     return router

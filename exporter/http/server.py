@@ -152,7 +152,8 @@ def serve(settings: Settings) -> None:
                 ssl_context_factory=None if tls is None else lambda _config, _default: tls.context(),
             )
             for sock in sockets:
-                log.info("listening", extra={"address": "{}:{}".format(*sock.getsockname()[:2])})
+                host, port = sock.getsockname()[:2]
+                log.info("listening", extra={"address": f"[{host}]:{port}" if ":" in host else f"{host}:{port}"})
             _Server(config, on_serving=serving, on_stopping=stopping).run(sockets=sockets)
         finally:
             stopping()  # again (a no-op) in case uvicorn ended without a graceful shutdown

@@ -17,10 +17,25 @@ def test_durations(text: str | int, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["5 s", "5x", "s", "1m30", "-1s", ""])
+@pytest.mark.parametrize("text", ["5 s", "5x", "s", "1m30", ""])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="is not a duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["-1s", "-5", "-0.5m"])
+def test_negative_durations_must_be_positive(text: str) -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        parse_duration(text)
+
+
+def test_zero_must_be_positive() -> None:
+    with pytest.raises(SettingsError) as e:
+        load_settings({"collector_interval": "0s", "diagnose_max_bytes": "0"}, None)
+    assert e.value.problems == [
+        "--collector.interval (or GPU_TRIAGE_COLLECTOR_INTERVAL): must be positive (got '0s')",
+        "--diagnose.max-bytes (or GPU_TRIAGE_DIAGNOSE_MAX_BYTES): must be positive (got '0')",
+    ]
 
 
 def test_defaults() -> None:

@@ -26,6 +26,8 @@ def served(tmp_path: Path) -> Iterator[str]:
         yield daemon.url
     assert daemon.process.returncode == 0, f"SIGTERM should be a clean stop: {daemon.output()}"
     assert "stopping" in daemon.output()
+    # uvicorn's start and stop lines are ours to name (and debug): no logger=uvicorn.error in normal operation.
+    assert "uvicorn" not in daemon.output() and "msg=listening address=127.0.0.1:" in daemon.output()
 
 
 def nvml_works() -> bool:
@@ -142,6 +144,9 @@ def test_check_exit_codes_follow_the_node_verdict(served: str) -> None:
     sick = wait_for(critical, 10, interval=0.2, what="`gpu-triage check` to say CRITICAL")
     assert sick.stdout.startswith("CRITICAL - 8 GPUs, 8 up; node unhealthy: REBOOT_NODE on GPU 2\n")
     assert "GPU 2: The GPU fell off the PCIe bus" in sick.stdout and f"{served}/runbooks/xid-79" in sick.stdout
+    # As one types it for curl: no scheme.
+    bare = run("check", "--url", served.removeprefix("http://"))
+    assert (bare.returncode, bare.stdout) == (2, sick.stdout)
     assert json.loads(run("check", "--url", served, "--json").stdout)["node"]["action"] == "REBOOT_NODE"
 
 
@@ -161,6 +166,11 @@ def test_alerts_render_points_runbooks_at_a_published_copy(tmp_path: Path) -> No
     assert result.stdout.count("runbook_url:") == rules.read_text().count("runbook_url:")
     missing = run("alerts", "render", "--runbook-base", "https://x", str(tmp_path / "nope.yml"))
     assert missing.returncode == 2 and "gpu-triage alerts render:" in missing.stderr
+
+
+def test_alerts_render_without_a_file_renders_the_shipped_rules() -> None:
+    result = run("alerts", "render")
+    assert (result.returncode, result.stdout) == (0, (REPO / "alerts" / "gpu-triage.rules.yml").read_text())
 
 
 def test_an_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def live() -> Live:
 @pytest.fixture
 def client(live: Live) -> Iterator[TestClient]:
     app = FastAPI()
-    app.include_router(runbooks_router(live))
+    app.include_router(runbooks_router(live, lambda: {"0000:3b:00.0": 1}))  # 0000:5e:00.0 is not listed
     with TestClient(app) as c:
         yield c
 
@@ -79,7 +79,7 @@ def test_index_marks_playbooks_with_live_findings(client: TestClient, live: Live
     live.findings = [finding(), finding(id="xid_79:0000:5e:00.0", gpu="0000:5e:00.0")]
     text = client.get("/runbooks/").text
     live_box = text.split('<section class="live">', 1)[1].split("</section>", 1)[0]
-    assert 'href="xid-79"' in live_box and "2 live finding(s)" in live_box
+    assert 'href="xid-79"' in live_box and "on <b>0000:5e:00.0, GPU 1 (0000:3b:00.0)</b>" in live_box
     assert 'href="reset-gpu"' not in live_box
 
 
@@ -112,7 +112,7 @@ def test_live_findings_go_on_top_of_their_own_playbook_only(client: TestClient, 
     box = text.split('<section class="live">', 1)[1].split("</section>", 1)[0]
     assert text.index('<section class="live">') < text.index('<h2 id="meaning">')
     assert "Live on this node now (1)" in box
-    assert "0000:3b:00.0" in box and "0000:86:00.0" not in box
+    assert "<code>GPU 1 (0000:3b:00.0)</code>" in box and "0000:86:00.0" not in box
     assert "2023-11-14 22:13:20 UTC" in box and "2023-11-14 22:23:20 UTC" in box
     assert "REBOOT_NODE" in box and "sev-critical" in box and "<td>3</td>" in box
     assert "line 7: NVRM: Xid (PCI:0000:3b:00): 79" in box
