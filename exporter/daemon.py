@@ -21,7 +21,7 @@ from gpu_triage.diagnosis.health import NodeVerdict
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.metrics.exposition import MetricsCache
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
-from gpu_triage.exporter.metrics.xid import source_families, xid_families
+from gpu_triage.exporter.metrics.xid import journal_families, source_families, xid_families
 from gpu_triage.exporter.polling.poller import Poller
 from gpu_triage.exporter.polling.snapshot import Snapshot
 from gpu_triage.exporter.settings import Settings
@@ -86,7 +86,7 @@ class Daemon:
         self.journal = Journal(settings.state_dir / JOURNAL_FILE)
         self.verdicts = Verdicts(self.journal, self.boot_id)
         self.pipeline = EventPipeline(
-            self.journal, boot_id=self.boot_id, gpus=lambda: self.poller.gpus, on_events=self._on_events
+            self.journal, boot_id=self.boot_id, gpus=lambda: self.poller.gpus, on_events=self._on_events, clock=clock
         )
         self.kmsg: KmsgFollower | None = None
         if settings.source_kmsg:
@@ -110,6 +110,7 @@ class Daemon:
             lambda: verdict_families(self._frame.snapshot, self._frame.node),
             lambda: daemon_families(self._frame.snapshot),
             self._source_families,
+            lambda: journal_families(self.journal.stats),
         ):
             self.registry.register(Families(build))
         if not settings.web_disable_exporter_metrics:  # the daemon's own process_* and python_* metrics
@@ -223,6 +224,8 @@ class Daemon:
             return "no snapshot yet"
         if not snapshot.backend_up:
             return f"the {snapshot.backend} backend is failing"
+        if not self.journal.stats.up:
+            return f"the event journal cannot be written ({self.journal.stats.error})"
         age = self.clock() - snapshot.taken_at
         if age > self.stale_after:
             return f"the last snapshot is {age:.0f}s old"

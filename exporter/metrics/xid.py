@@ -12,9 +12,9 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpu_triage.exporter.sources.driver_events import DriverEventStats
-from gpu_triage.exporter.sources.journal import Total
-from gpu_triage.exporter.sources.kmsg import KmsgStats
+from gpu_triage.exporter.sources.journal import JournalStats, Total
 from gpu_triage.exporter.sources.pipeline import PipelineStats
+from gpu_triage.exporter.sources.records import KmsgStats
 
 
 def xid_families(totals: Iterable[Total]) -> list[Metric]:
@@ -96,3 +96,29 @@ def source_families(
     )
     merged.add_metric([], float(pipeline.merged))
     yield merged
+    failed = CounterMetricFamily(
+        "gpu_triage_event_batches_failed",
+        "Batches of kernel-log lines or driver events that could not be processed and were skipped (see the log).",
+    )
+    failed.add_metric([], float(pipeline.failed_batches))
+    yield failed
+
+
+def journal_families(stats: JournalStats) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "gpu_triage_journal_up",
+        "1 if the event journal takes writes, 0 while it refuses them (a full disk): XIDs then wait unread.",
+    )
+    up.add_metric([], 1.0 if stats.up else 0.0)
+    yield up
+    errors = CounterMetricFamily(
+        "gpu_triage_journal_write_errors", "Event-journal writes that failed and were tried again."
+    )
+    errors.add_metric([], float(stats.write_errors))
+    yield errors
+    aside = CounterMetricFamily(
+        "gpu_triage_journal_moved_aside",
+        "Unusable event-journal files (corrupt or empty) moved aside at start; XID history before is in them.",
+    )
+    aside.add_metric([], float(stats.moved_aside))
+    yield aside

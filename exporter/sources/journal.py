@@ -1,13 +1,16 @@
 """The event journal: every XID and SXID the daemon saw, in SQLite, surviving crashes and restarts.
 
 WAL mode and one transaction per batch mean a crash loses at most the batch in flight and never
-corrupts what was committed. The kernel-log cursor (origin, last sequence number) is committed in
-the same transaction as the events it covers, so after a restart the daemon reads on from exactly
-where it stopped: what happened while it was down is counted, nothing is counted twice. Per-GPU
-totals live in their own table, outside retention, so `nvidia_gpu_xid_errors_total` never goes down.
+corrupts what was committed. The kernel-log cursor (origin, last sequence number, and for a file where
+in which file) is committed in the same transaction as the events it covers, so after a restart the
+daemon reads on from exactly where it stopped: what happened while it was down is counted, nothing is
+counted twice. Per-GPU totals live in their own table, outside retention, so
+`nvidia_gpu_xid_errors_total` never goes down.
 
-A file that is not a usable database is moved aside with a loud log line and a fresh one started:
-losing history is bad, a daemon stuck in a crash loop is worse.
+A write that fails (a full disk) raises and moves nothing: the caller keeps the batch and tries again,
+and `stats` says the journal is down until a write succeeds. A file that is not a usable database
+(an empty file included) is moved aside with a loud log line and a fresh one started: losing history
+is bad, a daemon stuck in a crash loop is worse.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ CREATE TABLE IF NOT EXISTS totals_v1 (
     last_seen REAL NOT NULL,
     PRIMARY KEY (kind, uuid, pci_bus_id, code)
 );
-CREATE TABLE IF NOT EXISTS cursor_v2 (origin TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS cursor_v3 (origin TEXT PRIMARY KEY, seq INTEGER NOT NULL, mark TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS marks_v1 (
     id INTEGER PRIMARY KEY,
     ts REAL NOT NULL,
@@ -123,6 +126,24 @@ class Mark:
     note: str
 
 
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """How far a kernel log was counted: `origin` (kmsg:<boot id>, file:<path>), the last record's `seq`,
+    and for a file a `mark` saying which file and where in it (see logfile.FileMark)."""
+
+    origin: str
+    seq: int
+    mark: str = ""
+
+
+@dataclass
+class JournalStats:
+    up: bool = True
+    write_errors: int = 0  # transactions that failed (a full disk, an I/O error)
+    moved_aside: int = 0  # unusable journal files moved aside at start
+    error: str | None = None
+
+
 _WRITABLE = "--state.dir must name a directory the daemon can write"
 
 
@@ -133,9 +154,13 @@ class JournalError(Exception):
 class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.stats = JournalStats()
         self._lock = threading.Lock()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() and path.stat().st_size == 0:
+                # SQLite takes an empty file for a new database: the counters would start over unnoticed.
+                raise sqlite3.DatabaseError("the file is empty")
             self._db = self._open()
         except OSError as e:
             raise JournalError(f"cannot create {path.parent}: {e.strerror or e} ({_WRITABLE})") from e
@@ -152,6 +177,7 @@ class Journal:
                 old = Path(f"{path}{suffix}")
                 if old.exists():
                     old.rename(Path(f"{aside}{suffix}"))
+            self.stats.moved_aside += 1
             self._db = self._open()
 
     def _open(self) -> sqlite3.Connection:
@@ -162,6 +188,13 @@ class Journal:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable across process crashes
             db.executescript(_SCHEMA)
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'cursor_v2'").fetchone():
+                # Cursors of an older version: /dev/kmsg's carry over; a file's counted lines, not bytes, are
+                # turned into a place in the file by the follower (logfile.legacy_origin).
+                db.executescript(
+                    "BEGIN; INSERT OR IGNORE INTO cursor_v3 SELECT origin, seq, '' FROM cursor_v2;"
+                    " DROP TABLE cursor_v2; COMMIT;"
+                )
         except sqlite3.DatabaseError:
             db.close()
             raise
@@ -174,36 +207,66 @@ class Journal:
     # -- writing -------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _transaction(self, cursor: tuple[str, int] | None) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, cursor: Cursor | None) -> Iterator[sqlite3.Connection]:
         """One transaction under the lock, which also moves the kernel-log cursor.
 
-        Batches arrive in order from one thread, so the cursor is simply set: it goes back only when a
-        followed file was truncated and its lines count from 1 again."""
+        Batches arrive in order from one thread, so the cursor is simply set. A failure raises
+        sqlite3.Error with nothing changed, and leaves `stats` saying why."""
         with self._lock:
             db = self._db
-            db.execute("BEGIN IMMEDIATE")
             try:
+                db.execute("BEGIN IMMEDIATE")
                 yield db
                 if cursor is not None:
                     db.execute(
-                        "INSERT INTO cursor_v2 (origin, seq) VALUES (?, ?) ON CONFLICT (origin) DO UPDATE"
-                        " SET seq = excluded.seq",
-                        cursor,
+                        "INSERT INTO cursor_v3 (origin, seq, mark) VALUES (?, ?, ?) ON CONFLICT (origin) DO UPDATE"
+                        " SET seq = excluded.seq, mark = excluded.mark",
+                        (cursor.origin, cursor.seq, cursor.mark),
                     )
                 db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
+            except BaseException as e:
+                if db.in_transaction:  # SQLite may have rolled back already (a full disk does that)
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    self._failed(e)
                 raise
+            if not self.stats.up:
+                log.info("the event journal is written again", extra={"path": str(self.path)})
+            self.stats.up, self.stats.error = True, None
+
+    def _failed(self, e: sqlite3.Error) -> None:
+        self.stats.write_errors += 1
+        if self.stats.up:
+            log.error(
+                "cannot write the event journal; keeping the batch and trying again",
+                extra={"path": str(self.path), "error": str(e)},
+            )
+        self.stats.up, self.stats.error = False, str(e)
 
     def record(
-        self, events: Sequence[Event], cursor: tuple[str, int] | None = None, marks: Sequence[Mark] = ()
+        self,
+        events: Sequence[Event],
+        cursor: Cursor | None = None,
+        marks: Sequence[Mark] = (),
+        merges: Sequence[Event] = (),
     ) -> list[Event]:
-        """Store `events` and `marks` and advance the kernel-log cursor, all in one transaction."""
+        """Store `events` and `marks`, update `merges` (journaled events a second source reported too, now
+        richer) and advance the kernel-log cursor, all in one transaction."""
         stored: list[Event] = []
-        if not events and not marks and cursor is None:
+        if not events and not marks and not merges and cursor is None:
             return stored
         with self._transaction(cursor) as db:
             self._insert_marks(db, marks)
+            for event in merges:
+                db.execute(
+                    "UPDATE events_v1 SET ts = ?, sources = ?, text = ?, details = ?, pid = ?, process = ?,"
+                    " kmsg_seq = ? WHERE id = ?",
+                    (
+                        event.ts, event.sources, event.text, json.dumps(dict(event.details)), event.pid,
+                        event.process, event.kmsg_seq, event.id,
+                    ),
+                )  # fmt: skip
             for e in events:
                 row = db.execute(
                     "INSERT INTO events_v1 (ts, boot_id, kmsg_seq, sources, kind, code, gpu_index, uuid,"
@@ -223,21 +286,9 @@ class Journal:
                 stored.append(replace(e, id=int(row.lastrowid or 0)))
         return stored
 
-    def merge(self, event: Event, cursor: tuple[str, int] | None = None) -> None:
-        """A second source reported an already-journaled event: keep the richer record, count nothing."""
-        with self._transaction(cursor) as db:
-            db.execute(
-                "UPDATE events_v1 SET ts = ?, sources = ?, text = ?, details = ?, pid = ?, process = ?,"
-                " kmsg_seq = ? WHERE id = ?",
-                (
-                    event.ts, event.sources, event.text, json.dumps(dict(event.details)), event.pid,
-                    event.process, event.kmsg_seq, event.id,
-                ),
-            )  # fmt: skip
-
     def mark(self, mark: Mark) -> None:
-        with self._lock:
-            self._insert_marks(self._db, [mark])
+        with self._transaction(None) as db:
+            self._insert_marks(db, [mark])
 
     @staticmethod
     def _insert_marks(db: sqlite3.Connection, marks: Sequence[Mark]) -> None:
@@ -255,11 +306,11 @@ class Journal:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def cursor(self, origin: str) -> int | None:
-        """How far the kernel log `origin` (kmsg:<boot id>, file:<dev>:<inode>) was counted."""
+    def cursor(self, origin: str) -> Cursor | None:
+        """How far the kernel log `origin` (kmsg:<boot id>, file:<path>) was counted."""
         with self._lock:
-            row = self._db.execute("SELECT seq FROM cursor_v2 WHERE origin = ?", (origin,)).fetchone()
-        return None if row is None else int(row[0])
+            row = self._db.execute("SELECT seq, mark FROM cursor_v3 WHERE origin = ?", (origin,)).fetchone()
+        return None if row is None else Cursor(origin, int(row[0]), str(row[1]))
 
     def events(
         self,

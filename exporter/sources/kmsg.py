@@ -5,11 +5,13 @@ boot, so the daemon can say exactly which records it has already counted. The ri
 from its start, records at or below the cursor are skipped. When the kernel overwrites records
 before we read them, read() fails with EPIPE: counted, and reading goes on with the next record.
 
-A regular file is followed like `tail -F`, its lines numbered from 1 (the cursor); the file that
-replaces a rotated one, and a file truncated in place (copytruncate), are read from their start.
-Lines in the /dev/kmsg record format (`6,1234,5678901,-;NVRM: Xid ...`) keep their timestamps; other
-lines (dmesg, syslog) are stamped when read, which is why a file of them seen for the first time is
-followed from its end rather than replayed as if it all happened now.
+A regular file is followed like `tail -F` (logfile.py), with a cursor that survives restarts,
+rotation and truncation. Lines in the /dev/kmsg record format (`6,1234,5678901,-;NVRM: Xid ...`) keep
+their timestamps; other lines (dmesg, syslog) are stamped when read.
+
+Every batch is handed to `deliver`, and the next one is read only once it is journaled: the cursor
+never moves past what is stored, and a journal that cannot be written holds the reader, not the lines.
+A record that does not parse is counted and skipped; nothing in the input stops the reader.
 """
 
 from __future__ import annotations
@@ -22,45 +24,21 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING
+
+from gpu_triage.exporter.sources.logfile import Deliver, FileFollower
+from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_record
+
+if TYPE_CHECKING:
+    from gpu_triage.exporter.sources.journal import Cursor
 
 log = logging.getLogger(__name__)
 
 _RECORD_BYTES = 16384  # larger than any kmsg record (the kernel caps them near 1 KiB of text)
-_FILE_POLL_SECONDS = 0.02  # how soon a line appended to a followed file is seen
+_POLL_SECONDS = 0.02  # how often a missing followed file is looked for again while it is being rotated
 _RETRY_SECONDS = 30.0  # how often a missing or unreadable kernel log is tried again
 _ROTATION_GRACE_SECONDS = 5.0  # a followed file may be missing this long while logrotate replaces it
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    seq: int
-    ts: float  # wall-clock seconds
-    text: str
-
-
-@dataclass
-class KmsgStats:
-    """For the source's status metrics."""
-
-    up: bool = False
-    overruns: int = 0  # EPIPE: records the kernel overwrote before we read them
-    malformed: int = 0  # records we could not split into header and text
-    error: str | None = None
-
-
-def parse_record(raw: str, boot_time: float) -> Record | None:
-    """'PRI,SEQ,USEC,FLAGS[,...];TEXT' -> Record; None when it is not in that format."""
-    header, sep, text = raw.partition(";")
-    if not sep:
-        return None
-    parts = header.split(",")
-    if len(parts) < 3 or not (parts[0].isdigit() and parts[1].isdigit() and parts[2].isdigit()):
-        return None
-    # Continuation lines (" SUBSYSTEM=pci") follow the first newline; the message is the first line.
-    return Record(int(parts[1]), boot_time + int(parts[2]) / 1e6, text.split("\n", 1)[0])
 
 
 def boot_time() -> float:
@@ -73,19 +51,19 @@ def boot_time() -> float:
 
 
 class KmsgFollower:
-    """Reads the records not yet counted and hands them, in batches, to `deliver(origin, records)`.
+    """Reads the records not yet counted and hands them, in batches, to `deliver(origin, records, mark, seq)`.
 
     `origin` names what the sequence numbers count within: `kmsg:<boot id>` for /dev/kmsg (the ring
-    buffer starts over at each boot), `file:<device>:<inode>` for a file (a rotated file is a new one).
-    `cursor(origin)` says how far that origin was counted before. Runs in its own thread.
+    buffer starts over at each boot), `file:<path>` for a file. `cursor(origin)` says how far that
+    origin was counted before. Runs in its own thread.
     """
 
     def __init__(
         self,
         path: Path,
-        deliver: Callable[[str, list[Record]], None],
+        deliver: Deliver,
         *,
-        cursor: Callable[[str], int | None],
+        cursor: Callable[[str], Cursor | None],
         boot_id: str,
         boot_time: float,
         clock: Callable[[], float] = time.time,
@@ -99,9 +77,9 @@ class KmsgFollower:
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # What this run delivered, by origin: ahead of the journal's cursor, which the pipeline moves
-        # only once it has journaled the records, so a re-open never delivers a record twice.
-        self._delivered: dict[str, int] = {}
+        # /dev/kmsg: what this run has had journaled, by origin, so a re-open never delivers a record twice.
+        self._committed: dict[str, int] = {}
+        self._file: FileFollower | None = None
         self._missing_since: float | None = None
 
     def start(self) -> None:
@@ -134,14 +112,14 @@ class KmsgFollower:
 
     def _rotating(self) -> bool:
         """A file this run was following is missing: give logrotate a moment to put the new one there."""
-        if not self._delivered:
+        if self._file is None or not self._file.opened:
             return False  # never found at all: plainly missing
         now = time.monotonic()
         if self._missing_since is None:
             self._missing_since = now
         elif now - self._missing_since > _ROTATION_GRACE_SECONDS:
             return False
-        self._stop.wait(_FILE_POLL_SECONDS)
+        self._stop.wait(_POLL_SECONDS)
         return True
 
     def _down(self, e: OSError) -> None:
@@ -161,22 +139,26 @@ class KmsgFollower:
         if was_down:
             log.info("reading the kernel log again", extra={"path": str(self.path)})
 
-    def _emit(self, origin: str, batch: list[Record], after: int) -> int:
-        """Deliver the records past `after`; returns the new `after`."""
+    def _commit(self, origin: str, batch: list[Record], after: int) -> int:
+        """Deliver the records past `after` and wait until they are journaled; returns the new `after`."""
         fresh = [r for r in batch if r.seq > after]
-        if fresh:
-            self._deliver(origin, fresh)
-            self._delivered[origin] = fresh[-1].seq
-            return fresh[-1].seq
-        return after
-
-    def _counted(self, origin: str) -> int | None:
-        return self._delivered.get(origin, self._cursor(origin))
+        if not fresh:
+            return after
+        handle = self._deliver(origin, fresh, "", None)
+        while handle is not None and not handle.wait(0.5):
+            if self._stop.is_set():
+                return after
+        if handle is not None and not handle.stored:
+            return after
+        self._committed[origin] = fresh[-1].seq
+        return fresh[-1].seq
 
     def _follow_device(self) -> None:
         origin = f"kmsg:{self._boot_id}"
-        after = self._counted(origin)
-        after = -1 if after is None else after
+        after = self._committed.get(origin)
+        if after is None:
+            cursor = self._cursor(origin)
+            after = -1 if cursor is None else cursor.seq
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         self._up()
         try:
@@ -187,7 +169,7 @@ class KmsgFollower:
                 try:
                     raw = os.read(fd, _RECORD_BYTES)
                 except BlockingIOError:
-                    after = self._emit(origin, batch, after)
+                    after = self._commit(origin, batch, after)
                     batch = []
                     poller.poll(500)
                     continue
@@ -202,86 +184,21 @@ class KmsgFollower:
                     continue
                 batch.append(record)
                 if len(batch) >= 1000:
-                    after = self._emit(origin, batch, after)
+                    after = self._commit(origin, batch, after)
                     batch = []
         finally:
             os.close(fd)
 
     def _follow_file(self) -> None:
-        """A file's lines are numbered from 1: that number is the cursor, whatever the lines hold."""
-        with self.path.open("rb") as f:
-            opened = os.fstat(f.fileno())
-            origin = f"file:{opened.st_dev}:{opened.st_ino}"
-            self._up()
-            counted = self._counted(origin)
-            # Not counted before, while this run followed another file: that one's successor, all new.
-            first_sight = counted is None and not self._delivered
-            line_no = _first_sight(f) if first_sight else _skip_lines(f, counted or 0)
-            self._delivered[origin] = line_no
-            pending = b""
-            while not self._stop.is_set():
-                chunk = f.read(1 << 20)
-                if not chunk:
-                    now = self.path.stat()
-                    if now.st_ino != opened.st_ino:
-                        return  # rotated: follow the new file from its start
-                    if now.st_size < f.tell():  # truncated in place: what it holds now is all new
-                        f.seek(0)
-                        line_no, pending = 0, b""
-                        self._delivered[origin] = 0
-                        continue
-                    self._stop.wait(_FILE_POLL_SECONDS)
-                    continue
-                lines = (pending + chunk).split(b"\n")
-                pending = lines.pop()  # an unfinished last line waits for the rest of it
-                batch = []
-                for raw in lines:
-                    line_no += 1
-                    text = raw.decode("utf-8", errors="replace").rstrip("\r")
-                    record = parse_record(text, self._boot_time)
-                    # A kmsg record keeps its own time; a plain line is stamped when read.
-                    batch.append(
-                        Record(line_no, record.ts, record.text) if record else Record(line_no, self._clock(), text)
-                    )
-                if batch:
-                    self._deliver(origin, batch)
-                    self._delivered[origin] = line_no
-
-
-def _first_sight(f: BinaryIO) -> int:
-    """Where to start in a file seen for the first time: at its start if it holds kmsg records (they
-    carry their own time), else after everything already there, since plain lines would be stamped
-    'now' and old faults would look new. Returns the lines skipped; leaves the file after them."""
-    first = f.readline(_RECORD_BYTES)
-    f.seek(0)
-    if not first or parse_record(first.decode("utf-8", errors="replace"), 0.0) is not None:
-        return 0
-    return _skip_lines(f, None)
-
-
-def _skip_lines(f: BinaryIO, lines: int | None) -> int:
-    """Move past the first `lines` whole lines (every whole line when None); returns how many it passed.
-
-    A file holding fewer lines than were counted was truncated since: it is then read from its start."""
-    skipped, resume = 0, 0  # resume: just after the last newline passed
-    while lines is None or skipped < lines:
-        base = f.tell()
-        chunk = f.read(1 << 20)
-        if not chunk:
-            break
-        n = chunk.count(b"\n")
-        if lines is not None and skipped + n >= lines:
-            end = -1
-            for _ in range(lines - skipped):
-                end = chunk.find(b"\n", end + 1)
-            return _at(f, base + end + 1, lines)
-        if n:
-            skipped, resume = skipped + n, base + chunk.rfind(b"\n") + 1
-    if lines is not None and skipped < lines:
-        return _at(f, 0, 0)
-    return _at(f, resume, skipped)
-
-
-def _at(f: BinaryIO, offset: int, lines: int) -> int:
-    f.seek(offset)
-    return lines
+        if self._file is None:
+            self._file = FileFollower(
+                self.path,
+                self._deliver,
+                self._cursor,
+                stats=self.stats,
+                boot_time=self._boot_time,
+                clock=self._clock,
+                stop=self._stop,
+                on_open=self._up,
+            )
+        self._file.follow()

@@ -6,14 +6,23 @@ Both feed one queue, drained by one thread that maps each event to its GPU, merg
 reported by both kinds of source into one event, journals the batch in one transaction and tells
 the daemon what is new. One thread means the kernel-log parser's state (messages that span lines)
 and the merge window need no locks.
+
+Nothing read is lost to a journal that cannot be written (a full disk): the batch, already parsed
+and merged, is kept and written again until it goes in, and the kernel-log reader waits for each of
+its batches to be committed before it reads on, so the cursor only ever moves past what is stored.
+The merge window starts with the journal's latest events, so a fault whose two reports straddle a
+restart is still counted once.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import queue
+import sqlite3
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser, ScanStats
 from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
-from gpu_triage.exporter.sources.journal import Event, Journal, Mark
-from gpu_triage.exporter.sources.kmsg import Record
+from gpu_triage.exporter.sources.journal import Cursor, Event, Journal, Mark
+from gpu_triage.exporter.sources.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +39,40 @@ log = logging.getLogger(__name__)
 MERGE_WINDOW_SECONDS = 10.0
 _MAX_WAITING = 10_000  # per (kind, GPU, code): a storm beyond this merges less, never slower
 _KERNEL = "kmsg"
+_RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)  # between attempts to write a batch the journal refused
+
+
+class Commit:
+    """Set once the batch it was handed out with is in the journal (or the pipeline stopped without it)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.stored = False
+
+    def settle(self, stored: bool) -> None:
+        self.stored = stored
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once settled."""
+        return self._done.wait(timeout)
 
 
 @dataclass(frozen=True, slots=True)
 class KernelBatch:
-    """Records of one kernel log, in order (see KmsgFollower)."""
+    """Records of one kernel log, in order (see KmsgFollower), and where the reader stands after them."""
 
     origin: str
     records: Sequence[Record]
+    mark: str = ""  # a followed file's place, stored with the cursor (see logfile.FileMark)
+    seq: int | None = None  # the cursor's seq when there are no records: a place noted before any line
+    commit: Commit = field(default_factory=Commit)
+
+    @property
+    def cursor(self) -> Cursor | None:
+        if self.records:
+            return Cursor(self.origin, self.records[-1].seq, self.mark)
+        return None if self.seq is None else Cursor(self.origin, self.seq, self.mark)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +90,7 @@ Batch = KernelBatch | DriverBatch
 class PipelineStats:
     merged: int = 0  # reports folded into an event another source had already given
     kmsg_lines: int = 0
+    failed_batches: int = 0  # batches that could not be processed, skipped
     parse: ScanStats = field(default_factory=ScanStats)
 
 
@@ -66,6 +102,7 @@ class EventPipeline:
         boot_id: str,
         gpus: Callable[[], Sequence[GpuIdentity]],
         on_events: Callable[[list[Event]], None],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.journal = journal
         self.boot_id = boot_id
@@ -73,6 +110,7 @@ class EventPipeline:
         self._gpus = gpus
         self._on_events = on_events
         self._queue: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._stopping = threading.Event()
         self._parser = KernelLogParser(self.stats.parse)
         # PCI bus id -> uuid, from the kernel log's binding lines; those before the cursor are in the
         # journal as "init" marks, so a restart still names a GPU the driver no longer lists.
@@ -80,6 +118,7 @@ class EventPipeline:
         self._marks: list[Mark] = []  # this batch's, journaled with it
         # Reports waiting for the other kind of source to report them too, by (kind, gpu, code).
         self._waiting: dict[tuple[str, str, int], tuple[deque[_Slot], deque[_Slot]]] = {}
+        self._recall(clock())
         self._thread: threading.Thread | None = None
         self._unfinished = 0  # batches queued and not yet journaled
         self._count_lock = threading.Lock()
@@ -88,9 +127,11 @@ class EventPipeline:
 
     # -- feeding (any thread) ------------------------------------------------------------------
 
-    def from_kernel(self, origin: str, records: list[Record]) -> None:
-        """`records` of the kernel log `origin` (see KmsgFollower), in order."""
-        self._put(KernelBatch(origin, records))
+    def from_kernel(self, origin: str, records: list[Record], mark: str = "", seq: int | None = None) -> Commit:
+        """`records` of the kernel log `origin` (see KmsgFollower), in order; settled once journaled."""
+        batch = KernelBatch(origin, records, mark, seq)
+        self._put(batch)
+        return batch.commit
 
     def from_driver(self, xids: list[DriverXid], source: str) -> None:
         if xids:
@@ -107,7 +148,9 @@ class EventPipeline:
         self._thread.start()
 
     def stop(self) -> None:
-        """Finish what is queued (a journal write in flight completes), then stop."""
+        """Finish what is queued (a journal write in flight completes), then stop; a journal that keeps
+        refusing writes is given up on: what it did not store is read again at the next start."""
+        self._stopping.set()
         self._queue.put(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -123,10 +166,21 @@ class EventPipeline:
                 except queue.Empty:
                     break
             batches = [i for i in items if i is not None]
+            stored = False
             try:
                 self.process(batches)
+                stored = True
+            except sqlite3.Error:
+                pass  # stopping while the journal refused the batch: it is read again at the next start
             except Exception:
-                log.exception("event pipeline batch failed")
+                # Not the journal: something in these lines the code did not expect. Moving the cursor past
+                # them costs their XIDs; not moving it would stop the kernel-log source for good.
+                log.exception("event pipeline batch failed; skipping it")
+                self.stats.failed_batches += 1
+                stored = self._skip(batches)
+            for batch in batches:
+                if isinstance(batch, KernelBatch):
+                    batch.commit.settle(stored)
             with self._count_lock:
                 self._unfinished -= len(batches)
                 if self._unfinished == 0:
@@ -141,30 +195,56 @@ class EventPipeline:
         gpus = {g.pci_bus_id: g for g in self._gpus()}
         by_index = {g.index: g for g in gpus.values()}
         fresh: list[_Slot] = []
-        enriched: list[Event] = []
-        cursor: tuple[str, int] | None = None
+        enriched: list[_Slot] = []
+        cursor: Cursor | None = None
         for batch in batches:
             if isinstance(batch, KernelBatch):
                 records = batch.records
+                cursor = batch.cursor or cursor
                 for record in records:
                     self.stats.kmsg_lines += 1
-                    cursor = (batch.origin, record.seq)
                     for ke in self._parser.feed(record.text, record.seq):
-                        self._add_kernel(ke, _record_of(ke, records, record), gpus, fresh, enriched, cursor)
+                        self._add_kernel(ke, _record_of(ke, records, record), gpus, fresh, enriched)
                 # The driver prints both reports of a GPU falling off the bus at once: whatever the parser
                 # still holds back, waiting for the other one, is complete by the end of what was read.
-                for ke in self._parser.flush():
-                    self._add_kernel(ke, _record_of(ke, records, records[-1]), gpus, fresh, enriched, cursor)
+                if records:
+                    for ke in self._parser.flush():
+                        self._add_kernel(ke, _record_of(ke, records, records[-1]), gpus, fresh, enriched)
             else:
                 for xid in batch.xids:
-                    self._add(self._from_driver(xid, batch.source, by_index), fresh, enriched, None)
+                    self._add(self._from_driver(xid, batch.source, by_index), fresh, enriched)
         marks, self._marks = self._marks, []
-        stored = self.journal.record([slot.event for slot in fresh], cursor, marks)
+        stored = self._store([slot.event for slot in fresh], cursor, marks, [slot.event for slot in enriched])
         for slot, event in zip(fresh, stored, strict=True):
             slot.event = event
         if stored or enriched:
-            self._on_events(stored + enriched)
+            self._on_events(stored + [slot.event for slot in enriched])
         return stored
+
+    def _store(self, events: list[Event], cursor: Cursor | None, marks: list[Mark], merges: list[Event]) -> list[Event]:
+        """One transaction, tried until the journal takes it: parsing and merging are done and not redone."""
+        for attempt in itertools.count():
+            try:
+                return self.journal.record(events, cursor, marks, merges)
+            except sqlite3.Error:
+                if self._stopping.is_set():
+                    raise
+                self._stopping.wait(_RETRY_SECONDS[min(attempt, len(_RETRY_SECONDS) - 1)])
+        raise AssertionError("unreachable")  # for the type checker: count() never ends
+
+    def _skip(self, batches: Sequence[Batch]) -> bool:
+        cursors = [b.cursor for b in batches if isinstance(b, KernelBatch) and b.cursor is not None]
+        try:
+            self.journal.record([], cursors[-1] if cursors else None)
+        except sqlite3.Error:
+            return False
+        return True
+
+    def _recall(self, now: float) -> None:
+        """Start the merge window with the journal's events from just before: their twin may come now."""
+        for event in self.journal.events(since=now - MERGE_WINDOW_SECONDS):
+            if "," not in event.sources:  # one kind of source so far: its twin may still come
+                self._add(event, [], [])
 
     def _add_kernel(
         self,
@@ -172,12 +252,11 @@ class EventPipeline:
         record: Record,
         gpus: dict[str, GpuIdentity],
         fresh: list[_Slot],
-        enriched: list[Event],
-        cursor: tuple[str, int] | None,
+        enriched: list[_Slot],
     ) -> None:
         event = self._from_kernel(ke, record, gpus)
         if event is not None:
-            self._add(event, fresh, enriched, cursor)
+            self._add(event, fresh, enriched)
 
     def _from_kernel(self, ke: KernelEvent, record: Record, gpus: dict[str, GpuIdentity]) -> Event | None:
         if ke.kind is EventKind.GPU_BINDING:
@@ -223,8 +302,9 @@ class EventPipeline:
             details=dict(xid.extra),
         )
 
-    def _add(self, event: Event, fresh: list[_Slot], enriched: list[Event], cursor: tuple[str, int] | None) -> None:
-        """Append `event` to `fresh`, unless it is the other kind of source's report of an event we have.
+    def _add(self, event: Event, fresh: list[_Slot], enriched: list[_Slot]) -> None:
+        """Append `event` to `fresh`, unless it is the other kind of source's report of an event we have
+        (a journaled one is then updated: appended to `enriched`).
 
         Each (kind, GPU, code) keeps two time-ordered queues, of reports from the kernel log and from
         the driver, each waiting for its twin: a report looks only at the other queue's oldest entries,
@@ -245,12 +325,12 @@ class EventPipeline:
             # The kernel's record is the richer one (text, pid, process, payload); keep it.
             slot.event = replace(kernel, sources=f"{_KERNEL},{driver.sources}", id=other.id, ts=min(event.ts, other.ts))
             self.stats.merged += 1
-            if other.id:  # already journaled in an earlier batch
-                self.journal.merge(slot.event, cursor)
-                enriched.append(slot.event)
+            if other.id:  # already journaled in an earlier batch (or before a restart)
+                enriched.append(slot)
             return
         slot = _Slot(event)
-        fresh.append(slot)
+        if not event.id:
+            fresh.append(slot)
         mine.append(slot)
 
 

@@ -14,7 +14,7 @@ from tests.conftest import REPO, require_tool
 
 SEVERITIES = {"critical", "warning", "info"}
 # Runbook ids of the daemon's own failure modes; every other id is an action, XID or condition playbook.
-EXPORTER_RUNBOOKS = {"gpu-triage-down", "gpu-triage-collection", "kernel-log-unreadable"}
+EXPORTER_RUNBOOKS = {"gpu-triage-down", "gpu-triage-collection", "kernel-log-unreadable", "journal-unwritable"}
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,8 +17,8 @@ from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.metrics.exposition import MetricsCache, encode
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
-from gpu_triage.exporter.sources.kmsg import Record
 from gpu_triage.exporter.sources.pipeline import DriverBatch, KernelBatch
+from gpu_triage.exporter.sources.records import Record
 from tests.conftest import REPO, FakeClock, require_tool, settings
 from tests.exporter.metrics.test_exposition import reference_encode
 

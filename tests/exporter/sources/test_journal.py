@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.exporter.sources.journal import Event, Journal, JournalError, Mark
+from gpu_triage.exporter.sources.journal import Cursor, Event, Journal, JournalError, Mark
 
 
 def xid(code: int, ts: float, uuid: str = "GPU-a", gpu: int = 0, **kw: object) -> Event:
@@ -41,12 +41,12 @@ def test_record_and_query(tmp_path: Path) -> None:
 def test_cursor_moves_with_the_events_it_covers(tmp_path: Path) -> None:
     j = Journal(tmp_path / "j.sqlite3")
     assert j.cursor("kmsg:b1") is None
-    j.record([xid(13, 1.0, kmsg_seq=10)], cursor=("kmsg:b1", 10))
-    j.record([], cursor=("kmsg:b1", 25))
-    assert j.cursor("kmsg:b1") == 25 and j.cursor("kmsg:b2") is None
-    j.record([], cursor=("file:1:2", 40))
-    j.record([], cursor=("file:1:2", 3))  # the file was truncated: its lines count from 1 again
-    assert j.cursor("file:1:2") == 3
+    j.record([xid(13, 1.0, kmsg_seq=10)], cursor=Cursor("kmsg:b1", 10))
+    j.record([], cursor=Cursor("kmsg:b1", 25))
+    assert j.cursor("kmsg:b1") == Cursor("kmsg:b1", 25) and j.cursor("kmsg:b2") is None
+    j.record([], cursor=Cursor("file:/var/log/kern.log", 40, "v1:mark"))
+    j.record([], cursor=Cursor("file:/var/log/kern.log", 3, "v1:another"))  # the file was truncated
+    assert j.cursor("file:/var/log/kern.log") == Cursor("file:/var/log/kern.log", 3, "v1:another")
 
 
 def test_merge_keeps_the_richer_record_and_counts_nothing(tmp_path: Path) -> None:
@@ -64,10 +64,10 @@ def test_merge_keeps_the_richer_record_and_counts_nothing(tmp_path: Path) -> Non
         kmsg_seq=44,
         id=first.id,
     )
-    j.merge(richer, cursor=("kmsg:b1", 44))
+    j.record([], Cursor("kmsg:b1", 44), merges=[richer])
     (event,) = j.events()
     assert (event.sources, event.pid, event.kmsg_seq) == ("kmsg,nvml", 7, 44)
-    assert [t.count for t in j.totals()] == [1] and j.cursor("kmsg:b1") == 44
+    assert [t.count for t in j.totals()] == [1] and j.cursor("kmsg:b1") == Cursor("kmsg:b1", 44)
 
 
 def test_retention_drops_events_but_not_totals(tmp_path: Path) -> None:
@@ -82,10 +82,10 @@ def test_retention_drops_events_but_not_totals(tmp_path: Path) -> None:
 def test_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     j = Journal(path)
-    j.record([xid(48, 1.0)], cursor=("kmsg:b1", 3))
+    j.record([xid(48, 1.0)], cursor=Cursor("kmsg:b1", 3))
     j.close()
     again = Journal(path)
-    assert [e.code for e in again.events()] == [48] and again.cursor("kmsg:b1") == 3
+    assert [e.code for e in again.events()] == [48] and again.cursor("kmsg:b1") == Cursor("kmsg:b1", 3)
 
 
 def test_corrupt_file_is_moved_aside_loudly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -102,14 +102,14 @@ def test_corrupt_file_is_moved_aside_loudly(tmp_path: Path, caplog: pytest.LogCa
 _WRITER = """
 import sys, time
 from pathlib import Path
-from gpu_triage.exporter.sources.journal import Event, Journal
+from gpu_triage.exporter.sources.journal import Cursor, Event, Journal
 j = Journal(Path(sys.argv[1]))
 n = 0
 print("ready", flush=True)
 while True:
     n += 1
     j.record([Event(ts=float(n), boot_id="b1", sources="kmsg", kind="xid", code=31, text="x" * 200, uuid="GPU-a")] * 50,
-             cursor=("kmsg:b1", n))
+             cursor=Cursor("kmsg:b1", n))
 """
 
 
@@ -127,7 +127,7 @@ def test_a_killed_writer_leaves_a_consistent_journal(tmp_path: Path) -> None:
     cursor = j.cursor("kmsg:b1")
     assert events and cursor is not None
     # Every committed batch is whole: 50 events per cursor step, totals agree with the rows.
-    assert len(events) == 50 * cursor
+    assert len(events) == 50 * cursor.seq
     assert sum(t.count for t in j.totals()) == len(events)
 
 
@@ -140,3 +140,30 @@ def test_an_unusable_state_dir_is_a_clear_error_not_corruption(tmp_path: Path) -
     with pytest.raises(JournalError, match="cannot open the event journal"):
         Journal(tmp_path / "journal.sqlite3")
     assert not [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
+
+
+def test_an_empty_file_is_moved_aside_like_a_corrupt_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SQLite would take a zero-length file for a new database, and the counters would start over unnoticed."""
+    path = tmp_path / "j.sqlite3"
+    j = Journal(path)
+    j.record([xid(13, 1.0)])
+    j.close()
+    path.write_bytes(b"")  # a truncation, or a file system that lost the data after a crash
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    again = Journal(path)
+    assert again.stats.moved_aside == 1
+    assert any(".corrupt-" in p.name for p in tmp_path.iterdir())
+    assert any("CORRUPT" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failed_write_changes_nothing_and_says_so(tmp_path: Path) -> None:
+    j = Journal(tmp_path / "j.sqlite3")
+    j.record([xid(13, 1.0)], cursor=Cursor("kmsg:b1", 1))
+    with pytest.raises(sqlite3.OperationalError), j._transaction(Cursor("kmsg:b1", 2)) as db:
+        db.execute("INSERT INTO marks_v1 (ts, uuid, kind, note) VALUES (1, 'GPU-a', 'x', '')")
+        raise sqlite3.OperationalError("database or disk is full")
+    assert not j.stats.up and j.stats.write_errors == 1
+    assert j.cursor("kmsg:b1") == Cursor("kmsg:b1", 1) and j.marks() == []
+    j.record([xid(13, 2.0)], cursor=Cursor("kmsg:b1", 2))
+    assert j.stats.up and j.cursor("kmsg:b1") == Cursor("kmsg:b1", 2)

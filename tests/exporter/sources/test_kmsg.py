@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpu_triage.exporter.sources import kmsg
-from gpu_triage.exporter.sources.kmsg import KmsgFollower, Record, parse_record
+from gpu_triage.exporter.sources.journal import Cursor
+from gpu_triage.exporter.sources.kmsg import KmsgFollower
+from gpu_triage.exporter.sources.records import Record, parse_record
 
 
 def test_parse_record() -> None:
@@ -19,23 +21,44 @@ def test_parse_record() -> None:
     assert parse_record("6,7,8,c,extra;text;with;semicolons", 0.0) == Record(7, 8e-6, "text;with;semicolons")
     for bad in ("no header here", "6,x,8,-;text", "6,7;text", ""):
         assert parse_record(bad, 0.0) is None
+    # What a corrupt or hostile record may hold: a number too long for the kernel to have written (one
+    # that overflows a float or the journal's integer), digits that are not ASCII.
+    for bad in (
+        f"6,1,{'9' * 400},-;NVRM: Xid",
+        f"6,{'9' * 400},1,-;NVRM: Xid",
+        "6,1,٣,-;x",
+        "6,1,²,-;x",
+        "6,99999999999999999999,1,-;x",
+    ):
+        assert parse_record(bad, 0.0) is None, bad
 
 
 class Collect:
     """Stands in for the event pipeline: keeps what it is given, and a cursor per origin like the journal."""
 
-    def __init__(self, cursors: dict[str, int] | None = None) -> None:
+    def __init__(self, cursors: dict[str, Cursor] | None = None) -> None:
         self.records: list[Record] = []
         self.origins: list[str] = []
         self.cursors = dict(cursors or {})
         self.arrived = threading.Condition()
 
-    def __call__(self, origin: str, batch: list[Record]) -> None:
+    def __call__(self, origin: str, batch: list[Record], mark: str, seq: int | None) -> None:
         with self.arrived:
             self.records.extend(batch)
             self.origins.extend([origin] * len(batch))
-            self.cursors[origin] = batch[-1].seq
+            last = batch[-1].seq if batch else seq
+            assert last is not None
+            self.cursors[origin] = Cursor(origin, last, mark)
             self.arrived.notify_all()
+
+    def cursor(self, origin: str) -> Cursor | None:
+        with self.arrived:
+            return self.cursors.get(origin)
+
+    def wait_cursor(self, origin: str, timeout: float = 5.0) -> None:
+        """Until the reader has noted where it starts in `origin`."""
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: origin in self.cursors, timeout), origin
 
     def wait_for(self, n: int, timeout: float = 5.0) -> list[Record]:
         with self.arrived:
@@ -45,14 +68,13 @@ class Collect:
 
 def follow(path: Path, got: Collect | None = None, boot_id: str = "b1") -> tuple[KmsgFollower, Collect]:
     got = got or Collect()
-    follower = KmsgFollower(path, got, cursor=got.cursors.get, boot_id=boot_id, boot_time=1000.0, clock=lambda: 5.0)
+    follower = KmsgFollower(path, got, cursor=got.cursor, boot_id=boot_id, boot_time=1000.0, clock=lambda: 5.0)
     follower.start()
     return follower, got
 
 
 def file_origin(path: Path) -> str:
-    st = path.stat()
-    return f"file:{st.st_dev}:{st.st_ino}"
+    return f"file:{path.absolute()}"
 
 
 def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
@@ -75,10 +97,12 @@ def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
         follower.stop()
 
 
-def test_skips_what_was_already_counted(tmp_path: Path) -> None:
+def test_an_older_versions_line_count_cursor_is_honoured(tmp_path: Path) -> None:
+    """Before byte offsets, a file's cursor counted its lines, under file:<device>:<inode>."""
     log = tmp_path / "kern.log"
     log.write_text("".join(f"6,{seq},0,-;line {seq}\n" for seq in range(1, 11)))
-    follower, got = follow(log, Collect({file_origin(log): 7}))
+    legacy = f"file:{log.stat().st_dev}:{log.stat().st_ino}"
+    follower, got = follow(log, Collect({legacy: Cursor(legacy, 7)}))
     try:
         assert [r.seq for r in got.wait_for(3)] == [8, 9, 10]
     finally:
@@ -95,7 +119,7 @@ def test_a_plain_text_file_seen_for_the_first_time_is_followed_from_its_end(tmp_
         assert got.records == []
         with log.open("a") as f:
             f.write("Nov 30 03:00:00 node kernel: NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, now\n")
-        assert [(r.seq, r.text.endswith("now")) for r in got.wait_for(1)] == [(2, True)]
+        assert [(r.seq, r.text.endswith("now")) for r in got.wait_for(1)] == [(2, True)]  # its line number
     finally:
         follower.stop()
 
@@ -107,9 +131,9 @@ def test_a_rotated_file_is_followed_from_its_start(tmp_path: Path) -> None:
     try:
         got.wait_for(100)
         log.rename(tmp_path / "kern.log.1")
-        log.write_text("6,1,0,-;new file, line 1\n")  # line 1 again, but of another file
-        assert got.wait_for(101)[-1].text == "new file, line 1"
-        assert got.origins[-1] == file_origin(log) != got.origins[0]
+        log.write_text("6,1,0,-;new file, line 1\n")
+        assert got.wait_for(101)[-1] == Record(101, 1000.0, "new file, line 1")  # numbered on: one path, one count
+        assert set(got.origins) == {file_origin(log)}
     finally:
         follower.stop()
 
@@ -195,12 +219,12 @@ def test_dev_kmsg_is_counted_per_boot() -> None:
         time.sleep(0.3)  # the whole ring buffer
     finally:
         first.stop()
-    counted = got.cursors["kmsg:this-boot"]
-    resumed, again = follow(device, Collect({"kmsg:this-boot": counted}), boot_id="this-boot")
+    counted = got.cursors["kmsg:this-boot"].seq
+    resumed, again = follow(device, Collect({"kmsg:this-boot": Cursor("kmsg:this-boot", counted)}), boot_id="this-boot")
     time.sleep(0.3)
     resumed.stop()
     assert all(r.seq > counted for r in again.records), "nothing counted twice"
-    fresh, anew = follow(device, Collect({"kmsg:this-boot": counted}), boot_id="next-boot")
+    fresh, anew = follow(device, Collect({"kmsg:this-boot": Cursor("kmsg:this-boot", counted)}), boot_id="next-boot")
     try:
         assert anew.wait_for(1)[0].seq == got.records[0].seq, "a new boot reads from the start"
     finally:
@@ -214,11 +238,11 @@ def test_an_unexpected_failure_costs_a_retry_not_the_source(tmp_path: Path, monk
     got = Collect()
     answers = iter([RuntimeError("the journal fell over")])
 
-    def cursor(origin: str) -> int | None:
+    def cursor(origin: str) -> Cursor | None:
         error = next(answers, None)
         if error is not None:
             raise error
-        return got.cursors.get(origin)
+        return got.cursor(origin)
 
     follower = KmsgFollower(log, got, cursor=cursor, boot_id="b1", boot_time=0.0, clock=lambda: 5.0)
     follower.start()
@@ -258,16 +282,20 @@ def test_a_file_truncated_in_place_is_read_from_its_start(tmp_path: Path) -> Non
         got.wait_for(5)
         with log.open("w") as f:
             f.write("6,9,0,-;after the truncation\n")
-        assert got.wait_for(6)[-1] == Record(1, 1000.0, "after the truncation")
+        assert got.wait_for(6)[-1] == Record(6, 1000.0, "after the truncation")
     finally:
         follower.stop()
 
 
 def test_a_file_truncated_while_the_daemon_was_down_is_read_from_its_start(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
-    log.write_text("6,1,0,-;new line 1\n6,2,0,-;new line 2\n")
-    follower, got = follow(log, Collect({file_origin(log): 10}))  # it had 10 lines when last counted
+    log.write_text("".join(f"6,{i},0,-;old {i}\n" for i in range(1, 11)))
+    follower, got = follow(log)
+    got.wait_for(10)
+    follower.stop()
+    log.write_text("6,1,0,-;new line 1\n6,2,0,-;new line 2\n")  # fewer bytes than were read
+    again, _ = follow(log, got)
     try:
-        assert [r.text for r in got.wait_for(2)] == ["new line 1", "new line 2"]
+        assert [r.text for r in got.wait_for(12)[10:]] == ["new line 1", "new line 2"]
     finally:
-        follower.stop()
+        again.stop()

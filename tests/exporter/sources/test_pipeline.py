@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
-from gpu_triage.exporter.sources.journal import Event, Journal
-from gpu_triage.exporter.sources.kmsg import Record
+from gpu_triage.exporter.sources import pipeline as pipeline_module
+from gpu_triage.exporter.sources.journal import Cursor, Event, Journal
 from gpu_triage.exporter.sources.pipeline import MERGE_WINDOW_SECONDS, DriverBatch, EventPipeline, KernelBatch
+from gpu_triage.exporter.sources.records import Record
 from tests.conftest import FakeClock, settings
 
 GPUS = [GpuIdentity(0, "GPU-aaaa", "0000:18:00.0"), GpuIdentity(1, "GPU-bbbb", "0000:2a:00.0")]
@@ -39,7 +44,7 @@ def test_kernel_events_land_on_the_right_gpu(tmp_path: Path) -> None:
     (event,) = seen
     assert (event.gpu_index, event.uuid, event.pci_bus_id, event.code) == (1, "GPU-bbbb", "0000:2a:00.0", 79)
     assert (event.pid, event.process, event.kmsg_seq, event.sources) == (77, "python3", 1, "kmsg")
-    assert p.journal.cursor("kmsg:b1") == 1
+    assert p.journal.cursor("kmsg:b1") == Cursor("kmsg:b1", 1)
 
 
 def test_the_same_fault_from_both_sources_is_one_event(tmp_path: Path) -> None:
@@ -115,13 +120,13 @@ def test_a_held_back_report_keeps_the_time_of_its_own_line(tmp_path: Path) -> No
     p.process([KernelBatch("kmsg:b1", [Record(1, 10.0, FALLEN_GPU1), Record(2, 20.0, "usb 1-1: new device")])])
     (event,) = p.journal.events()
     assert (event.code, event.ts, event.kmsg_seq, event.gpu_index) == (79, 10.0, 1, 1)
-    assert p.journal.cursor("kmsg:b1") == 2
+    assert p.journal.cursor("kmsg:b1") == Cursor("kmsg:b1", 2)
 
 
 def test_lines_without_events_still_move_the_cursor(tmp_path: Path) -> None:
     p, seen = pipeline(tmp_path)
     p.process([KernelBatch("kmsg:b1", [Record(i, 1.0, f"usb 1-1: new device {i}") for i in range(1, 101)])])
-    assert seen == [] and p.journal.cursor("kmsg:b1") == 100
+    assert seen == [] and p.journal.cursor("kmsg:b1") == Cursor("kmsg:b1", 100)
 
 
 # -- through the daemon ------------------------------------------------------------------------
@@ -252,3 +257,85 @@ def test_retention_is_applied_while_the_daemon_runs(tmp_path: Path) -> None:
         assert d.journal.events() == [] and xid_count(d, 31) == 1, "the event goes, the counter stays"
     finally:
         d.stop()
+
+
+def test_a_fault_whose_two_reports_straddle_a_restart_is_counted_once(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    before = EventPipeline(journal, boot_id="b1", gpus=lambda: GPUS, on_events=lambda _: None, clock=lambda: 100.0)
+    before.process([driver(1, 79, 100.0)])  # the driver's report, then the daemon stops
+    seen: list[Event] = []
+    after = EventPipeline(journal, boot_id="b1", gpus=lambda: GPUS, on_events=seen.extend, clock=lambda: 103.0)
+    after.process([line(1, 101.0, XID79_GPU1)])  # the kernel's line, read after the restart
+    assert after.stats.merged == 1 and [t.count for t in journal.totals()] == [1]
+    (stored,) = journal.events()
+    assert stored.sources == "kmsg,nvml" and stored.pid == 77 and [e.id for e in seen] == [stored.id]
+
+
+def test_a_journal_that_refuses_writes_holds_the_batch_until_it_goes_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: nothing read is dropped, the cursor does not move, and it is all counted once later."""
+    monkeypatch.setattr(pipeline_module, "_RETRY_SECONDS", (0.01,))
+    p, seen = pipeline(tmp_path)
+    real = p.journal.record
+    refusals = 5
+
+    def full_disk(*args: Any, **kwargs: Any) -> list[Event]:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            with p.journal._transaction(None):  # fails inside SQLite as a full disk does
+                raise sqlite3.OperationalError("database or disk is full")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(p.journal, "record", full_disk)
+    p.start()
+    try:
+        commit = p.from_kernel("kmsg:b1", [Record(1, 10.0, XID79_GPU1)])
+        assert commit.wait(5.0) and commit.stored
+        assert p.journal.stats.write_errors == 5 and p.journal.stats.up
+        assert [t.count for t in p.journal.totals()] == [1] and len(seen) == 1
+        assert p.journal.cursor("kmsg:b1") == Cursor("kmsg:b1", 1)
+    finally:
+        p.stop()
+
+
+def test_stopping_gives_up_a_batch_the_journal_keeps_refusing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline_module, "_RETRY_SECONDS", (0.01,))
+    p, _ = pipeline(tmp_path)
+
+    def full_disk(*args: Any, **kwargs: Any) -> list[Event]:
+        with p.journal._transaction(None):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(p.journal, "record", full_disk)
+    p.start()
+    commit = p.from_kernel("kmsg:b1", [Record(1, 10.0, XID79_GPU1)])
+    assert not commit.wait(0.2), "held while the journal refuses it"
+    assert not p.journal.stats.up and "disk is full" in (p.journal.stats.error or "")
+    p.stop()
+    assert commit.wait(5.0) and not commit.stored
+    assert p.journal.cursor("kmsg:b1") is None, "read again at the next start"
+
+
+def test_lines_the_code_cannot_process_are_skipped_not_retried_forever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p, seen = pipeline(tmp_path)
+    real = p._parser.feed
+
+    def feed(text: str, line: int) -> list[Any]:
+        if "poison" in text:
+            raise ValueError("a line the parser was never meant to see")
+        return real(text, line)
+
+    monkeypatch.setattr(p._parser, "feed", feed)
+    p.start()
+    try:
+        bad = p.from_kernel("kmsg:b1", [Record(1, 10.0, "NVRM: poison")])
+        assert bad.wait(5.0) and bad.stored, "the reader moves on"
+        assert p.journal.cursor("kmsg:b1") == Cursor("kmsg:b1", 1) and p.stats.failed_batches == 1
+        good = p.from_kernel("kmsg:b1", [Record(2, 11.0, XID79_GPU1)])
+        assert good.wait(5.0) and good.stored and [e.code for e in seen] == [79]
+    finally:
+        p.stop()

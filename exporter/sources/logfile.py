@@ -1,0 +1,296 @@
+"""Following a kernel log kept in a file (--kmsg.path): every line once, across restarts, rotation, truncation.
+
+The cursor says which file and where in it (`FileMark`): the file by device and inode plus a hash
+of its first bytes, the place by a byte offset plus a hash of the bytes just before it. So at start,
+and while following, the follower can tell what happened to the file since it last read it:
+- the same file, grown: read on from the offset;
+- rotated (renamed, a new file in its place): the old one, found by its inode beside the path, is
+  read to its end, then the new one from its start;
+- truncated or rewritten in place (copytruncate, a truncate and regrow faster than it looked): the
+  bytes before the offset are not the ones it read, so everything the file holds now is new.
+A file first met at start is read from its start if it holds kmsg records (they carry their own
+time), else from its end (plain lines are stamped when read: old faults would look new); either way
+that place is committed at once, so what is written while the daemon is down is read at the next start.
+
+Only whole lines are delivered. An unfinished last line waits for its newline, up to MAX_LINE_BYTES;
+a longer one (a runaway writer, NULs after a power loss) is skipped to its newline and counted as
+malformed, without being kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from gpu_triage.exporter.sources.journal import Cursor
+from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_record
+
+MAX_LINE_BYTES = 65536  # the kernel-log parser's own limit on a line
+_HEAD_BYTES = 4096
+_TAIL_BYTES = 256
+_CHUNK_BYTES = 1 << 20
+_POLL_SECONDS = 0.02  # how soon a line appended to a followed file is seen
+
+
+class Committed(Protocol):
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+    @property
+    def stored(self) -> bool: ...
+
+
+# (origin, records, mark, seq): hands a batch over; the returned handle settles once it is journaled.
+Deliver = Callable[[str, list[Record], str, "int | None"], "Committed | None"]
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class FileMark:
+    """Which file, and where in it, as stored with the cursor."""
+
+    dev: int
+    ino: int
+    head_len: int
+    head: str  # digest of the file's first head_len bytes
+    offset: int  # just after the last line delivered
+    tail: str  # digest of the (up to _TAIL_BYTES) bytes before offset
+
+    def encode(self) -> str:
+        return f"v1:{self.dev}:{self.ino}:{self.head_len}:{self.head}:{self.offset}:{self.tail}"
+
+    @classmethod
+    def decode(cls, text: str) -> FileMark | None:
+        parts = text.split(":")
+        if len(parts) != 7 or parts[0] != "v1":
+            return None
+        try:
+            return cls(int(parts[1]), int(parts[2]), int(parts[3]), parts[4], int(parts[5]), parts[6])
+        except ValueError:
+            return None
+
+    def same_file(self, st: os.stat_result) -> bool:
+        return (st.st_dev, st.st_ino) == (self.dev, self.ino)
+
+    def holds(self, f: BinaryIO) -> bool:
+        """Whether `f` still holds, unchanged, what was read of it up to `offset`."""
+        fd = f.fileno()
+        if os.fstat(fd).st_size < self.offset:
+            return False
+        if _digest(os.pread(fd, self.head_len, 0)) != self.head:
+            return False
+        start = max(0, self.offset - _TAIL_BYTES)
+        return _digest(os.pread(fd, self.offset - start, start)) == self.tail
+
+
+def legacy_origin(st: os.stat_result) -> str:
+    """The origin an older gpu-triage kept a file's cursor under; its seq counted lines, not bytes."""
+    return f"file:{st.st_dev}:{st.st_ino}"
+
+
+class FileFollower:
+    """Follows one path until `stop` is set or the file at the path is replaced (then returns)."""
+
+    def __init__(
+        self,
+        path: Path,
+        deliver: Deliver,
+        cursor: Callable[[str], Cursor | None],
+        *,
+        stats: KmsgStats,
+        boot_time: float,
+        clock: Callable[[], float],
+        stop: threading.Event,
+        on_open: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.path = path
+        self.origin = f"file:{path.absolute()}"
+        self._deliver = deliver
+        self._cursor = cursor
+        self._stats = stats
+        self._boot_time = boot_time
+        self._clock = clock
+        self._stop = stop
+        self._on_open = on_open
+        self.opened = False  # a file was found at the path at least once
+        self.line_no = 0  # numbers the lines read, across files: the parser's windows count in lines
+        self.at_start = True  # until the first try to open the path: a file that appears later is all new
+
+    def follow(self) -> None:
+        """Open the file at the path, catch up with it, and follow it until it is replaced."""
+        at_start, self.at_start = self.at_start, False
+        with self.path.open("rb") as f:
+            self.opened = True
+            self._on_open()
+            st = os.fstat(f.fileno())
+            cursor = self._cursor(self.origin)
+            mark = FileMark.decode(cursor.mark) if cursor else None
+            if cursor is not None:
+                self.line_no = max(self.line_no, cursor.seq)
+            if mark is not None and mark.holds(f):
+                offset = mark.offset  # the same file (or a copy of it) grown, or not
+            elif mark is not None and not mark.same_file(st):
+                self._finish_rotated(mark)
+                offset = 0  # the file now at the path came after the one we read: all of it is new
+            elif mark is None and at_start:
+                offset = self._first_sight(f, st)
+            else:
+                offset = 0  # truncated or rewritten since, or first met while we watched the path
+            self._read(f, st, offset, until_replaced=True)
+
+    def _first_sight(self, f: BinaryIO, st: os.stat_result) -> int:
+        legacy = self._cursor(legacy_origin(st))
+        if legacy is not None:
+            offset, self.line_no = _after_lines(f, legacy.seq)
+        else:
+            first = f.readline(MAX_LINE_BYTES)
+            kmsg = not first or parse_record(first.decode("utf-8", "replace"), 0.0) is not None
+            offset, self.line_no = (0, 0) if kmsg else _after_lines(f, None)
+        self._commit([], self._mark(f, st, offset))
+        return offset
+
+    def _finish_rotated(self, mark: FileMark) -> None:
+        """Read the file we were following, now renamed beside the path, from where we were to its end."""
+        with os.scandir(self.path.parent) as entries:
+            found = next((e.path for e in entries if _is(e, mark)), None)
+        if found is not None:
+            with Path(found).open("rb") as old:
+                if mark.holds(old):
+                    self._read(old, os.fstat(old.fileno()), mark.offset, until_replaced=False)
+
+    def _read(self, f: BinaryIO, st: os.stat_result, offset: int, *, until_replaced: bool) -> None:
+        """Deliver the whole lines from `offset`; then, if `until_replaced`, follow the file while it is the one at
+        the path, else stop at its end."""
+        fd = f.fileno()
+        line = _Line()
+        position = offset  # just after the last byte read; `offset`: just after the last whole line
+        read_tail = _tail_before(f, offset)  # the bytes before `position`, as read
+        while not self._stop.is_set():
+            # Truncated in place, or truncated and written again since the last read (even while the last batch
+            # was being journaled): what the file holds now is all new.
+            rewritten = read_tail and os.pread(fd, len(read_tail), position - len(read_tail)) != read_tail
+            if rewritten or os.fstat(fd).st_size < position:
+                position = offset = 0
+                line, read_tail = _Line(), b""
+            chunk = os.pread(fd, _CHUNK_BYTES, position)
+            if not chunk:
+                if not until_replaced or self._replaced(st):
+                    return
+                self._stop.wait(_POLL_SECONDS)
+                continue
+            position += len(chunk)
+            read_tail = chunk[-_TAIL_BYTES:] if len(chunk) >= _TAIL_BYTES else (read_tail + chunk)[-_TAIL_BYTES:]
+            records, consumed = self._lines(chunk, line)
+            if not consumed:
+                continue
+            offset += consumed
+            if not self._commit(records, self._mark(f, st, offset)):
+                return
+
+    def _lines(self, chunk: bytes, line: _Line) -> tuple[list[Record], int]:
+        """The records of the lines `chunk` completes, and how many bytes those lines span from the last one."""
+        records: list[Record] = []
+        consumed, start = 0, 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            consumed += line.length + end - start + 1
+            self.line_no += 1
+            if line.skipping or line.length + end - start > MAX_LINE_BYTES:
+                self._stats.malformed += 1
+            else:
+                records.append(self._record(bytes(line.head) + chunk[start:end] if line.head else chunk[start:end]))
+            line.reset()
+            start = end + 1
+        line.add(chunk, start)
+        return records, consumed
+
+    def _record(self, raw: bytes) -> Record:
+        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        record = parse_record(text, self._boot_time)
+        # A kmsg record keeps its own time; a plain line is stamped when read.
+        if record is not None:
+            return Record(self.line_no, record.ts, record.text)
+        return Record(self.line_no, self._clock(), text)
+
+    def _mark(self, f: BinaryIO, st: os.stat_result, offset: int) -> str:
+        head = os.pread(f.fileno(), min(offset, _HEAD_BYTES), 0)  # only what was read: it may still grow
+        tail = _tail_before(f, offset)
+        return FileMark(st.st_dev, st.st_ino, len(head), _digest(head), offset, _digest(tail)).encode()
+
+    def _commit(self, records: list[Record], mark: str) -> bool:
+        """Hand the batch over and wait until it is journaled; False when stopping first."""
+        handle = self._deliver(self.origin, records, mark, None if records else self.line_no)
+        while handle is not None and not handle.wait(0.5):
+            if self._stop.is_set():
+                return False
+        return handle is None or handle.stored
+
+    def _replaced(self, st: os.stat_result) -> bool:
+        try:
+            now = self.path.stat()
+        except FileNotFoundError:
+            return True  # rotated away, the new one not there yet: the caller waits for it
+        return (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
+
+
+class _Line:
+    """The unfinished last line: its bytes up to MAX_LINE_BYTES, then only its length."""
+
+    __slots__ = ("head", "length", "skipping")
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.length = 0
+        self.skipping = False
+
+    def add(self, chunk: bytes, start: int) -> None:
+        n = len(chunk) - start
+        self.length += n
+        if self.skipping or self.length > MAX_LINE_BYTES:
+            self.skipping = True
+            self.head.clear()
+        elif n:
+            self.head += chunk[start:]
+
+    def reset(self) -> None:
+        self.head.clear()
+        self.length = 0
+        self.skipping = False
+
+
+def _is(entry: os.DirEntry[str], mark: FileMark) -> bool:
+    try:
+        return entry.is_file(follow_symlinks=False) and mark.same_file(entry.stat(follow_symlinks=False))
+    except OSError:
+        return False
+
+
+def _tail_before(f: BinaryIO, offset: int) -> bytes:
+    start = max(0, offset - _TAIL_BYTES)
+    return os.pread(f.fileno(), offset - start, start)
+
+
+def _after_lines(f: BinaryIO, lines: int | None) -> tuple[int, int]:
+    """(offset, lines passed) after the first `lines` whole lines (every whole line when None); the
+    file's start when it holds fewer (it was truncated since those lines were counted)."""
+    fd = f.fileno()
+    seen, position, last_end = 0, 0, 0
+    while lines is None or seen < lines:
+        chunk = os.pread(fd, _CHUNK_BYTES, position)
+        if not chunk:
+            break
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            seen += 1
+            last_end = position + end + 1
+            if lines is not None and seen == lines:
+                return last_end, seen
+            start = end + 1
+        position += len(chunk)
+    return (0, 0) if lines is not None else (last_end, seen)

@@ -1,0 +1,169 @@
+"""Chaos on the XID path: kill -9 mid-burst, rotation and truncation while down, a full disk, corrupt lines.
+
+The real daemon follows a real kernel-log file and keeps its journal on a small tmpfs this test mounts
+(so the disk can really fill up). At the end every XID line written has been counted exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.daemon_proc import GPU_TRIAGE, free_port, stop, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@contextlib.contextmanager
+def small_disk(where: Path, size: str = "4m") -> Iterator[Path]:
+    where.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)]
+    mounted = subprocess.run(mount, capture_output=True, check=False)
+    if mounted.returncode != 0:
+        message = f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}"
+        if os.environ.get("GPU_TRIAGE_REQUIRE_TOOLS"):
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+class Node:
+    """The kernel log of a node whose GPU 0 (PCI 18) keeps reporting XID 13, each line with its own pid."""
+
+    def __init__(self, kmsg: Path, rng: random.Random) -> None:
+        self.kmsg = kmsg
+        self.rng = rng
+        self.written: list[int] = []
+        kmsg.touch()
+
+    def burst(self, n: int) -> None:
+        with self.kmsg.open("a") as f:
+            for _ in range(n):
+                pid = 10_000 + len(self.written)
+                self.written.append(pid)
+                f.write(
+                    f"Nov 30 03:00:00 node kernel: NVRM: Xid (PCI:0000:18:00): 13, pid={pid}, name=python3, "
+                    "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address\n"
+                )
+                if self.rng.random() < 0.1:  # corrupt records and junk between the good lines
+                    f.write(
+                        self.rng.choice(
+                            [
+                                f"6,1,{'9' * 400},-;NVRM: Xid (PCI:0000:18:00): {'9' * 30}, bad\n",
+                                "\x00" * 300 + "\n",
+                                "6,٣,1,-;x\n",
+                            ]
+                        )
+                    )
+                if self.rng.random() < 0.05:
+                    f.flush()
+
+
+class Daemon:
+    def __init__(self, state: Path, kmsg: Path, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [
+            GPU_TRIAGE, "serve", "--backend", "sim", f"--web.listen-address=127.0.0.1:{self.port}",
+            "--state.dir", str(state), "--kmsg.path", str(kmsg), "--collector.interval", "1s",
+        ]  # fmt: skip
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT)
+        wait_for(self._alive, 30, 0.1, "the daemon to answer")
+
+    def _alive(self) -> bool:
+        assert self.process is not None and self.process.poll() is None, self.log.read_text()[-3000:]
+        with contextlib.suppress(httpx.TransportError):
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        return False
+
+    def kill(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop(self.process)
+
+    def pids(self) -> list[int]:
+        events = httpx.get(f"{self.url}/api/v1/events", params={"xid": 13, "limit": 10_000}, timeout=10).json()
+        return sorted(e["pid"] for e in events["events"])
+
+    def counted(self) -> float:
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith('nvidia_gpu_xid_errors_total{gpu="0"') and 'xid="13"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def caught_up(self, node: Node) -> None:
+        wait_for(lambda: self.counted() >= len(node.written), 60, 0.2, f"{len(node.written)} XIDs counted")
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"{name} is not on /metrics")
+
+
+def test_every_xid_line_is_counted_exactly_once_through_chaos(tmp_path: Path) -> None:
+    rng = random.Random(20261130)
+    with small_disk(tmp_path / "state") as state:
+        node = Node(tmp_path / "kmsg.log", rng)
+        daemon = Daemon(state, node.kmsg, tmp_path / "daemon.log")
+        try:
+            # Killed in the middle of bursts, three times.
+            for _ in range(3):
+                daemon.start()
+                node.burst(rng.randint(100, 300))
+                node.burst(rng.randint(100, 300))
+                daemon.kill()
+            # Rotated while down, with lines written to the old file before and to the new one after.
+            node.burst(50)
+            node.kmsg.rename(tmp_path / "kmsg.log.1")
+            node.burst(30)
+            daemon.start()
+            daemon.caught_up(node)
+            daemon.stop()
+            # Truncated in place while down (copytruncate), then longer than before.
+            node.kmsg.write_text("")
+            node.burst(rng.randint(400, 600))
+            daemon.start()
+            daemon.caught_up(node)
+            # The disk fills up: XIDs written meanwhile wait, the daemon says so, and nothing is lost.
+            filler = state / "filler"
+            with contextlib.suppress(OSError), filler.open("wb") as f:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            node.burst(200)
+            wait_for(lambda: daemon.metric("gpu_triage_journal_up") == 0, 30, 0.2, "the journal to be reported down")
+            assert httpx.get(f"{daemon.url}/readyz", timeout=5).status_code == 503
+            node.burst(100)
+            filler.unlink()
+            daemon.caught_up(node)
+            assert daemon.metric("gpu_triage_journal_up") == 1
+            # And a last kill mid-burst, and a restart.
+            node.burst(300)
+            daemon.kill()
+            daemon.start()
+            daemon.caught_up(node)
+            assert daemon.pids() == sorted(node.written), "each XID line counted exactly once"
+            assert daemon.counted() == len(node.written)
+        finally:
+            daemon.stop()
