@@ -137,6 +137,7 @@ class Daemon:
             "started",
             extra={
                 "backend": self.backend.name,
+                "why": self.backend.why,
                 "gpus": len(gpus),
                 "up": sum(g.up for g in gpus),
                 "boot": self.boot_id,
@@ -219,7 +220,7 @@ class Daemon:
         if not snapshot.taken_at:
             return "no snapshot yet"
         if not snapshot.backend_up:
-            return f"the {snapshot.backend} backend is failing"
+            return f"the {snapshot.backend} backend is failing: {snapshot.backend_problem}"
         age = self.clock() - snapshot.taken_at
         if age > self.stale_after:
             return f"the last snapshot is {age:.0f}s old"
