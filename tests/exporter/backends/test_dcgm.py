@@ -348,3 +348,27 @@ def test_the_daemon_says_the_host_engine_is_gone_and_carries_on(
         assert client.get("/readyz").status_code == 200
         assert client.get("/api/v1/gpus").json()["backend_problem"] is None
     daemon.stop()
+
+
+def test_health_incidents_reach_the_verdict_with_their_playbook(
+    dcgm: DcgmBackend, engine: FakeHostEngine, sim: SimBackend, clock: FakeClock, tmp_path: Path
+) -> None:
+    daemon = Daemon(dcgm, settings(tmp_path, backend="dcgm"), clock=clock, boot_id="boot-1")
+    daemon.poller.discover()
+    engine.injected.append(Incident(1, 0x40, 10, 27, "The InfoROM of GPU 1 is corrupt"))
+    sim.inject(FaultSpec(gpu=6, kind="row_remap_pending"))
+    daemon.poller.poll(Collector)
+    with TestClient(create_app(daemon)) as client:
+        findings = {(f["class"], f["gpu"]): f for f in client.get("/api/v1/diagnosis").json()["findings"]}
+        inforom = findings[("dcgm_health_inforom", sim.discover()[1].pci_bus_id)]
+        assert (inforom["severity"], inforom["action"], inforom["playbook"]) == (
+            "warning",
+            "UPDATE_SOFTWARE",
+            "dcgm-health-inforom",
+        )
+        assert inforom["evidence"][0]["text"] == "DCGM inforom health: WARN: The InfoROM of GPU 1 is corrupt"
+        memory = findings[("dcgm_health_memory", sim.discover()[6].pci_bus_id)]
+        assert memory["severity"] == "warning" and "pending row remap" in memory["evidence"][0]["text"]
+        page = client.get("/runbooks/dcgm-health-inforom")
+        assert page.status_code == 200 and "The InfoROM of GPU 1 is corrupt" in page.text
+    daemon.stop()
