@@ -127,7 +127,7 @@ DEVICE = (
 )  # fmt: skip
 NVLINK = (*LINK_CRC_FLIT, *LINK_REPLAY, *LINK_RECOVERY)
 RECOVERY = (GPU_RECOVERY_ACTION,)  # alone: an older host engine does not know it, and refuses its group
-INSTANCE = (FB_TOTAL, FB_USED, *PROF_ACTIVITY)  # watched on MIG entities
+INSTANCE_MEMORY = (FB_TOTAL, FB_USED)  # watched on MIG entities, with PROF_ACTIVITY
 
 
 def value(fv: Any) -> float | str | None:

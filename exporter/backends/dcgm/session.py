@@ -74,27 +74,35 @@ class Session:
         keep = max(3 * slow_interval, 60.0)  # seconds of samples the host engine keeps
         self._watch(self.gpu_group, "device", fields.DEVICE, fast, keep)
         self._watch(self.gpu_group, "nvlink", fields.NVLINK, fast, keep)
-        try:
-            self._watch(self.gpu_group, "recovery", fields.RECOVERY, fast, keep)
-        except self.b.structs.DCGMError as e:
+        if (e := self._try_watch(self.gpu_group, "recovery", fields.RECOVERY, fast, keep)) is not None:
             self.recovery = False
             log.info("DCGM has no recovery-action field (DCGM 4.5 and later)", extra={"dcgm": self.b.describe(e)})
-        try:
-            self._watch(self.gpu_group, "profiling", fields.PROFILING, slow, keep)
-            if any(self.migs.values()):
-                group = a.dcgmGroupCreate(self.handle, _GROUP_EMPTY, f"{name}-mig")
-                self._groups.append(group)
-                for m in (m for ms in self.migs.values() for m in ms):
-                    a.dcgmGroupAddEntity(self.handle, group, fields.FE_GPU_I, m.gpu_instance_entity)
-                    a.dcgmGroupAddEntity(self.handle, group, fields.FE_GPU_CI, m.compute_instance_entity)
-                self._watch(group, "mig", fields.INSTANCE, slow, keep)
-        except self.b.structs.DCGMError as e:
-            if self.b.code(e) in fields.DISCONNECTED:
-                raise
+        mig_group = None
+        if any(self.migs.values()):
+            mig_group = a.dcgmGroupCreate(self.handle, _GROUP_EMPTY, f"{name}-mig")
+            self._groups.append(mig_group)
+            for m in (m for ms in self.migs.values() for m in ms):
+                a.dcgmGroupAddEntity(self.handle, mig_group, fields.FE_GPU_I, m.gpu_instance_entity)
+                a.dcgmGroupAddEntity(self.handle, mig_group, fields.FE_GPU_CI, m.compute_instance_entity)
+            self._watch(mig_group, "mig-memory", fields.INSTANCE_MEMORY, fast, keep)
+        e = self._try_watch(self.gpu_group, "profiling", fields.PROFILING, slow, keep)
+        if e is None and mig_group is not None:
+            e = self._try_watch(mig_group, "mig-profiling", tuple(fields.PROF_ACTIVITY), slow, keep)
+        if e is not None:
             self.profiling = f"DCGM cannot watch the profiling fields here: {self.b.describe(e)}"
             log.warning("no profiling from DCGM", extra={"dcgm": self.b.describe(e)})
         a.dcgmHealthSet(self.handle, self.gpu_group, sum(HEALTH_SYSTEMS))
         a.dcgmUpdateAllFields(self.handle, 1)  # so that the first reads find values, not NO_DATA
+
+    def _try_watch(self, group: Any, what: str, ids: tuple[int, ...], every_us: int, keep: float) -> Exception | None:
+        """Watch what this host engine or GPU may refuse (a newer field, profiling); the refusal, if any."""
+        try:
+            self._watch(group, what, ids, every_us, keep)
+        except self.b.structs.DCGMError as e:
+            if self.b.code(e) in fields.DISCONNECTED:
+                raise
+            return e  # type: ignore[no-any-return]
+        return None
 
     def _watch(self, group: Any, what: str, ids: tuple[int, ...], every_us: int, keep: float) -> None:
         fg = self.b.agent.dcgmFieldGroupCreate(self.handle, list(ids), f"gpu-triage-{os.getpid()}-{what}")

@@ -372,3 +372,15 @@ def test_health_incidents_reach_the_verdict_with_their_playbook(
         page = client.get("/runbooks/dcgm-health-inforom")
         assert page.status_code == 200 and "The InfoROM of GPU 1 is corrupt" in page.text
     daemon.stop()
+
+
+def test_mig_memory_does_not_depend_on_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    sim = SimBackend(load_scenario("h100-mig"), clock=clock)
+    clock.advance(300)
+    with running(sim, profiling_error=-36) as engine:  # DCGM_ST_PROFILING_NOT_SUPPORTED
+        backend = open_dcgm(engine, monkeypatch, clock)
+        memory = backend.read(sim.discover()[0], Collector.MEMORY).reading
+        assert isinstance(memory, Memory) and [m.used_bytes is not None for m in memory.instances] == [True, True]
+        assert backend.read(sim.discover()[0], Collector.PROFILING).reading.source is None  # type: ignore[attr-defined]
+        backend.close()
