@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     web_disable_exporter_metrics: bool = False
     backend: BackendName = "auto"
     sim_scenario: str = "h100-training"
-    dcgm_address: str = "localhost:5555"
+    dcgm_address: str | None = None
     dcgm_bindings_dir: Path | None = None
     collector_interval: Duration = 5.0
     collector_slow_interval: Duration = 60.0
@@ -115,10 +115,11 @@ class Settings(BaseSettings):
 
     @field_validator("dcgm_address")
     @classmethod
-    def _host_engine_address(cls, value: str) -> str:
+    def _host_engine_address(cls, value: str | None) -> str | None:
         from gpu_triage.exporter.backends.dcgm.address import Address
 
-        Address.parse(value)
+        if value is not None:
+            Address.parse(value)
         return value
 
     @field_validator("web_telemetry_path")
@@ -189,7 +190,7 @@ OPTIONS = (
     Option(
         "dcgm.address",
         "dcgm_address",
-        "the DCGM host engine: host:port or unix:///path (default localhost:5555)",
+        "the DCGM host engine: host:port or unix:///path (default localhost:5555, then unix:///tmp/nv-hostengine)",
         "ADDR",
     ),
     Option(

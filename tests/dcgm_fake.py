@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpu_triage.exporter.backends.base import Collector, GpuLostError
@@ -98,6 +99,7 @@ class FakeHostEngine:
     blanks: dict[int, str] = field(default_factory=dict)  # field id -> "blank" | "not_supported", on every GPU
     injected: list[Incident] = field(default_factory=list)  # reported once, at the next health check
     field_errors: dict[int, int] = field(default_factory=dict)  # field id -> the status it reads with
+    unix_path: str | None = None  # listen on this unix socket (nv-hostengine -d) instead of a TCP port
     calls: Counter[str] = field(default_factory=Counter)
     generation: int = 0
     connects: int = 0
@@ -115,11 +117,16 @@ class FakeHostEngine:
     # -- the process: listen, die, come back -----------------------------------------------------
 
     def start(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restarted on the same port
-        listener.bind(("127.0.0.1", self.port))
+        if self.unix_path is not None:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            Path(self.unix_path).unlink(missing_ok=True)
+            listener.bind(self.unix_path)
+        else:
+            listener = socket.socket()
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restarted on the same port
+            listener.bind(("127.0.0.1", self.port))
+            self.port = listener.getsockname()[1]
         listener.listen(16)
-        self.port = listener.getsockname()[1]
         self._listener, self.up = listener, True
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
@@ -154,7 +161,7 @@ class FakeHostEngine:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"unix://{self.unix_path}" if self.unix_path is not None else f"127.0.0.1:{self.port}"
 
     def count(self, name: str) -> None:
         self.calls[name] += 1
@@ -189,7 +196,12 @@ class FakeHostEngine:
         return OK if self.has_library else LIBRARY_NOT_FOUND
 
     def connect(self, address: bytes, params: Any) -> tuple[int, Any]:
-        if not self.up or address.decode() != self.address or params.addressIsUnixSocket:
+        wanted = self.unix_path if self.unix_path is not None else self.address
+        if (
+            not self.up
+            or address.decode() != wanted
+            or bool(params.addressIsUnixSocket) != (self.unix_path is not None)
+        ):
             return CONNECTION_NOT_VALID, None
         handle = next(self._next_id)
         self._handles.add(handle)

@@ -1,9 +1,10 @@
 """Choosing a backend by name: the backends are imported only once chosen.
 
-`auto` takes DCGM when a host engine answers at `--dcgm.address` (and its bindings are installed),
-else NVML; the backend's `why` says which and why, and it is logged at start. Whichever serves the
-node, only one profiler runs: the DCGM backend reads DCGM's profiling fields, and the NVML backend
-keeps GPM off when a DCGM host engine already watches them.
+`auto` takes DCGM when a host engine answers at `--dcgm.address` (by default nv-hostengine's TCP port
+on localhost, then its unix socket) and its bindings are installed, else NVML; the backend's `why`
+says which and why, and it is logged at start. Whichever serves the node, only one profiler runs: the
+DCGM backend reads DCGM's profiling fields, and the NVML backend keeps GPM off when a DCGM host engine
+already watches them.
 """
 
 from __future__ import annotations
@@ -40,12 +41,16 @@ def open_backend(
     name: BackendName,
     *,
     scenario: str = "h100-training",
-    dcgm_address: str = "localhost:5555",
+    dcgm_address: str | None = None,
     dcgm_bindings_dir: Path | None = None,
     interval: float = 5.0,
     slow_interval: float = 60.0,
 ) -> GpuBackend:
-    """The backend called `name`, ready to `discover()`. Raises BackendError with a message for the user."""
+    """The backend called `name`, ready to `discover()`. Raises BackendError with a message for the user.
+
+    Without `dcgm_address`, the host engine is looked for where nv-hostengine listens by default: its TCP
+    port on localhost, then its unix socket.
+    """
     if name == "sim":
         from gpu_triage.exporter.backends.sim import ScenarioError, SimBackend, load_scenario
 
@@ -53,18 +58,21 @@ def open_backend(
             return SimBackend(load_scenario(scenario))
         except ScenarioError as e:
             raise BackendError(str(e)) from e
-    from gpu_triage.exporter.backends.dcgm import Address
+    from gpu_triage.exporter.backends.dcgm.address import DEFAULTS, Address, answering
 
     try:
-        address = Address.parse(dcgm_address)
+        candidates = DEFAULTS if dcgm_address is None else (Address.parse(dcgm_address),)
     except ValueError as e:
         raise BackendError(f"--dcgm.address: {e}") from e
+    address, nobody = answering(candidates)
     if name == "dcgm":
+        if address is None:
+            raise BackendError(nobody)
         return _dcgm(address, dcgm_bindings_dir, interval, slow_interval)
     if name == "nvml":
         return _nvml(address, dcgm_bindings_dir)
-    why_not = _no_host_engine(address, dcgm_bindings_dir)
-    if why_not is None:
+    why_not = nobody if address is None else _no_bindings(address, dcgm_bindings_dir)
+    if address is not None and why_not is None:
         try:
             backend: GpuBackend = _dcgm(address, dcgm_bindings_dir, interval, slow_interval)
             backend.why = f"auto: a DCGM host engine answers at {address}"
@@ -80,13 +88,9 @@ def open_backend(
     return backend
 
 
-def _no_host_engine(address: Address, bindings_dir: Path | None) -> str | None:
-    """Why DCGM is not an option here, or None when a host engine answers and its bindings are installed."""
+def _no_bindings(address: Address, bindings_dir: Path | None) -> str | None:
     from gpu_triage.exporter.backends.dcgm import bindings
-    from gpu_triage.exporter.backends.dcgm.address import unreachable
 
-    if (why := unreachable(address)) is not None:
-        return f"no DCGM host engine answers at {address} ({why})"
     if bindings.find(bindings_dir) is None:
         return f"a DCGM host engine answers at {address}, but DCGM's Python bindings are not installed"
     return None
@@ -117,12 +121,12 @@ def _nvml_alone() -> NvmlBackend:
     return NvmlBackend()
 
 
-def _nvml(address: Address, bindings_dir: Path | None) -> NvmlBackend:
+def _nvml(address: Address | None, bindings_dir: Path | None) -> NvmlBackend:
     """NVML, with GPM off when a DCGM host engine already profiles: never two profilers at once."""
     from gpu_triage.exporter.backends.dcgm.probe import profiling_watched
 
     backend = _nvml_alone()
-    if (watcher := profiling_watched(address, bindings_dir)) is not None:
+    if address is not None and (watcher := profiling_watched(address, bindings_dir)) is not None:
         backend.gpm.turn_off(f"GPM stays off: {watcher}; --backend dcgm reads its profiling fields")
         log.info("GPM off: DCGM profiles this node", extra={"dcgm": watcher})
     return backend

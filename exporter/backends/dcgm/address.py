@@ -1,7 +1,8 @@
 """Where the DCGM host engine listens, and a cheap check that something does.
 
 `nv-hostengine` listens on TCP 127.0.0.1:5555 by default, or on a unix socket with `-d`
-(/tmp/nv-hostengine). `--dcgm.address` takes `host[:port]` or `unix:///path`.
+(/tmp/nv-hostengine). `--dcgm.address` takes `host[:port]` or `unix:///path`; without it, both defaults
+are tried in that order.
 
 The check connects a plain socket first: DCGM's own connect call retries every 50 ms until its
 timeout when nothing listens, so asking it directly would hold a read worker for seconds per try.
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_PORT = 5555
-DEFAULT = "localhost:5555"
 _HOST_PORT = re.compile(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]/]+))(?::(?P<port>\d{1,5}))?")
 
 
@@ -68,3 +68,17 @@ def unreachable(address: Address, timeout: float = 0.5) -> str | None:
     except OSError as e:
         return e.strerror or str(e) or type(e).__name__
     return None
+
+
+# Where nv-hostengine listens unless told otherwise: TCP 127.0.0.1:5555, or its socket with `-d`.
+DEFAULTS = (Address(), Address(socket_path=Path("/tmp/nv-hostengine")))
+
+
+def answering(candidates: tuple[Address, ...]) -> tuple[Address | None, str]:
+    """The first address something answers at; otherwise None and why not, for each."""
+    problems = []
+    for address in candidates:
+        if (why := unreachable(address)) is None:
+            return address, ""
+        problems.append(f"{address} ({why})")
+    return None, f"no DCGM host engine answers at {' or '.join(problems)}"

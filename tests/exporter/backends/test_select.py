@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpu_triage.exporter.backends.base import BackendError, Collector
-from gpu_triage.exporter.backends.dcgm import DcgmBackend
+from gpu_triage.exporter.backends.dcgm import Address, DcgmBackend, address
 from gpu_triage.exporter.backends.nvml import NvmlBackend
 from gpu_triage.exporter.backends.readings import Profiling
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import SimBackend
 from tests.conftest import REPO, FakeClock
+from tests.daemon_proc import free_port
 from tests.dcgm_fake import FakeHostEngine, running
 from tests.nvml_fake import FakeNvml
 from tests.nvml_gpm_fake import FakeGpmMig
@@ -98,3 +100,30 @@ def test_dcgm_without_a_host_engine_is_a_start_up_error(engine: FakeHostEngine) 
 def test_a_bad_address_is_named() -> None:
     with pytest.raises(BackendError, match=r"--dcgm\.address: 'host:port:x' is not a host engine address"):
         open_backend("auto", dcgm_address="host:port:x")
+
+
+def test_auto_looks_for_the_host_engine_at_its_port_then_its_socket(
+    sim: SimBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = FakeNvml(sim)
+    base.install(monkeypatch)
+    FakeGpmMig(base).install(monkeypatch)
+    with tempfile.TemporaryDirectory(prefix="dcgm-", dir="/tmp") as short:  # a unix socket path is short
+        socket_path = f"{short}/nv-hostengine"
+        closed_port = Address(port=free_port())
+        monkeypatch.setattr(address, "DEFAULTS", (closed_port, Address(socket_path=Path(socket_path))))
+        with running(sim, unix_path=socket_path) as engine:
+            backend = open_backend("auto", dcgm_bindings_dir=BINDINGS)
+            try:
+                assert isinstance(backend, DcgmBackend)
+                assert backend.why == f"auto: a DCGM host engine answers at {engine.address}"
+            finally:
+                backend.close()
+        backend = open_backend("auto", dcgm_bindings_dir=BINDINGS)
+        try:
+            assert isinstance(backend, NvmlBackend)
+            assert backend.why.startswith(
+                f"auto: no DCGM host engine answers at {closed_port} (Connection refused) or unix://{socket_path} ("
+            )
+        finally:
+            backend.close()
