@@ -17,11 +17,13 @@ from gpu_triage.diagnosis.data_files import DataError, Problems, parse_yaml, rea
 _FILE = "conditions.yaml"
 _KEYS = {"title", "severity", "action", "playbook", "steps"}
 
+# The systems DCGM's health watches report on; each has a condition of its own, dcgm_health_<system>.
+DCGM_HEALTH_SYSTEMS = ("pcie", "nvlink", "memory", "inforom", "thermal", "power", "driver")
 # The conditions the verdict code raises: a file without one of them cannot be used.
 USED = (
     "gpu_lost", "gpu_unresponsive", "recovery_action", "row_remap_failure", "row_remap_pending",
     "ecc_uncorrectable", "retired_pages_pending", "thermal_slowdown", "power_brake_slowdown", "nvlink_down",
-    "sxid_fatal", "sxid_nonfatal",
+    "sxid_fatal", "sxid_nonfatal", *(f"dcgm_health_{system}" for system in DCGM_HEALTH_SYSTEMS),
 )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_triage.diagnosis.actions import Action, GpuStatus, Health, Severity, most_urgent
-from gpu_triage.diagnosis.conditions import load_conditions
+from gpu_triage.diagnosis.conditions import DCGM_HEALTH_SYSTEMS, load_conditions
 from gpu_triage.diagnosis.findings import Evidence, Finding, urgency
 from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide, findings
 from gpu_triage.diagnosis.xid_catalog import XidCatalog
@@ -42,6 +42,8 @@ class Telemetry:
     thermal_slowdown: bool = False
     power_brake: bool = False
     nvlink_down: tuple[int, ...] = ()
+    # DCGM health watches: (system, failed, DCGM's message); a WARN is not a FAIL.
+    health_incidents: tuple[tuple[str, bool, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +62,18 @@ class NodeVerdict:
     findings: tuple[Finding, ...]  # node-level findings (NVSwitch)
 
 
-def _condition(cid: str, gpu: str | None, detail: str | None = None, action: Action | None = None) -> Finding:
+def _condition(
+    cid: str,
+    gpu: str | None,
+    detail: str | None = None,
+    action: Action | None = None,
+    severity: Severity | None = None,
+) -> Finding:
     c = load_conditions()[cid]
     return Finding(
         id=f"{cid}:{gpu or 'node'}",
         class_id=cid,
-        severity=c.severity,
+        severity=severity or c.severity,
         action=action or c.action or Action.RUN_DIAGNOSTICS,
         title=c.title,
         playbook=c.playbook,
@@ -103,7 +111,22 @@ def condition_findings(t: Telemetry, gpu: str, catalog: XidCatalog | None = None
         out.append(_condition("thermal_slowdown", gpu, "NVML clock-event reasons: thermal slowdown"))
     if t.power_brake:
         out.append(_condition("power_brake_slowdown", gpu, "NVML clock-event reasons: hardware power brake"))
+    out += _dcgm_health(t, gpu)
     return sorted(out, key=urgency)
+
+
+def _dcgm_health(t: Telemetry, gpu: str) -> list[Finding]:
+    """One finding per DCGM health system that reports trouble; a WARN alone makes it a warning."""
+    out = []
+    for system in DCGM_HEALTH_SYSTEMS:
+        incidents = [(failed, message) for s, failed, message in t.health_incidents if s == system]
+        if not incidents:
+            continue
+        failed = any(f for f, _ in incidents)
+        finding = _condition(f"dcgm_health_{system}", gpu, severity=None if failed else Severity.WARNING)
+        finding.evidence = [Evidence(0, f"DCGM {system} health: {'FAIL' if f else 'WARN'}: {m}") for f, m in incidents]
+        out.append(finding)
+    return out
 
 
 def _open(d: Decision, boot_id: str, now: float, cleared_at: float | None, resets: Sequence[float]) -> bool:

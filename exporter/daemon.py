@@ -141,6 +141,7 @@ class Daemon:
             "started",
             extra={
                 "backend": self.backend.name,
+                "why": self.backend.why,
                 "gpus": len(gpus),
                 "up": sum(g.up for g in gpus),
                 "boot": self.boot_id,
@@ -223,7 +224,7 @@ class Daemon:
         if not snapshot.taken_at:
             return "no snapshot yet"
         if not snapshot.backend_up:
-            return f"the {snapshot.backend} backend is failing"
+            return f"the {snapshot.backend} backend is failing: {snapshot.backend_problem}"
         if not self.journal.stats.up:
             return f"the event journal cannot be written ({self.journal.stats.error})"
         age = self.clock() - snapshot.taken_at

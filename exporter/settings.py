@@ -85,6 +85,8 @@ class Settings(BaseSettings):
     web_disable_exporter_metrics: bool = False
     backend: BackendName = "auto"
     sim_scenario: str = "h100-training"
+    dcgm_address: str | None = None
+    dcgm_bindings_dir: Path | None = None
     collector_interval: Duration = 5.0
     collector_slow_interval: Duration = 60.0
     collector_timeout: Duration | None = None
@@ -111,6 +113,15 @@ class Settings(BaseSettings):
     def _valid_addresses(cls, value: list[str]) -> list[str]:
         for address in value:
             parse_listen_address(address)
+        return value
+
+    @field_validator("dcgm_address")
+    @classmethod
+    def _host_engine_address(cls, value: str | None) -> str | None:
+        from gpu_triage.exporter.backends.dcgm.address import Address
+
+        if value is not None:
+            Address.parse(value)
         return value
 
     @field_validator("web_telemetry_path")
@@ -169,7 +180,7 @@ OPTIONS = (
     Option(
         "backend",
         "backend",
-        "GPU backend: auto (NVML in this version), nvml, dcgm (not yet), sim (default auto)",
+        "GPU backend: auto (DCGM when a host engine answers, else NVML), nvml, dcgm, sim (default auto)",
         "NAME",
     ),
     Option(
@@ -177,6 +188,18 @@ OPTIONS = (
         "sim_scenario",
         "simulator scenario: a built-in name or a YAML file (default h100-training)",
         "NAME|FILE",
+    ),
+    Option(
+        "dcgm.address",
+        "dcgm_address",
+        "the DCGM host engine: host:port or unix:///path (default localhost:5555, then unix:///tmp/nv-hostengine)",
+        "ADDR",
+    ),
+    Option(
+        "dcgm.bindings-dir",
+        "dcgm_bindings_dir",
+        "DCGM's Python bindings (default: where DCGM 4, then DCGM 3, installs them)",
+        "DIR",
     ),
     Option(
         "collector.interval",
@@ -187,7 +210,7 @@ OPTIONS = (
     Option(
         "collector.slow-interval",
         "collector_slow_interval",
-        "how often to read inventory, ECC and remapped rows (default 1m)",
+        "how often to read inventory, ECC, remapped rows and profiling (default 1m)",
         "DURATION",
     ),
     Option(

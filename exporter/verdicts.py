@@ -33,7 +33,15 @@ from gpu_triage.diagnosis.incidents import Occurrence
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID
 from gpu_triage.diagnosis.xid_data import load_catalog
 from gpu_triage.exporter.backends.base import GpuIdentity
-from gpu_triage.exporter.backends.readings import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
+from gpu_triage.exporter.backends.readings import (
+    ClockEventReason,
+    Clocks,
+    Ecc,
+    HealthWatch,
+    NvLink,
+    Recovery,
+    Remapping,
+)
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 
@@ -46,7 +54,7 @@ _POWER_BRAKE = ClockEventReason.HW_POWER_BRAKE_SLOWDOWN.bit
 
 
 def telemetry(state: GpuState) -> Telemetry:
-    recovery, remap, ecc = state.get(Recovery), state.get(Remapping), state.get(Ecc)
+    recovery, remap, ecc, health = state.get(Recovery), state.get(Remapping), state.get(Ecc), state.get(HealthWatch)
     clocks, links = state.get(Clocks), state.get(NvLink)
     reasons = (clocks.event_reasons or 0) if clocks else 0
     return Telemetry(
@@ -59,6 +67,7 @@ def telemetry(state: GpuState) -> Telemetry:
         thermal_slowdown=bool(reasons & _THERMAL),
         power_brake=bool(reasons & _POWER_BRAKE),
         nvlink_down=tuple(link.link for link in links.links if link.active is False) if links else (),
+        health_incidents=tuple((i.system, i.failed, i.message) for i in (health.incidents or ())) if health else (),
     )
 
 

@@ -44,6 +44,8 @@ class Collector(StrEnum):
     RECOVERY = "recovery"
     ECC = "ecc"
     REMAPPING = "remapping"
+    PROFILING = "profiling"  # SM, tensor, DRAM activity and bus bandwidth: NVML GPM, DCGM profiling fields
+    HEALTH = "health"  # DCGM health watches (the other backends have none)
 
     @property
     def slow(self) -> bool:
@@ -51,7 +53,9 @@ class Collector(StrEnum):
         return self in _SLOW
 
 
-_SLOW = frozenset({Collector.INVENTORY, Collector.ECC, Collector.REMAPPING})
+# Profiling is slow too: each read pairs a new GPM sample with the one the last read kept, so its values
+# cover the whole slow interval for the price of one sample per GPU.
+_SLOW = frozenset({Collector.INVENTORY, Collector.ECC, Collector.REMAPPING, Collector.PROFILING})
 
 
 def require_every_collector(readers: Mapping[Collector, object], backend: str) -> None:
@@ -88,6 +92,7 @@ class DriverXid:
 
 class GpuBackend(Protocol):
     name: str
+    why: str  # why this backend serves the node: the flag that named it, or what `--backend auto` found
 
     def discover(self) -> list[GpuIdentity]:
         """The GPUs of this node, in NVML index order."""

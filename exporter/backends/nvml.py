@@ -27,11 +27,14 @@ from gpu_triage.exporter.backends.base import (
     Result,
     require_every_collector,
 )
+from gpu_triage.exporter.backends.nvml_gpm import GpmProfiler, read_profiling
+from gpu_triage.exporter.backends.nvml_mig import with_instance_memory, with_instance_processes
 from gpu_triage.exporter.backends.nvml_query import BROKEN, FieldLog, Query, describe_init_error, error_name
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     Clocks,
     Ecc,
+    HealthWatch,
     Inventory,
     LinkReading,
     Memory,
@@ -97,6 +100,7 @@ def _text(value: Any) -> str | None:
 
 class NvmlBackend:
     name = "nvml"
+    why = "--backend nvml"
 
     def __init__(self) -> None:
         try:
@@ -109,6 +113,7 @@ class NvmlBackend:
         self._events: Any = None
         self._events_lock = threading.Lock()
         self._process_names: dict[int, str | None] = {}
+        self.gpm = GpmProfiler()
 
     def discover(self) -> list[GpuIdentity]:
         try:
@@ -141,6 +146,7 @@ class NvmlBackend:
         return Result(reading, tuple(q.failed))
 
     def close(self) -> None:
+        self.gpm.close()
         with self._events_lock:
             if self._events is not None:
                 with contextlib.suppress(pynvml.NVMLError):
@@ -363,15 +369,17 @@ class NvmlBackend:
 _READERS = {
     Collector.INVENTORY: NvmlBackend._inventory,
     Collector.UTILIZATION: NvmlBackend._utilization,
-    Collector.MEMORY: NvmlBackend._memory,
+    Collector.MEMORY: with_instance_memory(NvmlBackend._memory),
     Collector.POWER: NvmlBackend._power,
     Collector.THERMAL: NvmlBackend._thermal,
     Collector.CLOCKS: NvmlBackend._clocks,
     Collector.PCIE: NvmlBackend._pcie,
     Collector.NVLINK: NvmlBackend._nvlink,
-    Collector.PROCESSES: NvmlBackend._processes,
+    Collector.PROCESSES: with_instance_processes(NvmlBackend._processes),
     Collector.RECOVERY: NvmlBackend._recovery,
     Collector.ECC: NvmlBackend._ecc,
     Collector.REMAPPING: NvmlBackend._remapping,
+    Collector.PROFILING: read_profiling,
+    Collector.HEALTH: lambda *_: HealthWatch(None),  # health watches are DCGM's
 }
 require_every_collector(_READERS, "nvml")

@@ -6,129 +6,57 @@ values fan out over links, clock domains or processes adds them in `more_samples
 
 Units are the base units of the metric names: bytes, watts, joules, hertz, celsius, ratios 0..1.
 `None` means the GPU does not have the value (NVML's "not supported"): its series is left out.
+
+MIG instances are series of the same families as the whole GPU, told apart by four more labels
+(`gpu_instance`, `compute_instance`, `mig_profile`, `mig_uuid`), as dcgm-exporter does; the whole
+GPU's series keep exactly the labels they have without MIG. So a query about whole GPUs selects
+`{gpu_instance=""}` on the families that have instance series (memory, processes, profiling), and
+one about instances `{gpu_instance!=""}`. `gpu` and `uuid` stay the parent GPU's on an instance's
+series: its XIDs, ECC errors and health are the parent's, and join on them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from gpu_triage.exporter.backends import families as f
 from gpu_triage.exporter.backends.base import Collector
-
-
-@dataclass(frozen=True, slots=True)
-class Family:
-    """A per-GPU metric family: every series carries `gpu` and `uuid`, then `labels`."""
-
-    name: str
-    help: str
-    unit: str = ""
-    labels: tuple[str, ...] = ()
-    counter: bool = False
-
-
-# Declared in the order they appear on /metrics.
-UP = Family("nvidia_gpu_up", "1 if the GPU answered the last poll; 0 if it is lost or a call to it hung.")
-UTILIZATION = Family("nvidia_gpu_utilization_ratio", "Fraction of time a kernel ran on the GPU (0-1).", "ratio")
-MEMORY_CONTROLLER = Family(
-    "nvidia_gpu_memory_controller_utilization_ratio",
-    "Fraction of time the memory controller was busy reading or writing (0-1).",
-    "ratio",
-)
-MEMORY_USED = Family("nvidia_gpu_memory_used_bytes", "GPU memory in use, in bytes.", "bytes")
-MEMORY_TOTAL = Family("nvidia_gpu_memory_total_bytes", "GPU memory installed, in bytes.", "bytes")
-MEMORY_RESERVED = Family(
-    "nvidia_gpu_memory_reserved_bytes", "GPU memory reserved by the driver and firmware, in bytes.", "bytes"
-)
-POWER = Family("nvidia_gpu_power_watts", "Power drawn by the board, in watts.", "watts")
-POWER_LIMIT = Family("nvidia_gpu_power_limit_watts", "Enforced power limit, in watts.", "watts")
-ENERGY = Family(
-    "nvidia_gpu_energy_joules", "Energy used since the driver was loaded, in joules.", "joules", counter=True
-)
-TEMPERATURE = Family("nvidia_gpu_temperature_celsius", "GPU core temperature, in degrees Celsius.", "celsius")
-MEMORY_TEMPERATURE = Family(
-    "nvidia_gpu_memory_temperature_celsius", "GPU memory (HBM) temperature, in degrees Celsius.", "celsius"
-)
-FAN = Family("nvidia_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (0-1).", "ratio")
-CLOCK = Family("nvidia_gpu_clock_hertz", "Current clock of each clock domain, in hertz.", "hertz", ("clock",))
-CLOCK_MAX = Family("nvidia_gpu_clock_max_hertz", "Maximum clock of each clock domain, in hertz.", "hertz", ("clock",))
-CLOCK_EVENT = Family(
-    "nvidia_gpu_clock_event_reason_active",
-    "1 while this reason holds the clocks down (NVML clocks-event / throttle reasons), else 0.",
-    labels=("reason",),
-)
-PSTATE = Family("nvidia_gpu_performance_state", "Performance state (0 = P0, fastest, .. 15 = P15).")
-PCIE_GEN = Family("nvidia_gpu_pcie_link_generation", "Current PCIe link generation.")
-PCIE_MAX_GEN = Family(
-    "nvidia_gpu_pcie_link_max_generation", "Highest PCIe link generation the GPU and the slot support."
-)
-PCIE_WIDTH = Family("nvidia_gpu_pcie_link_width", "Current PCIe link width, in lanes.")
-PCIE_MAX_WIDTH = Family("nvidia_gpu_pcie_link_max_width", "Widest PCIe link the GPU and the slot support, in lanes.")
-PCIE_REPLAYS = Family("nvidia_gpu_pcie_replay_errors", "PCIe replays since the driver was loaded.", counter=True)
-PCIE_THROUGHPUT = Family(
-    "nvidia_gpu_pcie_throughput_bytes_per_second",
-    "PCIe throughput over NVML's 20 ms sampling window, in bytes per second.",
-    labels=("direction",),
-)
-NVLINK_UP = Family("nvidia_gpu_nvlink_up", "1 if the NVLink link is active, else 0.", labels=("link",))
-NVLINK_ERRORS = Family(
-    "nvidia_gpu_nvlink_errors",
-    "NVLink data-link errors by kind: replay, recovery, crc.",
-    labels=("link", "error"),
-    counter=True,
-)
-ECC_ENABLED = Family("nvidia_gpu_ecc_enabled", "1 if ECC is enabled, else 0.")
-ECC_ERRORS = Family(
-    "nvidia_gpu_ecc_errors",
-    "ECC errors since the driver was loaded (volatile), by error: corrected or uncorrected.",
-    labels=("error",),
-    counter=True,
-)
-ECC_AGGREGATE = Family(
-    "nvidia_gpu_ecc_aggregate_errors",
-    "ECC errors over the GPU's lifetime (aggregate), by error: corrected or uncorrected.",
-    labels=("error",),
-    counter=True,
-)
-RETIRED_PAGES = Family(
-    "nvidia_gpu_retired_pages", "Memory pages retired (pre-Ampere GPUs), by cause.", labels=("cause",)
-)
-RETIRED_PENDING = Family("nvidia_gpu_retired_pages_pending", "1 if a page retirement waits for a GPU reset, else 0.")
-REMAPPED_ROWS = Family(
-    "nvidia_gpu_remapped_rows", "Memory rows remapped (Ampere and later), by cause.", labels=("cause",)
-)
-REMAP_PENDING = Family("nvidia_gpu_row_remap_pending", "1 if a row remap waits for a GPU reset to take effect, else 0.")
-REMAP_FAILURE = Family("nvidia_gpu_row_remap_failure", "1 if a row remap failed (an RMA criterion), else 0.")
-MIG_ENABLED = Family("nvidia_gpu_mig_enabled", "1 if MIG mode is enabled, else 0.")
-RECOVERY_ACTION = Family(
-    "nvidia_gpu_recovery_action",
-    "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
-)
-PROCESSES = Family("nvidia_gpu_processes", "Compute processes running on the GPU.")
-PROCESS_MEMORY = Family(
-    "nvidia_gpu_process_memory_used_bytes",
-    "GPU memory used by each compute process, in bytes.",
-    "bytes",
-    ("pid", "process"),
-)
-
-FAMILIES: tuple[Family, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Family))
 
 Value = float | int | bool | None
 
 
 @dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG device: a compute instance inside a GPU instance, as NVML numbers them."""
+
+    gpu_instance: int
+    compute_instance: int
+    profile: str  # "3g.40gb", or "1c.3g.40gb" for a compute instance smaller than its GPU instance
+    uuid: str  # "MIG-…"
+
+    @property
+    def labels(self) -> tuple[tuple[str, str], ...]:
+        values = (str(self.gpu_instance), str(self.compute_instance), self.profile, self.uuid)
+        return tuple(zip(f.MIG_LABELS, values, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
 class Sample:
-    family: Family
+    family: f.Family
     labels: tuple[str, ...]  # values of family.labels
     value: Value
+    extra: tuple[tuple[str, str], ...] = ()  # more (name, value) labels: a MIG instance's, a link's
+    # From a more precise source than another collector's sample of the same series, which then gives way
+    # (PCIe bandwidth from profiling over the interval beats NVML's 20 ms window).
+    preferred: bool = False
 
 
-def series(family: Family, *labels: str) -> Any:
+def series(family: f.Family, *labels: str, preferred: bool = False, default: Any = MISSING) -> Any:
     """Declare the series a reading's field becomes (the field's own label values, if any)."""
-    return field(metadata={"series": (family, labels)})
+    return field(default=default, metadata={"series": (family, labels, preferred)})
 
 
 class Reading:
@@ -137,7 +65,7 @@ class Reading:
     __slots__ = ()
     __dataclass_fields__: ClassVar[dict[str, Any]]  # every subclass is a dataclass
     collector: ClassVar[Collector]
-    _plain: ClassVar[tuple[tuple[str, Family, tuple[str, ...]], ...]]
+    _plain: ClassVar[tuple[tuple[str, f.Family, tuple[str, ...], bool], ...]]
 
     def __init_subclass__(cls, collector: Collector | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -150,8 +78,8 @@ class Reading:
         if plain is None:  # the dataclass decorator runs after __init_subclass__: look fields up once, here
             plain = tuple((f.name, *f.metadata["series"]) for f in fields(self) if "series" in f.metadata)
             cls._plain = plain
-        for name, family, labels in plain:
-            yield Sample(family, labels, getattr(self, name))
+        for name, family, labels, preferred in plain:
+            yield Sample(family, labels, getattr(self, name), preferred=preferred)
         yield from self.more_samples()
 
     def more_samples(self) -> Iterator[Sample]:
@@ -165,34 +93,47 @@ class Inventory(Reading, collector=Collector.INVENTORY):
     vbios_version: str | None
     driver_version: str | None
     cuda_driver_version: str | None  # "12.8"
-    mig_enabled: bool | None = series(MIG_ENABLED)
+    mig_enabled: bool | None = series(f.MIG_ENABLED)
 
 
 @dataclass(frozen=True, slots=True)
 class Utilization(Reading, collector=Collector.UTILIZATION):
-    gpu_ratio: float | None = series(UTILIZATION)
-    memory_controller_ratio: float | None = series(MEMORY_CONTROLLER)
+    gpu_ratio: float | None = series(f.UTILIZATION)
+    memory_controller_ratio: float | None = series(f.MEMORY_CONTROLLER)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceMemory:
+    instance: MigInstance
+    used_bytes: int | None
+    total_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
 class Memory(Reading, collector=Collector.MEMORY):
-    used_bytes: int | None = series(MEMORY_USED)
-    total_bytes: int | None = series(MEMORY_TOTAL)
-    reserved_bytes: int | None = series(MEMORY_RESERVED)
+    used_bytes: int | None = series(f.MEMORY_USED)
+    total_bytes: int | None = series(f.MEMORY_TOTAL)
+    reserved_bytes: int | None = series(f.MEMORY_RESERVED)
+    instances: tuple[InstanceMemory, ...] = ()  # MIG devices, each with its own memory
+
+    def more_samples(self) -> Iterator[Sample]:
+        for m in self.instances:
+            yield Sample(f.MEMORY_USED, (), m.used_bytes, m.instance.labels)
+            yield Sample(f.MEMORY_TOTAL, (), m.total_bytes, m.instance.labels)
 
 
 @dataclass(frozen=True, slots=True)
 class Power(Reading, collector=Collector.POWER):
-    usage_watts: float | None = series(POWER)
-    limit_watts: float | None = series(POWER_LIMIT)  # the enforced limit
-    energy_joules: float | None = series(ENERGY)  # since the driver was loaded
+    usage_watts: float | None = series(f.POWER)
+    limit_watts: float | None = series(f.POWER_LIMIT)  # the enforced limit
+    energy_joules: float | None = series(f.ENERGY)  # since the driver was loaded
 
 
 @dataclass(frozen=True, slots=True)
 class Thermal(Reading, collector=Collector.THERMAL):
-    gpu_celsius: float | None = series(TEMPERATURE)
-    memory_celsius: float | None = series(MEMORY_TEMPERATURE)
-    fan_ratio: float | None = series(FAN)
+    gpu_celsius: float | None = series(f.TEMPERATURE)
+    memory_celsius: float | None = series(f.MEMORY_TEMPERATURE)
+    fan_ratio: float | None = series(f.FAN)
 
 
 class ClockDomain(StrEnum):
@@ -228,26 +169,26 @@ class Clocks(Reading, collector=Collector.CLOCKS):
     current_hz: Mapping[ClockDomain, float]
     max_hz: Mapping[ClockDomain, float]
     event_reasons: int | None  # NVML bitmask, see ClockEventReason.bit
-    performance_state: int | None = series(PSTATE)  # P0..P15
+    performance_state: int | None = series(f.PSTATE)  # P0..P15
 
     def more_samples(self) -> Iterator[Sample]:
         for domain in ClockDomain:
-            yield Sample(CLOCK, (domain.value,), self.current_hz.get(domain))
-            yield Sample(CLOCK_MAX, (domain.value,), self.max_hz.get(domain))
+            yield Sample(f.CLOCK, (domain.value,), self.current_hz.get(domain))
+            yield Sample(f.CLOCK_MAX, (domain.value,), self.max_hz.get(domain))
         if self.event_reasons is not None:
             for reason in ClockEventReason:
-                yield Sample(CLOCK_EVENT, (reason.value,), bool(self.event_reasons & reason.bit))
+                yield Sample(f.CLOCK_EVENT, (reason.value,), bool(self.event_reasons & reason.bit))
 
 
 @dataclass(frozen=True, slots=True)
 class Pcie(Reading, collector=Collector.PCIE):
-    link_generation: int | None = series(PCIE_GEN)
-    max_link_generation: int | None = series(PCIE_MAX_GEN)
-    link_width: int | None = series(PCIE_WIDTH)
-    max_link_width: int | None = series(PCIE_MAX_WIDTH)
-    replay_errors: int | None = series(PCIE_REPLAYS)  # counter since driver load
-    tx_bytes_per_second: float | None = series(PCIE_THROUGHPUT, "tx")
-    rx_bytes_per_second: float | None = series(PCIE_THROUGHPUT, "rx")
+    link_generation: int | None = series(f.PCIE_GEN)
+    max_link_generation: int | None = series(f.PCIE_MAX_GEN)
+    link_width: int | None = series(f.PCIE_WIDTH)
+    max_link_width: int | None = series(f.PCIE_MAX_WIDTH)
+    replay_errors: int | None = series(f.PCIE_REPLAYS)  # counter since driver load
+    tx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "tx")
+    rx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "rx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,30 +207,30 @@ class NvLink(Reading, collector=Collector.NVLINK):
     def more_samples(self) -> Iterator[Sample]:
         for link in self.links:
             n = str(link.link)
-            yield Sample(NVLINK_UP, (n,), link.active)
-            yield Sample(NVLINK_ERRORS, (n, "replay"), link.replay_errors)
-            yield Sample(NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
-            yield Sample(NVLINK_ERRORS, (n, "crc"), link.crc_errors)
+            yield Sample(f.NVLINK_UP, (n,), link.active)
+            yield Sample(f.NVLINK_ERRORS, (n, "replay"), link.replay_errors)
+            yield Sample(f.NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
+            yield Sample(f.NVLINK_ERRORS, (n, "crc"), link.crc_errors)
 
 
 @dataclass(frozen=True, slots=True)
 class Ecc(Reading, collector=Collector.ECC):
-    enabled: bool | None = series(ECC_ENABLED)
-    corrected_volatile: int | None = series(ECC_ERRORS, "corrected")
-    uncorrected_volatile: int | None = series(ECC_ERRORS, "uncorrected")
-    corrected_aggregate: int | None = series(ECC_AGGREGATE, "corrected")
-    uncorrected_aggregate: int | None = series(ECC_AGGREGATE, "uncorrected")
-    retired_pages_single_bit: int | None = series(RETIRED_PAGES, "single_bit")  # pre-Ampere page retirement
-    retired_pages_double_bit: int | None = series(RETIRED_PAGES, "double_bit")
-    retired_pages_pending: bool | None = series(RETIRED_PENDING)
+    enabled: bool | None = series(f.ECC_ENABLED)
+    corrected_volatile: int | None = series(f.ECC_ERRORS, "corrected")
+    uncorrected_volatile: int | None = series(f.ECC_ERRORS, "uncorrected")
+    corrected_aggregate: int | None = series(f.ECC_AGGREGATE, "corrected")
+    uncorrected_aggregate: int | None = series(f.ECC_AGGREGATE, "uncorrected")
+    retired_pages_single_bit: int | None = series(f.RETIRED_PAGES, "single_bit")  # pre-Ampere page retirement
+    retired_pages_double_bit: int | None = series(f.RETIRED_PAGES, "double_bit")
+    retired_pages_pending: bool | None = series(f.RETIRED_PENDING)
 
 
 @dataclass(frozen=True, slots=True)
 class Remapping(Reading, collector=Collector.REMAPPING):
-    correctable_rows: int | None = series(REMAPPED_ROWS, "correctable")
-    uncorrectable_rows: int | None = series(REMAPPED_ROWS, "uncorrectable")
-    pending: bool | None = series(REMAP_PENDING)
-    failure: bool | None = series(REMAP_FAILURE)
+    correctable_rows: int | None = series(f.REMAPPED_ROWS, "correctable")
+    uncorrectable_rows: int | None = series(f.REMAPPED_ROWS, "uncorrectable")
+    pending: bool | None = series(f.REMAP_PENDING)
+    failure: bool | None = series(f.REMAP_FAILURE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,22 +238,103 @@ class ProcessReading:
     pid: int
     name: str | None
     used_bytes: int | None
+    instance: MigInstance | None = None  # the MIG device it runs on
 
 
 @dataclass(frozen=True, slots=True)
 class Processes(Reading, collector=Collector.PROCESSES):
-    processes: tuple[ProcessReading, ...]
+    processes: tuple[ProcessReading, ...] | None  # None: this backend cannot list them
+    instances: tuple[MigInstance, ...] = ()  # the GPU's MIG devices, counted even when they run nothing
 
     def more_samples(self) -> Iterator[Sample]:
-        yield Sample(PROCESSES, (), len(self.processes))
+        if self.processes is None:
+            return
+        yield Sample(f.PROCESSES, (), len(self.processes))
+        for mig in self.instances:
+            yield Sample(f.PROCESSES, (), sum(p.instance == mig for p in self.processes), mig.labels)
         for p in self.processes:
-            yield Sample(PROCESS_MEMORY, (str(p.pid), p.name or ""), p.used_bytes)
+            extra = p.instance.labels if p.instance else ()
+            yield Sample(f.PROCESS_MEMORY, (str(p.pid), p.name or ""), p.used_bytes, extra)
 
 
 @dataclass(frozen=True, slots=True)
 class Recovery(Reading, collector=Collector.RECOVERY):
     # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset
-    action: int | None = series(RECOVERY_ACTION)
+    action: int | None = series(f.RECOVERY_ACTION)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkThroughput:
+    link: int
+    tx_bytes_per_second: float | None
+    rx_bytes_per_second: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Activity(Reading):
+    """Profiling values of a whole GPU or of one MIG instance (a part of `Profiling`, not a collector)."""
+
+    graphics_engine_active: float | None = series(f.GRAPHICS_ENGINE_ACTIVE, default=None)
+    sm_active: float | None = series(f.SM_ACTIVE, default=None)
+    sm_occupancy: float | None = series(f.SM_OCCUPANCY, default=None)
+    tensor_active: float | None = series(f.TENSOR_ACTIVE, default=None)
+    dram_active: float | None = series(f.DRAM_ACTIVE, default=None)
+    fp64_active: float | None = series(f.FP64_ACTIVE, default=None)
+    fp32_active: float | None = series(f.FP32_ACTIVE, default=None)
+    fp16_active: float | None = series(f.FP16_ACTIVE, default=None)
+    pcie_tx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "tx", preferred=True, default=None)
+    pcie_rx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "rx", preferred=True, default=None)
+    # The GPU's NVLink total, used only where the source has no per-link values: never both.
+    nvlink_tx_bytes_per_second: float | None = None
+    nvlink_rx_bytes_per_second: float | None = None
+    nvlink_links: tuple[LinkThroughput, ...] = ()
+
+    def more_samples(self) -> Iterator[Sample]:
+        for link in self.nvlink_links:
+            extra = (("link", str(link.link)),)
+            yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, extra)
+            yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, extra)
+        if not self.nvlink_links:
+            yield Sample(f.NVLINK_THROUGHPUT, ("tx",), self.nvlink_tx_bytes_per_second)
+            yield Sample(f.NVLINK_THROUGHPUT, ("rx",), self.nvlink_rx_bytes_per_second)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceActivity:
+    instance: MigInstance
+    activity: Activity
+
+
+@dataclass(frozen=True, slots=True)
+class Profiling(Reading, collector=Collector.PROFILING):
+    """What the SMs, tensor cores and memory did over the last interval, or why nothing is known."""
+
+    source: str | None  # "gpm", "dcgm", "sim"; None when this GPU has no profiling
+    status: str  # what the source is doing, or why there is none ("GPM is not supported on this GPU")
+    gpu: Activity | None = None
+    instances: tuple[InstanceActivity, ...] = ()
+
+    def more_samples(self) -> Iterator[Sample]:
+        if self.gpu is not None:
+            yield from self.gpu.samples()
+        for part in self.instances:
+            for s in part.activity.samples():
+                yield replace(s, extra=part.instance.labels + s.extra)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthIncident:
+    """A problem a DCGM health watch reported: which system, how bad, and DCGM's own words."""
+
+    system: str  # pcie, nvlink, memory, inforom, thermal, power, driver
+    failed: bool  # DCGM's FAIL; a WARN otherwise
+    message: str
+    code: int | None = None  # DCGM's DCGM_FR_* error code
+
+
+@dataclass(frozen=True, slots=True)
+class HealthWatch(Reading, collector=Collector.HEALTH):
+    incidents: tuple[HealthIncident, ...] | None  # None: no health watches here (they are DCGM's)
 
 
 READING_OF: Mapping[Collector, type[Reading]] = {
@@ -330,6 +352,8 @@ READING_OF: Mapping[Collector, type[Reading]] = {
         Remapping,
         Processes,
         Recovery,
+        Profiling,
+        HealthWatch,
     )
 }
 if missing := set(Collector) - READING_OF.keys():

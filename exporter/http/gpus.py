@@ -53,6 +53,8 @@ def gpus_router(daemon: Daemon) -> APIRouter:
         snapshot = daemon.snapshot
         return {
             "backend": snapshot.backend,
+            "backend_reason": daemon.backend.why,
+            "backend_problem": snapshot.backend_problem,
             "taken_at": snapshot.taken_at or None,
             "gpus": [gpu_json(g) for g in snapshot.gpus],
         }

@@ -13,7 +13,7 @@ import uvicorn
 
 from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.exporter.backends.base import BackendError
-from gpu_triage.exporter.backends.select import open_backend
+from gpu_triage.exporter.backends.select import open_configured
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.app import create_app
 from gpu_triage.exporter.http.web_config import WebConfig, WebConfigError, load_web_config
@@ -116,7 +116,7 @@ def serve(settings: Settings) -> None:
     notifier = Notifier()
     notifier.status("starting: opening the GPU backend")
     try:
-        backend = open_backend(settings.backend, scenario=settings.sim_scenario)
+        backend = open_configured(settings)
     except BackendError as e:
         notifier.close()
         raise StartupError(str(e)) from e

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gpu_triage import __version__
-from gpu_triage.exporter.backends.readings import FAMILIES, UP, Family, Inventory
+from gpu_triage.exporter.backends.families import FAMILIES, UP, Family
+from gpu_triage.exporter.backends.readings import Inventory
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 GPU_LABELS = ("gpu", "uuid")
@@ -44,10 +45,20 @@ def gpu_families(snapshot: Snapshot) -> list[Metric]:
         )
         info.add_metric([*labels, g.pci_bus_id, *(d or "" for d in described or ("",) * 5)], {})
         up.add_metric(labels, 1.0 if state.up else 0.0)
-        for reading in state.readings.values():
-            for sample in reading.samples():
-                if sample.value is not None:
-                    families[sample.family.name].add_metric([*labels, *sample.labels], float(sample.value))
+        samples = [s for reading in state.readings.values() for s in reading.samples() if s.value is not None]
+        preferred = {(s.family, s.labels, s.extra) for s in samples if s.preferred}
+        for s in samples:
+            if not s.preferred and (s.family, s.labels, s.extra) in preferred:
+                continue  # a more precise source gave this series
+            family = families[s.family.name]
+            if not s.extra:
+                family.add_metric([*labels, *s.labels], float(s.value))  # type: ignore[arg-type]
+                continue
+            # A MIG instance's or a link's series: the family's labels and then its own.
+            names = [*GPU_LABELS, *s.family.labels, *(name for name, _ in s.extra)]
+            values = [*labels, *s.labels, *(value for _, value in s.extra)]
+            sample_name = family.name + ("_total" if s.family.counter else "")
+            family.add_sample(sample_name, dict(zip(names, values, strict=True)), float(s.value))  # type: ignore[arg-type]
     return [info, *families.values()]
 
 

@@ -163,6 +163,7 @@ class Poller:
         ok = dict.fromkeys(collectors, True)
         seconds = dict.fromkeys(collectors, 0.0)
         backend_up = True
+        backend_problem: str | None = None
         gpus = []
         for gpu in self.gpus:
             previous = old.gpu(gpu.index) or GpuState(gpu)
@@ -183,9 +184,12 @@ class Poller:
                     continue
                 if isinstance(outcome.error, GpuLostError):
                     problems[collector] = GpuStatus.LOST
+                elif isinstance(outcome.error, BackendError):
+                    ok[collector] = False
+                    backend_up = False  # logged once per change below, not for every GPU and collector
+                    backend_problem = backend_problem or str(outcome.error)
                 else:
                     ok[collector] = False
-                    backend_up = backend_up and not isinstance(outcome.error, BackendError)
                     log.error(
                         "GPU read failed",
                         extra={"gpu": gpu.index, "collector": collector, "error": repr(outcome.error)},
@@ -204,7 +208,12 @@ class Poller:
         for collector in collectors:
             last = now if ok[collector] else getattr(old.collectors.get(collector), "last_success", None)
             statuses[collector] = CollectorStatus(ok[collector], seconds[collector], last)
-        return Snapshot(now, self.backend.name, tuple(gpus), MappingProxyType(statuses), backend_up)
+        if backend_up != old.backend_up:
+            if backend_up:
+                log.info("the GPU backend works again", extra={"backend": self.backend.name})
+            else:
+                log.error("the GPU backend fails", extra={"backend": self.backend.name, "error": backend_problem})
+        return Snapshot(now, self.backend.name, tuple(gpus), MappingProxyType(statuses), backend_up, backend_problem)
 
 
 def _log_changes(gpu: int, before: Mapping[Collector, str], after: Mapping[Collector, str]) -> None:

@@ -61,6 +61,7 @@ class Snapshot:
     gpus: tuple[GpuState, ...] = ()
     collectors: Mapping[Collector, CollectorStatus] = field(default_factory=lambda: MappingProxyType({}))
     backend_up: bool = True
+    backend_problem: str | None = None  # what the backend said when it failed (the host engine is gone…)
 
     def gpu(self, index: int) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.index == index), None)

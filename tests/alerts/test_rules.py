@@ -13,8 +13,10 @@ from tests.alerts.rules import ALERTS, PLAYBOOKS, RULE_TESTS, RULES, XID_PATTERN
 from tests.conftest import REPO, require_tool
 
 SEVERITIES = {"critical", "warning", "info"}
-# Runbook ids of the daemon's own failure modes; every other id is an action, XID or condition playbook.
+# Runbook ids of the daemon's own failure modes and of how GPUs are used; every other id is an action, XID or
+# condition playbook.
 EXPORTER_RUNBOOKS = {"gpu-triage-down", "gpu-triage-collection", "kernel-log-unreadable", "journal-unwritable"}
+USAGE_RUNBOOKS = {"gpu-allocated-idle", "mig-on-training-node"}
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -134,7 +136,7 @@ def test_exporter_runbook_ids_are_the_documented_ones() -> None:
     from gpu_triage.diagnosis.data_check import playbook_references
 
     ids = set(runbook_ids(RULES.read_text(encoding="utf-8")))
-    assert ids - set(playbook_references()) == EXPORTER_RUNBOOKS
+    assert ids - set(playbook_references()) == EXPORTER_RUNBOOKS | USAGE_RUNBOOKS
 
 
 def test_the_alerting_readme_lists_every_alert_with_its_severity() -> None:

@@ -1,10 +1,10 @@
 """Every panel of the shipped dashboards has data, against a real Prometheus scraping real daemons.
 
-Two simulated nodes are scraped once for the module: one healthy (h100-training) and one put through every
+Three simulated nodes are scraped once for the module: one healthy (h100-training), one put through every
 kind of fault the panels show (thermal slowdown, ECC, XIDs, an NVLink link down, a pending row remap, a lost
-GPU), injected at once instead of waiting for the scenario's schedule. Each query is then run the way
-Grafana runs it (variables interpolated, instant or over the range) for the healthy node, the faulty node and
-both, and must return series with values whose legends name them apart. The panels that show faults are also
+GPU), injected at once instead of waiting for the scenario's schedule, and one with MIG devices (h100-mig).
+Each query is then run the way Grafana runs it (variables interpolated, instant or over the range) for each
+node and for all of them, and must return series with values whose legends name them apart. The panels that show faults are also
 checked for the fault they must show, so that a panel of zeros cannot pass for one that works.
 """
 
@@ -69,10 +69,11 @@ class Fleet:
     prom: Server
     faulty: str  # instance label
     healthy: str
+    mig: str
     window: Window
 
     def context(self, who: str) -> Context:
-        instances = {"faulty": [self.faulty], "healthy": [self.healthy], "both": []}[who]
+        instances = {"faulty": [self.faulty], "healthy": [self.healthy], "mig": [self.mig], "both": []}[who]
         return Context(
             values={"instance": instances},
             rate_interval=f"{RATE_INTERVAL}s",
@@ -90,10 +91,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with contextlib.ExitStack() as stack:
         faulty = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("faulty"), scenario="h100-faults"))
         healthy = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("healthy")))
-        prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), [_instance(faulty), _instance(healthy)]))
+        mig = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("mig"), scenario="h100-mig"))
+        targets = [_instance(faulty), _instance(healthy), _instance(mig)]
+        prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), targets))
         start = time.time()
         # A few clean scrapes first, so that counters have a zero before the faults move them.
-        wait_for(lambda: len(query(prom, "count_over_time(up[1m]) >= 3")) == 2, what="3 scrapes of both daemons")
+        wait_for(lambda: len(query(prom, "count_over_time(up[1m]) >= 3")) == 3, what="3 scrapes of every daemon")
         for fault in FAULTS:
             httpx.post(f"{faulty.url}/api/v1/sim/faults", json=fault, timeout=5).raise_for_status()
         injected = time.time()
@@ -102,10 +105,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         # Let a rate window pass over the faults, as it would before anyone looks at the dashboard.
         time.sleep(max(0.0, injected + RATE_INTERVAL - time.time()))
         end = time.time()
-        yield Fleet(prom, _instance(faulty), _instance(healthy), Window(start, end, 1.0))
+        yield Fleet(prom, _instance(faulty), _instance(healthy), _instance(mig), Window(start, end, 1.0))
 
 
-WHO = ["healthy", "faulty", "both"]
+WHO = ["healthy", "faulty", "mig", "both"]
 
 
 def _legend_check(q: Query, result: list[Series]) -> None:
@@ -145,7 +148,7 @@ def test_variables_list_the_nodes_and_gpus(fleet: Fleet) -> None:
             found[v["name"]] = {s["metric"][label] for s in expr}
         assert found == {
             "job": {"gpu-triage"},
-            "instance": {fleet.faulty, fleet.healthy},
+            "instance": {fleet.faulty, fleet.healthy, fleet.mig},
             "gpu": {str(i) for i in range(8)},
         }
 
@@ -171,7 +174,7 @@ FLEET, NODE = "gpu-triage-fleet.json", "gpu-triage-node.json"
 
 def test_fleet_shows_the_faulty_node_and_what_to_do(fleet: Fleet) -> None:
     assert _peak(_series(fleet, "both", FLEET, 2, "C"), status="unhealthy") == 1  # nodes by health
-    assert _peak(_series(fleet, "both", FLEET, 2, "A"), status="healthy") == 1
+    assert _peak(_series(fleet, "both", FLEET, 2, "A"), status="healthy") == 2  # the healthy and the MIG node
     assert _peak(_series(fleet, "both", FLEET, 4, "B")) == 1  # GPUs lost
     assert _peak(_series(fleet, "both", FLEET, 27), instance=fleet.faulty) >= 1  # throttled by heat
     rows = [s["metric"] | {"value": values(s)[0]} for s in _series(fleet, "both", FLEET, 6)]
@@ -248,7 +251,34 @@ def test_runbook_and_node_links_resolve(fleet: Fleet) -> None:
     served = set(load_playbooks())
     for row in _series(fleet, "both", NODE, 7):
         labels = row["metric"]
-        assert labels["instance"] in (fleet.faulty, fleet.healthy)
+        assert labels["instance"] in (fleet.faulty, fleet.healthy, fleet.mig)
         assert labels["playbook"] in served
     answer = httpx.get(f"http://{fleet.faulty}/api/v1/xid/79", timeout=5)
     assert answer.status_code == 200 and answer.json()["playbook"] in served
+
+
+def test_profiling_row_shows_every_gpu(fleet: Fleet) -> None:
+    for who in ("healthy", "mig"):
+        for panel_id in (101, 102, 103):  # SM, tensor, DRAM: whole GPUs only, MIG devices are the MIG row's
+            assert {s["metric"]["gpu"] for s in _series(fleet, who, NODE, panel_id)} == {str(g) for g in range(8)}
+        nvlink = _series(fleet, who, NODE, 104, "B")
+        assert {(s["metric"]["gpu"], s["metric"]["direction"]) for s in nvlink} == {
+            (str(g), d) for g in range(8) for d in ("tx", "rx")
+        }
+    assert _peak(_series(fleet, "mig", NODE, 101)) > 0.2  # the MIG node serves from the start
+
+
+def test_mig_panels_show_each_mig_device(fleet: Fleet) -> None:
+    rows = [s["metric"] | {"value": values(s)[0]} for s in _series(fleet, "mig", NODE, 111)]
+    devices = sorted((r["gpu"], r["gpu_instance"], r["mig_profile"]) for r in rows if r["mig_profile"] != "(MIG off)")
+    assert devices == [("0", "1", "3g.40gb"), ("0", "2", "4g.40gb"), ("1", "1", "3g.40gb"), ("1", "2", "4g.40gb")]
+    assert all(r["mig_uuid"].startswith("MIG-") and r["value"] > 0 for r in rows if r["mig_profile"] != "(MIG off)")
+    assert sorted(r["gpu"] for r in rows if r["mig_profile"] == "(MIG off)") == [str(g) for g in range(2, 8)]
+    lines = _series(fleet, "mig", NODE, 112)
+    assert sorted((s["metric"]["gpu"], s["metric"]["mig_profile"]) for s in lines) == [
+        ("0", "3g.40gb"), ("0", "4g.40gb"), ("1", "3g.40gb"), ("1", "4g.40gb"),
+    ]  # fmt: skip
+    assert [s["metric"]["mig_profile"] for s in _series(fleet, "healthy", NODE, 112)] == ["no MIG"]
+    # Whole-GPU panels stay one series per GPU on a MIG node.
+    assert {s["metric"]["gpu"] for s in _series(fleet, "mig", NODE, 13)} == {str(g) for g in range(8)}
+    assert len(_series(fleet, "mig", NODE, 82)) == 8

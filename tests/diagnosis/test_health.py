@@ -11,6 +11,7 @@ from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.diagnosis.findings import Finding, urgency
 from gpu_triage.diagnosis.health import (
     APP_FINDING_SECONDS,
+    DCGM_HEALTH_SYSTEMS,
     EXIT_CODES,
     GpuVerdict,
     Telemetry,
@@ -170,10 +171,41 @@ def test_every_condition_is_used_and_complete() -> None:
                 nvlink_down=(1,),
                 thermal_slowdown=True,
                 power_brake=True,
+                health_incidents=tuple((system, True, "DCGM says so") for system in DCGM_HEALTH_SYSTEMS),
             ),
             GPU,
         )
     } | {"gpu_unresponsive", "sxid_fatal", "sxid_nonfatal"} == set(conditions)
+
+
+def test_dcgm_health_incidents_are_findings_with_dcgms_words() -> None:
+    t = Telemetry(
+        health_incidents=(
+            ("memory", False, "GPU 6 has a pending row remap; reset it."),
+            ("memory", True, "Detected 1 volatile DBE(s) in GPU 6."),
+            ("thermal", False, "Clocks of GPU 2 are held down by a thermal violation"),
+        )
+    )
+    memory, thermal = condition_findings(t, GPU)
+    assert (memory.class_id, memory.severity, memory.action, memory.playbook) == (
+        "dcgm_health_memory",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        "dcgm-health-memory",
+    )
+    assert [e.text for e in memory.evidence] == [
+        "DCGM memory health: WARN: GPU 6 has a pending row remap; reset it.",
+        "DCGM memory health: FAIL: Detected 1 volatile DBE(s) in GPU 6.",
+    ]
+    assert (thermal.class_id, thermal.severity, thermal.action) == (
+        "dcgm_health_thermal",
+        Severity.WARNING,
+        Action.CHECK_COOLING,
+    )
+    warned = condition_findings(Telemetry(health_incidents=(("memory", False, "pending remap"),)), GPU)
+    assert [f.severity for f in warned] == [Severity.WARNING], "a WARN alone is a warning"
+    v = verdict([], t)
+    assert (v.health, v.action) == (Health.UNHEALTHY, Action.RESET_GPU)
 
 
 @pytest.mark.parametrize("clear", ["reset", "acknowledgement"])

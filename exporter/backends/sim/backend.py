@@ -28,6 +28,9 @@ from gpu_triage.exporter.backends.readings import ClockDomain as Domain
 from gpu_triage.exporter.backends.readings import (
     Clocks,
     Ecc,
+    HealthWatch,
+    InstanceActivity,
+    InstanceMemory,
     Inventory,
     LinkReading,
     Memory,
@@ -36,13 +39,16 @@ from gpu_triage.exporter.backends.readings import (
     Power,
     Processes,
     ProcessReading,
+    Profiling,
     Reading,
     Recovery,
     Remapping,
     Thermal,
     Utilization,
 )
+from gpu_triage.exporter.backends.sim.activity import activity, memory_controller, pcie
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
+from gpu_triage.exporter.backends.sim.mig import SimInstance, instances
 from gpu_triage.exporter.backends.sim.model import GpuState, NodeModel, clock_reasons, mix64, noise
 from gpu_triage.exporter.backends.sim.scenario import GpuShape, NodeShape, Scenario
 
@@ -57,6 +63,7 @@ class FaultError(ValueError):
 
 class SimBackend:
     name = "sim"
+    why = "--backend sim"
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] = time.time) -> None:
         self.scenario = scenario
@@ -69,6 +76,10 @@ class SimBackend:
         self._pending = sorted(scenario.faults, key=lambda f: f.at_seconds)  # not yet started
         self._pending_times = [start + f.at_seconds for f in self._pending]
         self._gpus = [self._identity(i) for i in range(scenario.node.gpus.count)]
+        shape = scenario.node.gpus
+        self._instances = [
+            instances(scenario.seed, i, shape.mig_instances.get(i, []), shape.memory_bytes) for i in range(shape.count)
+        ]
 
     # -- the GpuBackend contract ------------------------------------------------------------
 
@@ -92,6 +103,7 @@ class SimBackend:
                 self.scenario.seed,
                 faults,
                 {f.spec.kind for f in faults},
+                self._instances[gpu.index],
             )
             return Result(_READERS[collector](view))
 
@@ -184,10 +196,19 @@ class _View:
     seed: int
     faults: list[ActiveFault]
     kinds: set[FaultKind]
+    instances: tuple[SimInstance, ...]  # its MIG devices
 
     @property
     def shape(self) -> GpuShape:
         return self.node.gpus
+
+    @property
+    def mig(self) -> bool:
+        return self.gpu in self.shape.mig_instances
+
+    def instance_utilization(self, i: int) -> float:
+        """A MIG instance's own load: the GPU's workload phase, each instance a little apart."""
+        return min(1.0, max(0.0, self.state.utilization * (1 + 0.15 * self.noise(20 + i))))
 
     @property
     def busy(self) -> bool:
@@ -205,19 +226,33 @@ def _inventory(v: _View) -> Inventory:
         vbios_version=v.node.vbios_version,
         driver_version=v.node.driver_version,
         cuda_driver_version=v.node.cuda_driver_version,
-        mig_enabled=v.shape.mig,
+        mig_enabled=v.mig,
     )
 
 
 def _utilization(v: _View) -> Utilization:
-    mem_ratio = min(1.0, v.state.utilization * 0.55 * (1 + 0.1 * v.noise(2)))
+    if v.mig:  # as NVML: "not supported" on a MIG-enabled GPU; profiling has each instance's activity
+        return Utilization(None, None)
+    mem_ratio = memory_controller(v.state.utilization, v.noise)
     return Utilization(gpu_ratio=round(v.state.utilization, 2), memory_controller_ratio=round(mem_ratio, 2))
 
 
+def _instance_memory(v: _View) -> tuple[InstanceMemory, ...]:
+    return tuple(
+        InstanceMemory(i.mig, int(i.memory_bytes * v.state.memory_used_ratio) if v.busy else 0, i.memory_bytes)
+        for i in v.instances
+    )
+
+
 def _memory(v: _View) -> Memory:
-    usable = v.shape.memory_bytes - v.shape.reserved_memory_bytes
+    reserved = v.shape.reserved_memory_bytes
+    if v.mig:
+        parts = _instance_memory(v)
+        used = sum(m.used_bytes or 0 for m in parts)
+        return Memory(used_bytes=used, total_bytes=v.shape.memory_bytes, reserved_bytes=reserved, instances=parts)
+    usable = v.shape.memory_bytes - reserved
     used = int(usable * v.state.memory_used_ratio) if v.busy else 0
-    return Memory(used_bytes=used, total_bytes=v.shape.memory_bytes, reserved_bytes=v.shape.reserved_memory_bytes)
+    return Memory(used_bytes=used, total_bytes=v.shape.memory_bytes, reserved_bytes=reserved)
 
 
 def _power(v: _View) -> Power:
@@ -261,8 +296,7 @@ def _clocks(v: _View) -> Clocks:
 
 
 def _pcie(v: _View) -> Pcie:
-    tx = v.state.utilization * 2.4e9 * (1 + 0.2 * v.noise(3))
-    rx = v.state.utilization * 3.1e9 * (1 + 0.2 * v.noise(4))
+    tx, rx = pcie(v.state.utilization, v.noise)
     return Pcie(
         link_generation=v.shape.pcie_generation,
         max_link_generation=v.shape.pcie_generation,
@@ -292,11 +326,37 @@ def _nvlink(v: _View) -> NvLink:
 
 
 def _processes(v: _View) -> Processes:
+    migs = tuple(i.mig for i in v.instances)
     if not v.busy:
-        return Processes(())
+        return Processes((), migs)
+    if v.mig:  # one server per MIG instance
+        return Processes(
+            tuple(
+                ProcessReading(41000 + 17 * v.gpu + m.instance.gpu_instance, "python3", m.used_bytes, m.instance)
+                for m in _instance_memory(v)
+            ),
+            migs,
+        )
     usable = v.shape.memory_bytes - v.shape.reserved_memory_bytes
     used = int(usable * v.state.memory_used_ratio)
     return Processes((ProcessReading(pid=41000 + 17 * v.gpu, name="python3", used_bytes=used),))
+
+
+def _profiling(v: _View) -> Profiling:
+    down = frozenset(f.spec.link for f in v.faults if f.spec.kind is FaultKind.NVLINK_DOWN and f.spec.link is not None)
+    parts = tuple(
+        InstanceActivity(inst.mig, activity(v.instance_utilization(i), v.noise, buses=False))
+        for i, inst in enumerate(v.instances)
+    )
+    utilization = v.state.utilization
+    if v.mig:  # the whole GPU: its instances' activity, weighted by their share of the SMs
+        utilization = sum(v.instance_utilization(i) * inst.slices for i, inst in enumerate(v.instances)) / 7
+    whole = activity(utilization, v.noise, links=v.shape.nvlink_links, down=down)
+    return Profiling(source="sim", status="simulated", gpu=whole, instances=parts)
+
+
+def _health(v: _View) -> HealthWatch:
+    return HealthWatch(None)  # the simulator plays NVML, which has no health watches
 
 
 def _recovery(v: _View) -> Recovery:
@@ -340,6 +400,8 @@ _READERS: dict[Collector, Callable[[_View], Reading]] = {
     Collector.RECOVERY: _recovery,
     Collector.ECC: _ecc,
     Collector.REMAPPING: _remapping,
+    Collector.PROFILING: _profiling,
+    Collector.HEALTH: _health,
 }
 require_every_collector(_READERS, "sim")
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpu_triage.exporter.backends.sim.faults import ScheduledFault
+from gpu_triage.exporter.backends.sim.mig import layout_problem
 
 GIB = 1024**3
 
@@ -37,7 +38,8 @@ class GpuShape(BaseModel):
     max_memory_clock_mhz: float = Field(default=2619.0, gt=0)
     max_video_clock_mhz: float = Field(default=1755.0, gt=0)
     nvlink_links: int = Field(default=18, ge=0, le=36)
-    mig: bool = False
+    # GPU index -> the MIG instances it is split into, by profile (3g.40gb); the other GPUs run whole.
+    mig_instances: dict[int, list[str]] = Field(default_factory=dict)
     fan: bool = False  # SXM boards are passively cooled: NVML says "not supported"
     pcie_generation: int = Field(default=5, ge=1, le=6)
     pcie_width: int = Field(default=16, ge=1, le=32)
@@ -52,6 +54,11 @@ class GpuShape(BaseModel):
             raise ValueError("idle_power_watts must be below power_limit_watts")
         if self.pci_bus_ids is not None and len(self.pci_bus_ids) != self.count:
             raise ValueError(f"pci_bus_ids lists {len(self.pci_bus_ids)} ids for {self.count} GPUs")
+        for gpu, profiles in self.mig_instances.items():
+            if not 0 <= gpu < self.count:
+                raise ValueError(f"mig_instances: GPU {gpu} does not exist ({self.count} GPUs)")
+            if problem := layout_problem(profiles, self.memory_bytes / 1024**3):
+                raise ValueError(f"mig_instances of GPU {gpu}: {problem}")
         return self
 
 

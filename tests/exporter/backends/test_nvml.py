@@ -20,6 +20,7 @@ from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from gpu_triage.exporter.polling.poller import Poller
 from tests.conftest import FakeClock
 from tests.nvml_fake import FakeNvml
+from tests.nvml_gpm_fake import FakeGpmMig
 
 
 @pytest.fixture
@@ -27,6 +28,7 @@ def fake(sim: SimBackend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> 
     clock.advance(400)  # well into the training phase
     f = FakeNvml(sim)
     f.install(monkeypatch)
+    FakeGpmMig(f).install(monkeypatch)  # GPM and MIG: tests/nvml_gpm_fake.py
     return f
 
 
@@ -69,6 +71,9 @@ def test_every_collector_reads_what_the_gpu_has(nvml: NvmlBackend, sim: SimBacke
         if collector is Collector.PROCESSES:  # the name comes from /proc, which the simulated pids are not in
             for proc in [*truth["processes"], *mine["processes"]]:
                 proc["name"] = None
+        if collector is Collector.PROFILING:  # the values, not who measured them (gpm, sim)
+            for reading in (truth, mine):
+                del reading["source"], reading["status"]
         assert_close(mine, truth, collector.value)
 
 

@@ -73,3 +73,18 @@ def test_missing_and_unreadable_scenarios(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ScenarioError, match="cannot read scenario file"):
         load_scenario(str(binary))
+
+
+@pytest.mark.parametrize(
+    ("mig", "message"),
+    [
+        ("{8: [3g.40gb]}", "GPU 8 does not exist"),
+        ("{0: [3g.40]}", "'3g.40' is not a MIG profile"),
+        ("{0: [4g.40gb, 4g.40gb]}", "needs 8 compute slices; a GPU has 7"),
+        ("{0: [3g.40gb, 3g.80gb]}", "needs 120 GB of memory"),
+    ],
+)
+def test_impossible_mig_layouts_are_refused(mig: str, message: str) -> None:
+    text = f"name: x\nnode: {{gpus: {{mig_instances: {mig}}}}}\nworkload: [{{duration_seconds: 1, utilization: 1}}]\n"
+    with pytest.raises(ScenarioError, match=message):
+        parse_scenario(text, "test scenario")

@@ -9,7 +9,21 @@ import pytest
 from pydantic import ValidationError
 
 from gpu_triage.exporter.backends.base import Collector, GpuLostError
-from gpu_triage.exporter.backends.readings import ClockEventReason, Ecc, NvLink, Power, Remapping, Thermal
+from gpu_triage.exporter.backends.readings import (
+    ClockEventReason,
+    Ecc,
+    HealthWatch,
+    Inventory,
+    Memory,
+    NvLink,
+    Pcie,
+    Power,
+    Processes,
+    Profiling,
+    Remapping,
+    Thermal,
+    Utilization,
+)
 from gpu_triage.exporter.backends.readings import Clocks as ClocksReading
 from gpu_triage.exporter.backends.sim import FaultError, FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.backends.sim.model import noise
@@ -226,3 +240,75 @@ def test_a_hung_call_with_a_duration_ends_on_its_own() -> None:
     started = time.monotonic()
     sim.read(sim.discover()[0], Collector.POWER)
     assert 0.2 < time.monotonic() - started < 2.0
+
+
+def profiling(sim: SimBackend, gpu: int = 0) -> Profiling:
+    reading = read(sim, gpu, Collector.PROFILING)
+    assert isinstance(reading, Profiling) and reading.gpu is not None
+    return reading
+
+
+def test_profiling_follows_the_same_utilization_as_power(sim: SimBackend, clock: FakeClock) -> None:
+    clock.advance(30)  # idle
+    idle = profiling(sim).gpu
+    assert idle is not None and idle.sm_active == 0 and idle.tensor_active == 0 and idle.dram_active == 0
+    clock.advance(300)  # training
+    for gpu in range(8):
+        busy = profiling(sim, gpu).gpu
+        assert busy is not None and busy.sm_active is not None and busy.tensor_active is not None
+        assert 0.8 < busy.sm_active < busy.graphics_engine_active <= 1  # type: ignore[operator]
+        assert 0.4 < busy.tensor_active < busy.sm_active
+        assert busy.fp64_active < busy.fp16_active < busy.fp32_active < busy.tensor_active  # type: ignore[operator]
+        p = power(sim, gpu)
+        assert p.usage_watts is not None and p.usage_watts > 600
+        pcie = read(sim, gpu, Collector.PCIE)
+        assert isinstance(pcie, Pcie)  # the two PCIe sources agree: the page shows one of them
+        assert (busy.pcie_tx_bytes_per_second, busy.pcie_rx_bytes_per_second) == (
+            pcie.tx_bytes_per_second,
+            pcie.rx_bytes_per_second,
+        )
+        assert len(busy.nvlink_links) == 18 and all(link.tx_bytes_per_second for link in busy.nvlink_links)
+
+
+def test_a_link_that_is_down_carries_nothing(sim: SimBackend, clock: FakeClock) -> None:
+    clock.advance(300)
+    sim.inject(FaultSpec(gpu=4, kind="nvlink_down", link=7))
+    links = profiling(sim, 4).gpu.nvlink_links  # type: ignore[union-attr]
+    assert [link.link for link in links if not link.tx_bytes_per_second and not link.rx_bytes_per_second] == [7]
+
+
+def test_mig_gpus_have_instances_with_their_own_memory_processes_and_activity() -> None:
+    clock = FakeClock()
+    sim = SimBackend(load_scenario("h100-mig"), clock=clock)
+    clock.advance(300)
+    for gpu in (0, 1):
+        inventory = read(sim, gpu, Collector.INVENTORY)
+        assert isinstance(inventory, Inventory) and inventory.mig_enabled
+        assert read(sim, gpu, Collector.UTILIZATION) == Utilization(None, None)  # as NVML on a MIG GPU
+        memory = read(sim, gpu, Collector.MEMORY)
+        assert isinstance(memory, Memory) and memory.total_bytes is not None
+        assert [m.instance.profile for m in memory.instances] == ["3g.40gb", "4g.40gb"]
+        assert memory.used_bytes == sum(m.used_bytes or 0 for m in memory.instances) > 0
+        for m in memory.instances:
+            assert m.total_bytes is not None and 0.45 < m.total_bytes / memory.total_bytes < 0.55
+        procs = read(sim, gpu, Collector.PROCESSES)
+        assert isinstance(procs, Processes) and procs.processes is not None
+        assert {p.instance for p in procs.processes} == {m.instance for m in memory.instances} == set(procs.instances)
+        prof = profiling(sim, gpu)
+        assert [p.instance for p in prof.instances] == [m.instance for m in memory.instances]
+        assert all(
+            p.activity.nvlink_links == () and p.activity.pcie_tx_bytes_per_second is None for p in prof.instances
+        )
+        # The whole GPU is its instances' activity weighted by their SMs (3 and 4 of 7 slices).
+        weighted = sum(p.activity.graphics_engine_active * s for p, s in zip(prof.instances, (3, 4), strict=True))  # type: ignore[operator]
+        assert prof.gpu.graphics_engine_active == pytest.approx(weighted / 7, abs=0.002)  # type: ignore[union-attr]
+    uuids = {m.instance.uuid for g in (0, 1) for m in read(sim, g, Collector.MEMORY).instances}  # type: ignore[attr-defined]
+    assert len(uuids) == 4 and all(u.startswith("MIG-") for u in uuids)
+    whole = read(sim, 2, Collector.MEMORY)
+    assert isinstance(whole, Memory) and whole.instances == ()
+    assert isinstance(read(sim, 2, Collector.UTILIZATION), Utilization)
+    assert read(sim, 2, Collector.UTILIZATION).gpu_ratio is not None  # type: ignore[attr-defined]
+
+
+def test_the_simulator_has_no_dcgm_health_watches(sim: SimBackend) -> None:
+    assert read(sim, 0, Collector.HEALTH) == HealthWatch(None)

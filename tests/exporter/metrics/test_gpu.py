@@ -11,7 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity
-from gpu_triage.exporter.backends.readings import FAMILIES, Processes, ProcessReading
+from gpu_triage.exporter.backends.families import FAMILIES
+from gpu_triage.exporter.backends.readings import Activity, Pcie, Processes, ProcessReading, Profiling
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.metrics.exposition import MetricsCache, encode
@@ -150,3 +151,59 @@ def test_content_negotiation_and_gzip() -> None:
     assert gzip.decompress(om.body).endswith(b"# EOF\n")
     assert cache.get("text/plain;version=0.0.4", "gzip, deflate").content_type.startswith("text/plain")
     assert cache.get(PROMETHEUS_ACCEPT, "gzip").body is om.body, "compressed once per render"
+
+
+def mig_node_page(state_dir: Path) -> bytes:
+    clock = FakeClock()
+    sim = SimBackend(load_scenario("h100-mig"), clock=clock)
+    daemon = Daemon(sim, settings(state_dir), clock=clock, boot_id="boot-1")
+    daemon.poller.discover()
+    clock.advance(300)
+    daemon.poller.poll(Collector)
+    page = daemon.metrics.text
+    daemon.stop()
+    return page
+
+
+def test_mig_instances_are_series_of_the_same_families_with_four_more_labels(tmp_path: Path) -> None:
+    families = {f.name: f for f in text_string_to_metric_families(mig_node_page(tmp_path).decode())}
+    mig = {"gpu_instance", "compute_instance", "mig_profile", "mig_uuid"}
+    for name in ("nvidia_gpu_memory_used_bytes", "nvidia_gpu_sm_active_ratio", "nvidia_gpu_processes"):
+        samples = families[name].samples
+        whole = [s for s in samples if "gpu_instance" not in s.labels]
+        parts = [s for s in samples if "gpu_instance" in s.labels]
+        assert sorted(s.labels["gpu"] for s in whole) == [str(g) for g in range(8)], name
+        assert all(set(s.labels) == {"gpu", "uuid"} for s in whole), name  # whole GPUs: the labels they always had
+        assert sorted((s.labels["gpu"], s.labels["mig_profile"]) for s in parts) == [
+            ("0", "3g.40gb"), ("0", "4g.40gb"), ("1", "3g.40gb"), ("1", "4g.40gb"),
+        ], name  # fmt: skip
+        assert all(set(s.labels) == {"gpu", "uuid"} | mig for s in parts), name
+    processes = families["nvidia_gpu_process_memory_used_bytes"].samples
+    assert {s.labels.get("mig_profile") for s in processes if s.labels["gpu"] in "01"} == {"3g.40gb", "4g.40gb"}
+    utilization = {s.labels["gpu"] for s in families["nvidia_gpu_utilization_ratio"].samples}
+    assert utilization == {"2", "3", "4", "5", "6", "7"}, "NVML has no utilization for a MIG GPU"
+    enabled = {s.labels["gpu"]: s.value for s in families["nvidia_gpu_mig_enabled"].samples}
+    assert enabled == {"0": 1, "1": 1, "2": 0, "3": 0, "4": 0, "5": 0, "6": 0, "7": 0}
+
+
+def test_promtool_accepts_the_mig_page(tmp_path: Path) -> None:
+    promtool = require_tool("promtool")
+    page = mig_node_page(tmp_path)
+    result = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, timeout=30, check=False)
+    assert result.returncode == 0 and result.stdout.decode() == "", result.stdout.decode() + result.stderr.decode()
+
+
+def test_pcie_bandwidth_from_profiling_replaces_the_20ms_window() -> None:
+    gpu = GpuIdentity(0, "GPU-0000", "0000:18:00.0")
+    pcie = Pcie(5, 5, 16, 16, 0, tx_bytes_per_second=1000.0, rx_bytes_per_second=2000.0)
+
+    def page(profiling: Profiling) -> dict[str, float]:
+        snap = Snapshot(1.5, "sim", (GpuState(gpu, {Collector.PCIE: pcie, Collector.PROFILING: profiling}),))
+        (family,) = [f for f in gpu_families(snap) if f.name == "nvidia_gpu_pcie_throughput_bytes_per_second"]
+        return {s.labels["direction"]: s.value for s in family.samples}
+
+    measured = Activity(pcie_tx_bytes_per_second=5e9, pcie_rx_bytes_per_second=6e9)
+    assert page(Profiling("gpm", "sampling", measured)) == {"tx": 5e9, "rx": 6e9}
+    assert page(Profiling(None, "GPM is not supported on this GPU")) == {"tx": 1000.0, "rx": 2000.0}
+    partial = Activity(pcie_tx_bytes_per_second=5e9)  # one direction measured: the other from NVML's window
+    assert page(Profiling("dcgm", "watching", partial)) == {"tx": 5e9, "rx": 2000.0}

@@ -1,0 +1,143 @@
+"""The metric families the readings become, declared in the order they appear on /metrics.
+
+A family is per GPU: every series carries `gpu` and `uuid`, then the family's own labels. MIG
+instances add theirs (`MIG_LABELS`) on the same families (see readings.py for why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A per-GPU metric family: every series carries `gpu` and `uuid`, then `labels`."""
+
+    name: str
+    help: str
+    unit: str = ""
+    labels: tuple[str, ...] = ()
+    counter: bool = False
+
+
+# Declared in the order they appear on /metrics.
+UP = Family("nvidia_gpu_up", "1 if the GPU answered the last poll; 0 if it is lost or a call to it hung.")
+UTILIZATION = Family("nvidia_gpu_utilization_ratio", "Fraction of time a kernel ran on the GPU (0-1).", "ratio")
+MEMORY_CONTROLLER = Family(
+    "nvidia_gpu_memory_controller_utilization_ratio",
+    "Fraction of time the memory controller was busy reading or writing (0-1).",
+    "ratio",
+)
+MEMORY_USED = Family("nvidia_gpu_memory_used_bytes", "GPU memory in use, in bytes.", "bytes")
+MEMORY_TOTAL = Family("nvidia_gpu_memory_total_bytes", "GPU memory installed, in bytes.", "bytes")
+MEMORY_RESERVED = Family(
+    "nvidia_gpu_memory_reserved_bytes", "GPU memory reserved by the driver and firmware, in bytes.", "bytes"
+)
+POWER = Family("nvidia_gpu_power_watts", "Power drawn by the board, in watts.", "watts")
+POWER_LIMIT = Family("nvidia_gpu_power_limit_watts", "Enforced power limit, in watts.", "watts")
+ENERGY = Family(
+    "nvidia_gpu_energy_joules", "Energy used since the driver was loaded, in joules.", "joules", counter=True
+)
+TEMPERATURE = Family("nvidia_gpu_temperature_celsius", "GPU core temperature, in degrees Celsius.", "celsius")
+MEMORY_TEMPERATURE = Family(
+    "nvidia_gpu_memory_temperature_celsius", "GPU memory (HBM) temperature, in degrees Celsius.", "celsius"
+)
+FAN = Family("nvidia_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (0-1).", "ratio")
+# Profiling: averages over the collection interval, from NVML GPM or DCGM's profiling fields.
+GRAPHICS_ENGINE_ACTIVE = Family(
+    "nvidia_gpu_graphics_engine_active_ratio",
+    "Fraction of time the graphics or compute engine was busy, from profiling (0-1).",
+    "ratio",
+)
+SM_ACTIVE = Family(
+    "nvidia_gpu_sm_active_ratio", "Fraction of cycles the SMs had at least one warp assigned, averaged (0-1).", "ratio"
+)
+SM_OCCUPANCY = Family(
+    "nvidia_gpu_sm_occupancy_ratio", "Warps resident on the SMs as a fraction of the most they can hold (0-1).", "ratio"
+)
+TENSOR_ACTIVE = Family(
+    "nvidia_gpu_tensor_active_ratio", "Fraction of cycles a tensor core pipe was busy (0-1).", "ratio"
+)
+DRAM_ACTIVE = Family(
+    "nvidia_gpu_dram_active_ratio", "Fraction of cycles the device memory was sending or receiving data (0-1).", "ratio"
+)
+FP64_ACTIVE = Family(
+    "nvidia_gpu_fp64_active_ratio", "Fraction of cycles the FP64 pipe was busy, tensor cores aside (0-1).", "ratio"
+)
+FP32_ACTIVE = Family(
+    "nvidia_gpu_fp32_active_ratio", "Fraction of cycles the FP32 pipe was busy, tensor cores aside (0-1).", "ratio"
+)
+FP16_ACTIVE = Family(
+    "nvidia_gpu_fp16_active_ratio", "Fraction of cycles the FP16 pipe was busy, tensor cores aside (0-1).", "ratio"
+)
+CLOCK = Family("nvidia_gpu_clock_hertz", "Current clock of each clock domain, in hertz.", "hertz", ("clock",))
+CLOCK_MAX = Family("nvidia_gpu_clock_max_hertz", "Maximum clock of each clock domain, in hertz.", "hertz", ("clock",))
+CLOCK_EVENT = Family(
+    "nvidia_gpu_clock_event_reason_active",
+    "1 while this reason holds the clocks down (NVML clocks-event / throttle reasons), else 0.",
+    labels=("reason",),
+)
+PSTATE = Family("nvidia_gpu_performance_state", "Performance state (0 = P0, fastest, .. 15 = P15).")
+PCIE_GEN = Family("nvidia_gpu_pcie_link_generation", "Current PCIe link generation.")
+PCIE_MAX_GEN = Family(
+    "nvidia_gpu_pcie_link_max_generation", "Highest PCIe link generation the GPU and the slot support."
+)
+PCIE_WIDTH = Family("nvidia_gpu_pcie_link_width", "Current PCIe link width, in lanes.")
+PCIE_MAX_WIDTH = Family("nvidia_gpu_pcie_link_max_width", "Widest PCIe link the GPU and the slot support, in lanes.")
+PCIE_REPLAYS = Family("nvidia_gpu_pcie_replay_errors", "PCIe replays since the driver was loaded.", counter=True)
+PCIE_THROUGHPUT = Family(
+    "nvidia_gpu_pcie_throughput_bytes_per_second",
+    "PCIe throughput in bytes per second: from profiling over the interval where there is profiling, "
+    "else over NVML's 20 ms window.",
+    labels=("direction",),
+)
+NVLINK_UP = Family("nvidia_gpu_nvlink_up", "1 if the NVLink link is active, else 0.", labels=("link",))
+NVLINK_ERRORS = Family(
+    "nvidia_gpu_nvlink_errors",
+    "NVLink data-link errors by kind: replay, recovery, crc.",
+    labels=("link", "error"),
+    counter=True,
+)
+NVLINK_THROUGHPUT = Family(
+    "nvidia_gpu_nvlink_throughput_bytes_per_second",
+    "NVLink throughput from profiling, in bytes per second; per link (a link label) where the source "
+    "reports links, else the GPU's total.",
+    labels=("direction",),
+)
+ECC_ENABLED = Family("nvidia_gpu_ecc_enabled", "1 if ECC is enabled, else 0.")
+ECC_ERRORS = Family(
+    "nvidia_gpu_ecc_errors",
+    "ECC errors since the driver was loaded (volatile), by error: corrected or uncorrected.",
+    labels=("error",),
+    counter=True,
+)
+ECC_AGGREGATE = Family(
+    "nvidia_gpu_ecc_aggregate_errors",
+    "ECC errors over the GPU's lifetime (aggregate), by error: corrected or uncorrected.",
+    labels=("error",),
+    counter=True,
+)
+RETIRED_PAGES = Family(
+    "nvidia_gpu_retired_pages", "Memory pages retired (pre-Ampere GPUs), by cause.", labels=("cause",)
+)
+RETIRED_PENDING = Family("nvidia_gpu_retired_pages_pending", "1 if a page retirement waits for a GPU reset, else 0.")
+REMAPPED_ROWS = Family(
+    "nvidia_gpu_remapped_rows", "Memory rows remapped (Ampere and later), by cause.", labels=("cause",)
+)
+REMAP_PENDING = Family("nvidia_gpu_row_remap_pending", "1 if a row remap waits for a GPU reset to take effect, else 0.")
+REMAP_FAILURE = Family("nvidia_gpu_row_remap_failure", "1 if a row remap failed (an RMA criterion), else 0.")
+MIG_ENABLED = Family("nvidia_gpu_mig_enabled", "1 if MIG mode is enabled, else 0.")
+RECOVERY_ACTION = Family(
+    "nvidia_gpu_recovery_action",
+    "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
+)
+PROCESSES = Family("nvidia_gpu_processes", "Compute processes running on the GPU.")
+PROCESS_MEMORY = Family(
+    "nvidia_gpu_process_memory_used_bytes",
+    "GPU memory used by each compute process, in bytes.",
+    "bytes",
+    ("pid", "process"),
+)
+
+FAMILIES: tuple[Family, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Family))
+MIG_LABELS = ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid")

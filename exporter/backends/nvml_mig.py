@@ -1,0 +1,102 @@
+"""MIG devices through NVML: which there are, and each one's memory and processes.
+
+A MIG device (a compute instance in a GPU instance) has its own NVML handle. Memory and the process
+list per device need no privileges through that handle, while the parent's handle gives aggregates
+only to root; so on a MIG-enabled GPU the processes are listed per device, which also says which
+device each runs on. Devices are listed afresh on every read: NVML reuses handles when instances are
+destroyed and created, so a kept handle can point at another instance.
+
+These wrap the NVML backend's own readers (nvml.py) and take its `Query`, so NVML's error policy
+applies unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pynvml
+
+from gpu_triage.exporter.backends.nvml_query import Query
+from gpu_triage.exporter.backends.readings import InstanceMemory, Memory, MigInstance, Processes, ProcessReading
+
+if TYPE_CHECKING:
+    from gpu_triage.exporter.backends.nvml import NvmlBackend
+
+Reader = Callable[["NvmlBackend", Query, Any, int], Any]
+MigDevice = tuple[MigInstance, Any]  # the instance and its NVML handle
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def profile_name(attributes: Any) -> str:
+    """`3g.40gb` from a MIG device's attributes, `1c.3g.40gb` for a compute instance smaller than its
+    GPU instance: NVML's own names, which need privileges to read, rebuilt from what any user may read."""
+    if attributes is None:
+        return "unknown"
+    gb = math.ceil(int(attributes.memorySizeMB) / 1024)
+    name = f"{attributes.gpuInstanceSliceCount}g.{gb}gb"
+    if 0 < attributes.computeInstanceSliceCount < attributes.gpuInstanceSliceCount:
+        name = f"{attributes.computeInstanceSliceCount}c.{name}"
+    return name
+
+
+def mig_devices(q: Query, h: Any) -> list[MigDevice]:
+    """The MIG devices of the GPU behind `h`; none when MIG is off or NVML has no MIG."""
+    mode = q("mig_mode", pynvml.nvmlDeviceGetMigMode, h)
+    if mode is None or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return []
+    out = []
+    for i in range(q("mig_device_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
+        # An empty slot is NOT_FOUND (absent, not an error): later slots can still hold devices.
+        mh = q(f"mig_device_{i}", pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+        if mh is None:
+            continue
+        gi = q("mig_gpu_instance_id", pynvml.nvmlDeviceGetGpuInstanceId, mh)
+        ci = q("mig_compute_instance_id", pynvml.nvmlDeviceGetComputeInstanceId, mh)
+        uuid = _text(q("mig_uuid", pynvml.nvmlDeviceGetUUID, mh))
+        if gi is None or ci is None or uuid is None:
+            continue
+        attributes = q("mig_attributes", pynvml.nvmlDeviceGetAttributes, mh)
+        out.append((MigInstance(int(gi), int(ci), profile_name(attributes), uuid), mh))
+    return out
+
+
+def with_instance_memory(read_memory: Reader) -> Reader:
+    """The NVML memory reader, plus each MIG device's memory."""
+
+    def read(backend: NvmlBackend, q: Query, h: Any, gpu: int) -> Memory:
+        memory: Memory = read_memory(backend, q, h, gpu)
+        parts = []
+        for mig, mh in mig_devices(q, h):
+            info = q("mig_memory", pynvml.nvmlDeviceGetMemoryInfo, mh)
+            used, total = (None, None) if info is None else (int(info.used), int(info.total))
+            parts.append(InstanceMemory(mig, used, total))
+        return replace(memory, instances=tuple(parts)) if parts else memory
+
+    return read
+
+
+def with_instance_processes(read_processes: Reader) -> Reader:
+    """The NVML process reader; on a MIG-enabled GPU, the processes of each MIG device instead."""
+
+    def read(backend: NvmlBackend, q: Query, h: Any, gpu: int) -> Processes:
+        devices = mig_devices(q, h)
+        if not devices:
+            processes: Processes = read_processes(backend, q, h, gpu)
+            return processes
+        found = []
+        for mig, mh in devices:
+            for p in q("mig_processes", pynvml.nvmlDeviceGetComputeRunningProcesses, mh) or []:
+                pid = int(p.pid)
+                used = None if p.usedGpuMemory is None else int(p.usedGpuMemory)
+                found.append(ProcessReading(pid, backend._process_name(pid), used, mig))
+        return Processes(tuple(found), tuple(mig for mig, _ in devices))
+
+    return read
