@@ -134,15 +134,16 @@ class FileFollower:
             mark = FileMark.decode(cursor.mark) if cursor else None
             if cursor is not None:
                 self.line_no = max(self.line_no, cursor.seq)
-            if mark is not None and mark.holds(f):
-                offset = mark.offset  # the same file (or a copy of it) grown, or not
-            elif mark is not None and not mark.same_file(st):
-                self._finish_rotated(mark)
+            if mark is not None and mark.same_file(st):
+                offset = mark.offset if mark.holds(f) else 0  # grown, or truncated or rewritten since
+            elif mark is not None and self._finish_rotated(mark):
                 offset = 0  # the file now at the path came after the one we read: all of it is new
-            elif mark is None and at_start:
+            elif mark is not None:
+                offset = mark.offset if mark.holds(f) else 0  # replaced by a copy of itself (an editor, cp)
+            elif at_start:
                 offset = self._first_sight(f, st)
             else:
-                offset = 0  # truncated or rewritten since, or first met while we watched the path
+                offset = 0  # first met while we watched the path: all of it is new
             self._read(f, st, offset, until_replaced=True)
 
     def _first_sight(self, f: BinaryIO, st: os.stat_result) -> int:
@@ -156,14 +157,17 @@ class FileFollower:
         self._commit([], self._mark(f, st, offset))
         return offset
 
-    def _finish_rotated(self, mark: FileMark) -> None:
-        """Read the file we were following, now renamed beside the path, from where we were to its end."""
+    def _finish_rotated(self, mark: FileMark) -> bool:
+        """Read the file we were following, if it is beside the path under another name, from where we were to
+        its end; whether it was there."""
         with os.scandir(self.path.parent) as entries:
             found = next((e.path for e in entries if _is(e, mark)), None)
-        if found is not None:
-            with Path(found).open("rb") as old:
-                if mark.holds(old):
-                    self._read(old, os.fstat(old.fileno()), mark.offset, until_replaced=False)
+        if found is None:
+            return False
+        with Path(found).open("rb") as old:
+            if mark.holds(old):
+                self._read(old, os.fstat(old.fileno()), mark.offset, until_replaced=False)
+        return True
 
     def _read(self, f: BinaryIO, st: os.stat_result, offset: int, *, until_replaced: bool) -> None:
         """Deliver the whole lines from `offset`; then, if `until_replaced`, follow the file while it is the one at
