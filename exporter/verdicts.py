@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -28,7 +28,15 @@ from gpu_triage.diagnosis.health import (
     verdict_json,
 )
 from gpu_triage.diagnosis.incidents import Occurrence
-from gpu_triage.exporter.backends.readings import ClockEventReason, Clocks, Ecc, NvLink, Recovery, Remapping
+from gpu_triage.exporter.backends.readings import (
+    ClockEventReason,
+    Clocks,
+    Ecc,
+    LinkState,
+    NvLink,
+    Recovery,
+    Remapping,
+)
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 
@@ -39,7 +47,9 @@ _THERMAL = ClockEventReason.HW_THERMAL_SLOWDOWN.bit | ClockEventReason.SW_THERMA
 _POWER_BRAKE = ClockEventReason.HW_POWER_BRAKE_SLOWDOWN.bit
 
 
-def telemetry(state: GpuState) -> Telemetry:
+def telemetry(state: GpuState, links_seen_up: Collection[int] = ()) -> Telemetry:
+    """`links_seen_up`: links of this GPU that were up at some point; only those can be down (an
+    uncabled link is inactive from the start and is not a fault)."""
     recovery, remap, ecc = state.get(Recovery), state.get(Remapping), state.get(Ecc)
     clocks, links = state.get(Clocks), state.get(NvLink)
     reasons = (clocks.event_reasons or 0) if clocks else 0
@@ -52,7 +62,11 @@ def telemetry(state: GpuState) -> Telemetry:
         retired_pages_pending=ecc.retired_pages_pending if ecc else None,
         thermal_slowdown=bool(reasons & _THERMAL),
         power_brake=bool(reasons & _POWER_BRAKE),
-        nvlink_down=tuple(link.link for link in links.links if link.active is False) if links else (),
+        nvlink_down=tuple(
+            link.link
+            for link in (links.links if links else ())
+            if link.state == LinkState.INACTIVE and link.link in links_seen_up
+        ),
     )
 
 
@@ -70,6 +84,7 @@ class Verdicts:
         # Recent events by journal id, to replace one in place when the kernel log enriches it.
         self._recent: OrderedDict[int, tuple[deque[Occurrence], Occurrence]] = OrderedDict()
         self._since: dict[str, float] = {}  # finding id -> when we first saw it open
+        self._links_up: dict[str, set[int]] = {}  # uuid -> NVLinks seen up since the daemon started
         self.node = NodeVerdict(Health.UNKNOWN, Action.IGNORE, (), ())
 
     def load(self, now: float) -> None:
@@ -109,7 +124,7 @@ class Verdicts:
                 g = state.identity
                 seen |= {g.uuid, g.pci_bus_id}
                 history = [*self._xids.get(g.uuid, ()), *self._xids.get(g.pci_bus_id, ())]
-                gpus.append(self._assess(g.pci_bus_id, g.uuid, history, telemetry(state), marks, now))
+                gpus.append(self._assess(g.pci_bus_id, g.uuid, history, self._telemetry(state), marks, now))
             # XIDs of a GPU the driver no longer lists (it fell off the bus before we started): the
             # kernel log is all we have, and the GPU is as good as lost.
             for key, xids in self._xids.items():
@@ -127,6 +142,12 @@ class Verdicts:
         for history in (*self._xids.values(), self._sxids):
             while history and history[0].ts is not None and history[0].ts < cutoff:
                 history.popleft()
+
+    def _telemetry(self, state: GpuState) -> Telemetry:
+        links = state.get(NvLink)
+        seen = self._links_up.setdefault(state.identity.uuid, set())
+        seen.update(link.link for link in (links.links if links else ()) if link.up)
+        return telemetry(state, seen)
 
     def _assess(
         self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, marks: Sequence[Mark], now: float

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any, ClassVar
 
 from gpu_triage.exporter.backends.base import Collector
@@ -72,7 +72,17 @@ PCIE_THROUGHPUT = Family(
     "PCIe throughput over NVML's 20 ms sampling window, in bytes per second.",
     labels=("direction",),
 )
-NVLINK_UP = Family("nvidia_gpu_nvlink_up", "1 if the NVLink link is active, else 0.", labels=("link",))
+NVLINK_STATE = Family(
+    "nvidia_gpu_nvlink_state",
+    "NVLink link state as NVML reports it: 0 inactive, 1 active, 2 sleep, 3 active with traffic disabled.",
+    labels=("link",),
+)
+NVLINK_UP = Family(
+    "nvidia_gpu_nvlink_up",
+    "1 if the NVLink link is trained (active, asleep or active with traffic disabled), 0 if it is inactive. "
+    "A link that was never up is usually not cabled.",
+    labels=("link",),
+)
 NVLINK_ERRORS = Family(
     "nvidia_gpu_nvlink_errors",
     "NVLink data-link errors by kind: replay, recovery, crc.",
@@ -104,7 +114,8 @@ REMAP_FAILURE = Family("nvidia_gpu_row_remap_failure", "1 if a row remap failed 
 MIG_ENABLED = Family("nvidia_gpu_mig_enabled", "1 if MIG mode is enabled, else 0.")
 RECOVERY_ACTION = Family(
     "nvidia_gpu_recovery_action",
-    "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
+    "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, "
+    "5 recover the IMEX domain, 6 PCIe bus reset, 7 system reboot.",
 )
 PROCESSES = Family("nvidia_gpu_processes", "Compute processes running on the GPU.")
 PROCESS_MEMORY = Family(
@@ -250,13 +261,27 @@ class Pcie(Reading, collector=Collector.PCIE):
     rx_bytes_per_second: float | None = series(PCIE_THROUGHPUT, "rx")
 
 
+class LinkState(IntEnum):
+    """NVML_FI_DEV_NVLINK_GET_STATE's values (NVML_NVLINK_STATE_*)."""
+
+    INACTIVE = 0
+    ACTIVE = 1
+    SLEEP = 2  # a trained link resting in its low-power state; it wakes on traffic
+    ACTIVE_TRAFFIC_DISABLED = 3
+
+
 @dataclass(frozen=True, slots=True)
 class LinkReading:
     link: int
-    active: bool | None
+    state: int | None  # NVML's value, see LinkState; a value newer than LinkState is passed on as it is
     replay_errors: int | None
     recovery_errors: int | None
     crc_errors: int | None
+
+    @property
+    def up(self) -> bool:
+        """Trained: anything but inactive (and not unknown)."""
+        return self.state is not None and self.state != LinkState.INACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +291,8 @@ class NvLink(Reading, collector=Collector.NVLINK):
     def more_samples(self) -> Iterator[Sample]:
         for link in self.links:
             n = str(link.link)
-            yield Sample(NVLINK_UP, (n,), link.active)
+            yield Sample(NVLINK_STATE, (n,), link.state)
+            yield Sample(NVLINK_UP, (n,), None if link.state is None else link.up)
             yield Sample(NVLINK_ERRORS, (n, "replay"), link.replay_errors)
             yield Sample(NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
             yield Sample(NVLINK_ERRORS, (n, "crc"), link.crc_errors)
@@ -311,7 +337,8 @@ class Processes(Reading, collector=Collector.PROCESSES):
 
 @dataclass(frozen=True, slots=True)
 class Recovery(Reading, collector=Collector.RECOVERY):
-    # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset
+    # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset,
+    # 5 recover the IMEX domain, 6 bus reset, 7 system reboot
     action: int | None = series(RECOVERY_ACTION)
 
 

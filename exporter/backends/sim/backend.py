@@ -30,6 +30,7 @@ from gpu_triage.exporter.backends.readings import (
     Ecc,
     Inventory,
     LinkReading,
+    LinkState,
     Memory,
     NvLink,
     Pcie,
@@ -281,7 +282,7 @@ def _nvlink(v: _View) -> NvLink:
         tuple(
             LinkReading(
                 link=i,
-                active=i not in down,
+                state=LinkState.INACTIVE if i in down else LinkState.ACTIVE,
                 replay_errors=s.nvlink_replays[i],
                 recovery_errors=s.nvlink_recoveries[i],
                 crc_errors=s.nvlink_crcs[i],

@@ -167,7 +167,7 @@ def test_nvlink_down_and_remap_faults(sim: SimBackend, clock: FakeClock) -> None
     sim.inject(FaultSpec(gpu=6, kind="row_remap_failure"))
     links = read(sim, 4, Collector.NVLINK)
     assert isinstance(links, NvLink) and len(links.links) == 18
-    assert [link.link for link in links.links if not link.active] == [7]
+    assert [link.link for link in links.links if not link.up] == [7]
     assert links.links[7].recovery_errors == 1
     remap = read(sim, 6, Collector.REMAPPING)
     assert isinstance(remap, Remapping) and remap.pending and remap.failure and remap.uncorrectable_rows == 1
