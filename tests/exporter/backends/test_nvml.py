@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -210,3 +211,70 @@ def test_a_failed_link_count_is_asked_again(fake: FakeNvml, nvml: NvmlBackend) -
     assert first.reading.links == () and first.failed_fields == ("nvlink_link_count",)  # type: ignore[union-attr]
     del fake.field_errors[pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT]
     assert len(nvml.read(gpu, Collector.NVLINK).reading.links) == 18  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("primary", "code"),
+    [
+        ("nvmlDeviceGetTemperatureV", pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH),
+        ("nvmlDeviceGetCurrentClocksEventReasons", pynvml.NVML_ERROR_UNKNOWN),
+    ],
+)
+def test_a_legacy_call_that_stands_in_for_a_failed_one_is_a_success(
+    fake: FakeNvml, nvml: NvmlBackend, primary: str, code: int
+) -> None:
+    fake.errors[(primary, None)] = code
+    gpu = nvml.discover()[0]
+    for collector in (Collector.THERMAL, Collector.CLOCKS):
+        result = nvml.read(gpu, collector)
+        assert result.failed_fields == (), collector
+
+
+def test_invalid_argument_from_a_gpu_whose_handle_answers_is_an_absent_value(fake: FakeNvml, nvml: NvmlBackend) -> None:
+    fake.errors[("nvmlDeviceGetMaxClockInfo", 1)] = pynvml.NVML_ERROR_INVALID_ARGUMENT
+    result = nvml.read(nvml.discover()[1], Collector.CLOCKS)
+    assert result.failed_fields == () and result.reading.max_hz == {}  # type: ignore[union-attr]
+    fake.errors[("nvmlDeviceGetUUID", 1)] = pynvml.NVML_ERROR_INVALID_ARGUMENT  # now the handle itself is bad
+    with pytest.raises(GpuLostError, match="no longer valid"):
+        nvml.read(nvml.discover()[1], Collector.CLOCKS)
+
+
+def test_an_xid_names_its_gpu_even_when_nvml_cannot_index_it(fake: FakeNvml, nvml: NvmlBackend) -> None:
+    fake.errors[("nvmlDeviceGetIndex", 3)] = pynvml.NVML_ERROR_GPU_IS_LOST
+    fake.events.put((3, 79))
+    assert [(e.gpu, e.code) for e in nvml.wait_xids(1.0)] == [(3, 79)]
+
+
+def fake_proc(root: Path, namespace: int, processes: dict[int, str]) -> Path:
+    (root / "self" / "ns").mkdir(parents=True, exist_ok=True)
+    link = root / "self" / "ns" / "pid"
+    link.unlink(missing_ok=True)
+    link.symlink_to(f"pid:[{namespace}]")
+    for pid, comm in processes.items():
+        (root / str(pid)).mkdir(exist_ok=True)
+        (root / str(pid) / "stat").write_text(f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 ...\n")
+    return root
+
+
+HOST_PID_NAMESPACE = 0xEFFFFFFC
+TRAINER = 41000 + 17 * 2  # the simulator's process on GPU 2
+
+
+def names(nvml: NvmlBackend) -> list[str | None]:
+    return [p.name for p in nvml.read(nvml.discover()[2], Collector.PROCESSES).reading.processes]  # type: ignore[union-attr]
+
+
+def test_process_names_follow_a_reused_pid(fake: FakeNvml, tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path, HOST_PID_NAMESPACE, {TRAINER: "python3"})
+    backend = NvmlBackend(proc=proc)
+    assert names(backend) == ["python3"]
+    fake_proc(proc, HOST_PID_NAMESPACE, {TRAINER: "torchrun (rank 3)"})  # the PID went to another process
+    assert names(backend) == ["torchrun (rank 3)"]
+    backend.close()
+
+
+def test_no_process_names_outside_the_host_pid_namespace(fake: FakeNvml, tmp_path: Path) -> None:
+    # In a container's own PID namespace, /proc/<an NVML PID> is some unrelated process.
+    backend = NvmlBackend(proc=fake_proc(tmp_path, 4026532761, {TRAINER: "sshd"}))
+    assert names(backend) == [None]
+    backend.close()
