@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import logging
+from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,6 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpu_triage import __version__
+from gpu_triage.exporter.backends.sim import SimBackend
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.diagnosis import diagnose_router, diagnosis_router
 from gpu_triage.exporter.http.gpus import gpus_router
@@ -67,7 +69,7 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
     app.include_router(diagnose_router(daemon))
     app.include_router(runbooks_router(daemon.verdicts.open_findings))
     if daemon.backend.name == "sim":
-        app.include_router(sim_router(daemon))
+        app.include_router(sim_router(cast(SimBackend, daemon.backend), daemon.poll_soon))
     return app
 
 

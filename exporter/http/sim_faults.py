@@ -1,18 +1,18 @@
-"""/api/v1/sim/faults: inject and clear simulator faults (mounted only with --backend sim)."""
+"""/api/v1/sim/faults: inject and clear simulator faults (mounted with --backend sim, and by `gpu-triage vgpu`)."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response
 
 from gpu_triage.exporter.backends.sim import FaultError, FaultSpec, SimBackend
-from gpu_triage.exporter.daemon import Daemon
 
 
-def sim_router(daemon: Daemon) -> APIRouter:
+def sim_router(sim: SimBackend, changed: Callable[[], None]) -> APIRouter:
+    """`changed` is called after each change, to show its effect now rather than at the next poll."""
     router = APIRouter(prefix="/api/v1/sim", tags=["simulator"])
-    sim = cast(SimBackend, daemon.backend)
 
     @router.get("/faults", summary="Faults in effect on the simulated node")
     async def list_faults() -> dict[str, Any]:
@@ -24,20 +24,20 @@ def sim_router(daemon: Daemon) -> APIRouter:
             fault = sim.inject(spec)
         except FaultError as e:
             raise HTTPException(422, str(e)) from e
-        daemon.poll_soon()  # show its effect now rather than at the next poll
+        changed()
         return fault.to_json()
 
     @router.delete("/faults/{fault_id}", status_code=204, summary="Clear one fault")
     async def clear(fault_id: str) -> Response:
         if not sim.clear_fault(fault_id):
             raise HTTPException(404, f"no active fault {fault_id!r}")
-        daemon.poll_soon()
+        changed()
         return Response(status_code=204)
 
     @router.delete("/faults", summary="Clear every fault")
     async def clear_all() -> dict[str, int]:
         cleared = sim.clear_faults()
-        daemon.poll_soon()
+        changed()
         return {"cleared": cleared}
 
     return router

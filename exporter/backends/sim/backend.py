@@ -82,6 +82,8 @@ class SimBackend:
         faults = self._book.on(gpu.index, now)
         if any(f.spec.kind is FaultKind.GPU_LOST for f in faults):
             raise GpuLostError(f"GPU {gpu.index} is lost (simulated)")
+        if any(f.spec.kind is FaultKind.GPU_RESET for f in faults):
+            raise GpuLostError(f"GPU {gpu.index} is being reset (simulated)")
         hung = [f for f in faults if f.spec.kind is FaultKind.HUNG_CALL and f.spec.collector in (None, collector)]
         if hung:
             self._hang(hung)
