@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Final, Self
 
 MAGIC: Final = b"GTVGPUST"
-LAYOUT_VERSION: Final = 1
-MAX_GPUS: Final = 16
+LAYOUT_VERSION: Final = 2  # 2: room for 64 GPUs (a 64-GPU bench), 1 had 16
+MAX_GPUS: Final = 64
 MAX_LINKS: Final = 36
 MAX_MIG: Final = 7
 MAX_PROCESSES: Final = 32
