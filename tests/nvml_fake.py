@@ -25,17 +25,9 @@ from gpu_triage.exporter.backends.base import Collector, GpuIdentity, GpuLostErr
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     Clocks,
-    Ecc,
-    Inventory,
     Memory,
-    NvLink,
-    Pcie,
-    Power,
     Processes,
     Reading,
-    Recovery,
-    Remapping,
-    Thermal,
     Utilization,
 )
 from gpu_triage.exporter.backends.sim import SimBackend
@@ -328,20 +320,3 @@ class FakeNvml:
         except queue.Empty:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
         return SimpleNamespace(device=self.handle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid)
-
-
-# What each NVML reading type must equal after the backend's unit conversions.
-READING_TYPES = {
-    Collector.INVENTORY: Inventory,
-    Collector.UTILIZATION: Utilization,
-    Collector.MEMORY: Memory,
-    Collector.POWER: Power,
-    Collector.THERMAL: Thermal,
-    Collector.CLOCKS: Clocks,
-    Collector.PCIE: Pcie,
-    Collector.NVLINK: NvLink,
-    Collector.PROCESSES: Processes,
-    Collector.RECOVERY: Recovery,
-    Collector.ECC: Ecc,
-    Collector.REMAPPING: Remapping,
-}

@@ -6,6 +6,7 @@ The worker runs `result = ops.read(2, "nvlink")` and the like, so a test reads l
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +44,48 @@ def xids(timeout: float) -> list[list[int]] | dict[str, str]:
         return [[x.gpu, x.code] for x in _opened.backend.wait_xids(timeout)]
     except BackendError as e:
         return {"error": str(e)}
+
+
+def open_error() -> str | None:
+    """What opening the backend by name says when it cannot (None: it opened)."""
+    from gpu_triage.exporter.backends.select import open_backend
+
+    try:
+        open_backend("nvml").close()
+    except BackendError as e:
+        return str(e)
+    return None
+
+
+def poll() -> dict[str, Any]:
+    """One poll of every collector through the daemon's poller: each GPU's status, each collector's success."""
+    from gpu_triage.exporter.polling.poller import Poller
+
+    poller = Poller(_opened.backend, interval=5, slow_interval=60, timeout=5.0)
+    poller.discover()
+    snapshot = poller.poll(Collector)
+    poller.stop()
+    return {
+        "status": [str(g.status) for g in snapshot.gpus],
+        "success": {c.value: s.success for c, s in snapshot.collectors.items()},
+    }
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = {k: v for k, v in vars(record).items() if k in ("gpu", "field", "nvml")}
+        self.records.append({"level": record.levelname, "msg": record.getMessage(), **fields})
+
+
+_records = _Records()
+logging.getLogger("gpu_triage").addHandler(_records)
+logging.getLogger("gpu_triage").setLevel(logging.DEBUG)
+
+
+def logs() -> list[dict[str, Any]]:
+    """What the backend logged so far, as {"level", "msg", and its gpu/field/nvml fields}."""
+    return list(_records.records)
