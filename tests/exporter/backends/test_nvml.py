@@ -15,7 +15,7 @@ import pytest
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuLostError
 from gpu_triage.exporter.backends.nvml import NvmlBackend
 from gpu_triage.exporter.backends.select import open_backend
-from gpu_triage.exporter.backends.sim import SimBackend
+from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from tests.conftest import FakeClock
 from tests.nvml_fake import FakeNvml
 
@@ -186,3 +186,13 @@ def test_a_field_value_is_read_by_its_type(fake: FakeNvml, nvml: NvmlBackend, va
     thermal = nvml.read(nvml.discover()[0], Collector.THERMAL).reading
     truth = fake.sim.read(fake.sim.discover()[0], Collector.THERMAL).reading
     assert thermal.memory_celsius == truth.memory_celsius  # type: ignore[union-attr]
+
+
+def test_a_link_state_and_a_link_error_come_through_per_link(fake: FakeNvml, nvml: NvmlBackend) -> None:
+    fake.sim.inject(FaultSpec(gpu=1, kind="nvlink_down", link=3))
+    fake.field_errors[(pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 9)] = pynvml.NVML_ERROR_UNKNOWN
+    result = nvml.read(nvml.discover()[1], Collector.NVLINK)
+    links = result.reading.links  # type: ignore[union-attr]
+    assert [k.state for k in links[2:5]] == [1, 0, 1]
+    assert result.failed_fields == (f"nvlink_9_{pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY}",)
+    assert links[9].replay_errors is None and links[8].replay_errors == 0
