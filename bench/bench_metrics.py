@@ -70,6 +70,8 @@ def render_cost(gpus: int, repeats: int) -> tuple[float, int]:
         for _ in range(repeats):
             t0 = time.perf_counter()
             daemon.refresh()
+            daemon.metrics.get(None, None)  # encoded on first demand: both formats, as two scrapers would
+            daemon.metrics.get("application/openmetrics-text; version=1.0.0", None)
             times.append(time.perf_counter() - t0)
         daemon.stop()
     return statistics.median(times) * 1000, daemon.metrics.text.count(b"\n")

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -38,6 +38,7 @@ from gpu_triage.exporter.backends.readings import (
     Clocks,
     Ecc,
     HealthWatch,
+    LinkState,
     NvLink,
     Recovery,
     Remapping,
@@ -53,7 +54,9 @@ _THERMAL = ClockEventReason.HW_THERMAL_SLOWDOWN.bit | ClockEventReason.SW_THERMA
 _POWER_BRAKE = ClockEventReason.HW_POWER_BRAKE_SLOWDOWN.bit
 
 
-def telemetry(state: GpuState) -> Telemetry:
+def telemetry(state: GpuState, links_seen_up: Collection[int] = ()) -> Telemetry:
+    """`links_seen_up`: links of this GPU that were up at some point; only those can be down (an
+    uncabled link is inactive from the start and is not a fault)."""
     recovery, remap, ecc, health = state.get(Recovery), state.get(Remapping), state.get(Ecc), state.get(HealthWatch)
     clocks, links = state.get(Clocks), state.get(NvLink)
     reasons = (clocks.event_reasons or 0) if clocks else 0
@@ -66,7 +69,11 @@ def telemetry(state: GpuState) -> Telemetry:
         retired_pages_pending=ecc.retired_pages_pending if ecc else None,
         thermal_slowdown=bool(reasons & _THERMAL),
         power_brake=bool(reasons & _POWER_BRAKE),
-        nvlink_down=tuple(link.link for link in links.links if link.active is False) if links else (),
+        nvlink_down=tuple(
+            link.link
+            for link in (links.links if links else ())
+            if link.state == LinkState.INACTIVE and link.link in links_seen_up
+        ),
         health_incidents=tuple((i.system, i.failed, i.message) for i in (health.incidents or ())) if health else (),
     )
 
@@ -88,6 +95,7 @@ class Verdicts:
         # The last verdict logged, per GPU (PCI bus id) and for the node: a change is logged once.
         self._told: dict[str, tuple[Health, Action]] = {}
         self._told_node = _FINE
+        self._links_up: dict[str, set[int]] = {}  # uuid -> NVLinks seen up since the daemon started
         self.node = NodeVerdict(Health.UNKNOWN, Action.IGNORE, (), ())
 
     def load(self, now: float) -> None:
@@ -135,7 +143,7 @@ class Verdicts:
                 g = state.identity
                 seen |= {g.uuid, g.pci_bus_id}
                 history = [*self._xids.get(g.uuid, ()), *self._xids.get(g.pci_bus_id, ())]
-                gpus.append(self._assess(g.pci_bus_id, g.uuid, history, telemetry(state), marks, now))
+                gpus.append(self._assess(g.pci_bus_id, g.uuid, history, self._telemetry(state), marks, now))
             # XIDs of a GPU the driver no longer lists (it fell off the bus before we started): the
             # kernel log is all we have, and the GPU is as good as lost.
             for key, xids in self._xids.items():
@@ -190,6 +198,12 @@ class Verdicts:
         for history in (*self._xids.values(), self._sxids):
             while history and history[0].ts is not None and history[0].ts < cutoff:
                 history.popleft()
+
+    def _telemetry(self, state: GpuState) -> Telemetry:
+        links = state.get(NvLink)
+        seen = self._links_up.setdefault(state.identity.uuid, set())
+        seen.update(link.link for link in (links.links if links else ()) if link.up)
+        return telemetry(state, seen)
 
     def _assess(
         self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, marks: Sequence[Mark], now: float

@@ -252,7 +252,7 @@ class FakeHostEngine:
                 continue
             assert isinstance(links, NvLink)
             for link in links.links:
-                slot.linkState[link.link] = 3 if link.active else 2
+                slot.linkState[link.link] = 3 if link.up else 2
         return self._live(handle), out
 
     def group_create(self, handle: Any, kind: int, name: bytes) -> tuple[int, Any]:
@@ -386,7 +386,7 @@ class FakeHostEngine:
                 out.append(
                     Incident(index, 0x10, 10, 85, f"GPU {self.gpu_id(index)} has a pending row remap; reset it.")
                 )
-            down = [link.link for link in links.links if link.active is False]
+            down = [link.link for link in links.links if not link.up]
             if down:
                 out.append(
                     Incident(index, 0x2, 20, 14, f"GPU {self.gpu_id(index)}'s NvLink link {down[0]} is currently down")

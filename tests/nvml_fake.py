@@ -1,13 +1,18 @@
-"""NVML's device functions, answered from a simulated node.
+"""NVML's device functions, answered from a simulated node, for what the virtual GPU cannot do.
 
-The real `pynvml` module stays: its constants, structs and error classes are what the backend
-sees. Only the functions that would reach the driver are replaced, and they answer from the
-simulator's model in NVML's own units (mW, mJ, MHz, percent, KiB/s), raising the real
-`pynvml.NVMLError` subclasses. Faults are scripted per function and GPU.
+Most NVML behaviour is tested through the real pynvml on the C library in vgpu/ (tests/vgpu). This
+fake stays for what that library cannot be made to do: any error code from any one function (a
+legacy fallback, NO_PERMISSION, UNINITIALIZED mid-run), `nvmlDeviceGetIndex` failing while events
+still name the GPU, an event wait that fails. The real `pynvml` module stays: its constants, structs
+and error classes are what the backend sees, and handles are real `c_nvmlDevice_t` pointers. Only the
+functions that would reach the driver are replaced; they answer from the simulator's model in NVML's
+own units (mW, mJ, MHz, percent, KB/s), with link states as NVML's 0-3, field values in any value
+type, and per-field (and per-link) return codes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -20,21 +25,15 @@ from gpu_triage.exporter.backends.base import Collector, GpuIdentity, GpuLostErr
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     Clocks,
-    Ecc,
-    Inventory,
     Memory,
-    NvLink,
-    Pcie,
-    Power,
     Processes,
     Reading,
-    Recovery,
-    Remapping,
-    Thermal,
     Utilization,
 )
 from gpu_triage.exporter.backends.sim import SimBackend
 
+# nvmlValueType_t -> the member of nvmlValue_t that holds it
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 _CLOCK_DOMAINS = {
     pynvml.NVML_CLOCK_SM: ClockDomain.SM,
     pynvml.NVML_CLOCK_MEM: ClockDomain.MEMORY,
@@ -43,9 +42,7 @@ _CLOCK_DOMAINS = {
 }
 
 
-@dataclass(frozen=True)
-class Handle:
-    index: int
+Handle = Any  # a pynvml.c_nvmlDevice_t
 
 
 @dataclass
@@ -54,10 +51,16 @@ class FakeNvml:
     init_error: int | None = None
     # (function name, gpu index or None for every GPU) -> NVML error code the call raises
     errors: dict[tuple[str, int | None], int] = field(default_factory=dict)
-    # field ids whose per-field return code is this error
-    field_errors: dict[int, int] = field(default_factory=dict)
+    # field id, or (field id, scope id), -> that field's own return code
+    field_errors: dict[int | tuple[int, int], int] = field(default_factory=dict)
+    # field id -> the nvmlValueType_t its value is returned in (default: unsigned long long, double for fractions)
+    value_types: dict[int, int] = field(default_factory=dict)
     driver_version: str = "570.172.08"
     events: queue.SimpleQueue[tuple[int, int]] = field(default_factory=queue.SimpleQueue)
+
+    def __post_init__(self) -> None:
+        self._devices = [pynvml.struct_c_nvmlDevice_t() for _ in self.sim.discover()]
+        self._by_address = {ctypes.addressof(d): i for i, d in enumerate(self._devices)}
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for name in dir(self):
@@ -67,14 +70,20 @@ class FakeNvml:
 
     # -- plumbing ------------------------------------------------------------------------------
 
+    def handle(self, index: int) -> Handle:
+        return ctypes.pointer(self._devices[index])
+
+    def index(self, handle: Handle) -> int:
+        return self._by_address[ctypes.cast(handle, ctypes.c_void_p).value]
+
     def _check(self, function: str, handle: Handle | None = None) -> None:
-        index = None if handle is None else handle.index
+        index = None if handle is None else self.index(handle)
         code = self.errors.get((function, index), self.errors.get((function, None)))
         if code is not None:
             raise pynvml.NVMLError(code)
 
     def _gpu(self, handle: Handle) -> GpuIdentity:
-        return self.sim.discover()[handle.index]
+        return self.sim.discover()[self.index(handle)]
 
     def _read(self, handle: Handle, collector: Collector) -> Reading:
         try:
@@ -103,11 +112,12 @@ class FakeNvml:
         return len(self.sim.discover())
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
-        self._check("nvmlDeviceGetHandleByIndex", Handle(index))
-        return Handle(index)
+        self._check("nvmlDeviceGetHandleByIndex", self.handle(index))
+        return self.handle(index)
 
     def nvmlDeviceGetIndex(self, handle: Handle) -> int:
-        return handle.index
+        self._check("nvmlDeviceGetIndex", handle)
+        return self.index(handle)
 
     def nvmlDeviceGetUUID(self, handle: Handle) -> str:
         self._check("nvmlDeviceGetUUID", handle)
@@ -218,7 +228,7 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieThroughput(self, handle: Handle, counter: int) -> int:
         attr = "tx_bytes_per_second" if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else "rx_bytes_per_second"
-        return round(self._value("nvmlDeviceGetPcieThroughput", handle, Collector.PCIE, attr) / 1024)
+        return round(self._value("nvmlDeviceGetPcieThroughput", handle, Collector.PCIE, attr) / 1000)  # KB/s (nvml.h)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[Any]:
         self._check("nvmlDeviceGetComputeRunningProcesses", handle)
@@ -246,18 +256,15 @@ class FakeNvml:
         for slot, (field_id, scope) in zip(values, ids, strict=True):
             slot.fieldId, slot.scopeId = field_id, scope
             value = self._field(handle, field_id, scope)
-            code = self.field_errors.get(field_id)
+            code = self.field_errors.get((field_id, scope), self.field_errors.get(field_id))
             if code is None and value is None:
                 code = pynvml.NVML_ERROR_NOT_SUPPORTED
             slot.nvmlReturn = code if code is not None else pynvml.NVML_SUCCESS
             if slot.nvmlReturn == pynvml.NVML_SUCCESS:
-                if isinstance(value, float) and not value.is_integer():
-                    slot.valueType, slot.value.dVal = pynvml.NVML_VALUE_TYPE_DOUBLE, value
-                else:
-                    slot.valueType, slot.value.ullVal = (
-                        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
-                        int(value or 0),
-                    )
+                fraction = isinstance(value, float) and not value.is_integer()
+                kind = self.value_types.get(field_id, 0 if fraction else pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+                slot.valueType = kind
+                setattr(slot.value, _VALUE_MEMBERS[kind], value if kind == 0 else int(value or 0))
         return values
 
     def _field(self, handle: Handle, field_id: int, scope: int) -> float | int | bool | None:
@@ -273,7 +280,7 @@ class FakeNvml:
             pynvml.NVML_FI_DEV_REMAPPED_PENDING: (Collector.REMAPPING, lambda r: r.pending),
             pynvml.NVML_FI_DEV_REMAPPED_FAILURE: (Collector.REMAPPING, lambda r: r.failure),
             pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: (Collector.NVLINK, lambda r: len(r.links)),
-            pynvml.NVML_FI_DEV_NVLINK_GET_STATE: (Collector.NVLINK, lambda r: r.links[scope].active),
+            pynvml.NVML_FI_DEV_NVLINK_GET_STATE: (Collector.NVLINK, lambda r: r.links[scope].state),
             pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: (
                 Collector.NVLINK,
                 lambda r: r.links[scope].replay_errors,
@@ -312,21 +319,4 @@ class FakeNvml:
             gpu, xid = self.events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
-        return SimpleNamespace(device=Handle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid)
-
-
-# What each NVML reading type must equal after the backend's unit conversions.
-READING_TYPES = {
-    Collector.INVENTORY: Inventory,
-    Collector.UTILIZATION: Utilization,
-    Collector.MEMORY: Memory,
-    Collector.POWER: Power,
-    Collector.THERMAL: Thermal,
-    Collector.CLOCKS: Clocks,
-    Collector.PCIE: Pcie,
-    Collector.NVLINK: NvLink,
-    Collector.PROCESSES: Processes,
-    Collector.RECOVERY: Recovery,
-    Collector.ECC: Ecc,
-    Collector.REMAPPING: Remapping,
-}
+        return SimpleNamespace(device=self.handle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid)

@@ -87,11 +87,18 @@ class FakeGpmMig:
     def _counted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
             self.calls[name] = self.calls.get(name, 0) + 1
-            device = args[0] if args and isinstance(args[0], Handle | MigHandle) else None
-            self.base._check(name, None if device is None else Handle(device.index))
+            device = args[0] if args and isinstance(args[0], pynvml.c_nvmlDevice_t | MigHandle) else None
+            self.base._check(name, None if device is None else self.base.handle(self._index(device)))
             return fn(*args)
 
         return call
+
+    def _key(self, device: Handle | MigHandle) -> tuple[int, int | None]:
+        """Which device: handles are ctypes pointers, which do not compare by what they point at."""
+        return (device.index, device.gpu_instance) if isinstance(device, MigHandle) else (self.base.index(device), None)
+
+    def _index(self, device: Handle | MigHandle) -> int:
+        return device.index if isinstance(device, MigHandle) else self.base.index(device)
 
     # -- the simulator's view ------------------------------------------------------------------
 
@@ -103,16 +110,16 @@ class FakeGpmMig:
         return next(i for i in self._instances(h.index) if i.mig.gpu_instance == h.gpu_instance)
 
     def _activity(self, device: Handle | MigHandle) -> Activity:
-        profiling = self.base._read(Handle(device.index), Collector.PROFILING)
+        profiling = self.base._read(self.base.handle(self._index(device)), Collector.PROFILING)
         assert isinstance(profiling, Profiling) and profiling.gpu is not None
-        if isinstance(device, Handle):
+        if not isinstance(device, MigHandle):
             return profiling.gpu
         return next(p.activity for p in profiling.instances if p.instance.gpu_instance == device.gpu_instance)
 
     # -- GPM -------------------------------------------------------------------------------------
 
     def nvmlGpmQueryDeviceSupport(self, device: Handle) -> Any:
-        return SimpleNamespace(version=1, isSupportedDevice=int(device.index not in self.unsupported))
+        return SimpleNamespace(version=1, isSupportedDevice=int(self._index(device) not in self.unsupported))
 
     def nvmlGpmSampleAlloc(self) -> Any:
         buffer = ctypes.create_string_buffer(64)
@@ -139,7 +146,12 @@ class FakeGpmMig:
         first, second = self._sample(request.sample1), self._sample(request.sample2)
         if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION or not 0 < request.numMetrics <= 98:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if first.device is None or first.device != second.device or second.taken - first.taken < 0.1:
+        same = (
+            first.device is not None
+            and second.device is not None
+            and self._key(first.device) == self._key(second.device)
+        )
+        if not same or second.taken - first.taken < 0.1:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         assert second.activity is not None
         links = {link.link: link for link in second.activity.nvlink_links}
@@ -172,18 +184,18 @@ class FakeGpmMig:
     # -- MIG ------------------------------------------------------------------------------------
 
     def nvmlDeviceGetUtilizationRates(self, device: Handle) -> Any:
-        if device.index in self.sim.scenario.node.gpus.mig_instances:
+        if self._index(device) in self.sim.scenario.node.gpus.mig_instances:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # nvml.h: not on MIG-enabled GPUs
         return self.base.nvmlDeviceGetUtilizationRates(device)
 
     def nvmlDeviceGetMaxMigDeviceCount(self, device: Handle) -> int:
-        return 7 if device.index in self.sim.scenario.node.gpus.mig_instances else 0
+        return 7 if self._index(device) in self.sim.scenario.node.gpus.mig_instances else 0
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Handle, index: int) -> MigHandle:
-        found = self._instances(device.index)
+        found = self._instances(self._index(device))
         if index >= len(found):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return MigHandle(device.index, found[index].mig.gpu_instance)
+        return MigHandle(self._index(device), found[index].mig.gpu_instance)
 
     def nvmlDeviceGetGpuInstanceId(self, h: MigHandle) -> int:
         return self._instance(h).mig.gpu_instance
@@ -203,13 +215,13 @@ class FakeGpmMig:
         return self._instance(h).mig.uuid
 
     def _mig_nvmlDeviceGetMemoryInfo(self, h: MigHandle, version: int | None = None) -> Any:
-        memory = self.base._read(Handle(h.index), Collector.MEMORY)
+        memory = self.base._read(self.base.handle(h.index), Collector.MEMORY)
         assert isinstance(memory, Memory)
         m = next(m for m in memory.instances if m.instance.gpu_instance == h.gpu_instance)
         return SimpleNamespace(total=m.total_bytes, used=m.used_bytes, free=(m.total_bytes or 0) - (m.used_bytes or 0))
 
     def _mig_nvmlDeviceGetComputeRunningProcesses(self, h: MigHandle) -> list[Any]:
-        procs = self.base._read(Handle(h.index), Collector.PROCESSES)
+        procs = self.base._read(self.base.handle(h.index), Collector.PROCESSES)
         assert isinstance(procs, Processes) and procs.processes is not None
         mine = [p for p in procs.processes if p.instance is not None and p.instance.gpu_instance == h.gpu_instance]
         return [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_bytes) for p in mine]

@@ -19,6 +19,8 @@ struct nvmlEventSet_st {
     uint64_t cursor;                /* events up to this number have been looked at */
     uint64_t mask[VGPU_MAX_GPUS];   /* registered event types */
     uint64_t since[VGPU_MAX_GPUS];  /* the event count when the GPU was registered */
+    uint64_t lost_seq;              /* the state's seq when `lost` was worked out; odd: never */
+    int lost;                       /* a registered GPU was lost then */
     struct nvmlEventSet_st *next;
 };
 
@@ -59,6 +61,7 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
     struct nvmlEventSet_st *s = calloc(1, sizeof *s);
     if (s == NULL)
         return NVML_ERROR_MEMORY;
+    s->lost_seq = 1;
     nvmlReturn_t ret = event_total(&s->cursor);
     if (ret != NVML_SUCCESS) {
         free(s);
@@ -113,6 +116,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned 
     if (s->mask[c.gpu] == 0)
         s->since[c.gpu] = total;
     s->mask[c.gpu] |= eventTypes;
+    s->lost_seq = 1; /* the set changed: look at its GPUs afresh */
     pthread_mutex_unlock(&s->lock);
     return NVML_SUCCESS;
 }
@@ -147,14 +151,24 @@ static nvmlReturn_t next_event(struct nvmlEventSet_st *s, nvmlEventData_t *data)
     return NVML_ERROR_NOT_FOUND;
 }
 
+/* Whether a registered GPU is lost. Worked out again only when the state file has changed: a wait
+ * looks every 2 ms, and reading every registered GPU's record each time would cost more CPU than
+ * everything else the caller does. */
 static int registered_gpu_lost(struct nvmlEventSet_st *s)
 {
-    for (unsigned int g = 0; g < VGPU_MAX_GPUS; g++) {
+    uint64_t seq = vgpu_state_seq();
+    if (seq == s->lost_seq)
+        return s->lost;
+    int lost = 0;
+    for (unsigned int g = 0; g < VGPU_MAX_GPUS && !lost; g++) {
         struct vgpu_gpu rec;
-        if (s->mask[g] != 0 && vgpu_read_gpu(g, &rec) == NVML_SUCCESS && (rec.flags & VGPU_F_LOST))
-            return 1;
+        lost = s->mask[g] != 0 && vgpu_read_gpu(g, &rec) == NVML_SUCCESS && (rec.flags & VGPU_F_LOST);
     }
-    return 0;
+    if ((seq & 1) == 0 && vgpu_state_seq() == seq) { /* no write in between: the answer holds until the next */
+        s->lost_seq = seq;
+        s->lost = lost;
+    }
+    return lost;
 }
 
 NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)

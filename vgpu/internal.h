@@ -14,6 +14,8 @@ nvmlReturn_t vgpu_read_header(struct vgpu_header *out);
 nvmlReturn_t vgpu_read_gpu(unsigned int index, struct vgpu_gpu *out);
 /* Event n (1-based) with the event_total of the same snapshot; NOT_FOUND once overwritten. */
 nvmlReturn_t vgpu_read_event(uint64_t n, struct vgpu_event *out, uint64_t *total);
+/* The header's seq now: equal and even twice, and nothing in the file changed in between. */
+uint64_t vgpu_state_seq(void);
 uint32_t vgpu_crc32(const void *data, size_t len);
 uint64_t vgpu_now_ns(void);
 void vgpu_sleep_us(unsigned int us);

@@ -140,6 +140,15 @@ struct region {
     int (*valid)(const void *copy);
 };
 
+uint64_t vgpu_state_seq(void)
+{
+    const unsigned char *base = atomic_load(&g_base);
+    if (base == NULL)
+        return 1; /* odd: nothing to rely on */
+    return atomic_load_explicit((_Atomic uint64_t *)(uintptr_t)(base + offsetof(struct vgpu_header, seq)),
+                                memory_order_acquire);
+}
+
 static nvmlReturn_t seq_read(const struct region *regions, size_t count)
 {
     const unsigned char *base = atomic_load(&g_base);

@@ -22,9 +22,9 @@
 #include <stdint.h>
 
 #define VGPU_MAGIC "GTVGPUST"
-#define VGPU_LAYOUT_VERSION 1u
+#define VGPU_LAYOUT_VERSION 2u /* 2: 64 GPUs (1 had 16) */
 
-#define VGPU_MAX_GPUS 16
+#define VGPU_MAX_GPUS 64
 #define VGPU_MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
 #define VGPU_MAX_MIG 7
 #define VGPU_MAX_PROCS 32
@@ -270,6 +270,6 @@ _Static_assert(offsetof(struct vgpu_gpu, links) == 1584, "gpu strings size");
 _Static_assert(sizeof(struct vgpu_gpu) == 15504, "gpu size");
 
 _Static_assert(sizeof(struct vgpu_event) == 40, "event size");
-_Static_assert(VGPU_FILE_SIZE == 256 + 16 * 15504 + 256 * 40, "no padding between sections");
+_Static_assert(VGPU_FILE_SIZE == 256 + 64 * 15504 + 256 * 40, "no padding between sections");
 
 #endif

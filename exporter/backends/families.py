@@ -91,7 +91,17 @@ PCIE_THROUGHPUT = Family(
     "else over NVML's 20 ms window.",
     labels=("direction",),
 )
-NVLINK_UP = Family("nvidia_gpu_nvlink_up", "1 if the NVLink link is active, else 0.", labels=("link",))
+NVLINK_STATE = Family(
+    "nvidia_gpu_nvlink_state",
+    "NVLink link state as NVML reports it: 0 inactive, 1 active, 2 sleep, 3 active with traffic disabled.",
+    labels=("link",),
+)
+NVLINK_UP = Family(
+    "nvidia_gpu_nvlink_up",
+    "1 if the NVLink link is trained (active, asleep or active with traffic disabled), 0 if it is inactive. "
+    "A link that was never up is usually not cabled.",
+    labels=("link",),
+)
 NVLINK_ERRORS = Family(
     "nvidia_gpu_nvlink_errors",
     "NVLink data-link errors by kind: replay, recovery, crc.",
@@ -129,7 +139,8 @@ REMAP_FAILURE = Family("nvidia_gpu_row_remap_failure", "1 if a row remap failed 
 MIG_ENABLED = Family("nvidia_gpu_mig_enabled", "1 if MIG mode is enabled, else 0.")
 RECOVERY_ACTION = Family(
     "nvidia_gpu_recovery_action",
-    "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.",
+    "Recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, "
+    "5 recover the IMEX domain, 6 PCIe bus reset, 7 system reboot.",
 )
 PROCESSES = Family("nvidia_gpu_processes", "Compute processes running on the GPU.")
 PROCESS_MEMORY = Family(

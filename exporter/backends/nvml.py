@@ -3,7 +3,11 @@
 Every call goes through `Query` (nvml_query.py), so the error policy lives in one place. Calls
 name `pynvml.<function>` at call time rather than importing the functions, so the code that
 runs in production is also what the tests drive with substituted device functions.
-Units are converted here, once: mW -> W, mJ -> J, MHz -> Hz, percent -> ratio, KiB/s -> B/s.
+Units are converted here, once: mW -> W, mJ -> J, MHz -> Hz, percent -> ratio, KB/s -> B/s.
+
+A handle that stops naming its GPU (INVALID_ARGUMENT after a reset or an unbind) makes the GPU lost
+until the next slow poll looks it up again, by UUID (or PCI bus id); fast polls do not call the
+driver on it meanwhile.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +30,18 @@ from gpu_triage.exporter.backends.base import (
     Result,
     require_every_collector,
 )
+from gpu_triage.exporter.backends.nvml_events import XidEvents
 from gpu_triage.exporter.backends.nvml_gpm import GpmProfiler, read_profiling
 from gpu_triage.exporter.backends.nvml_mig import with_instance_memory, with_instance_processes
-from gpu_triage.exporter.backends.nvml_query import BROKEN, FieldLog, Query, describe_init_error, error_name
+from gpu_triage.exporter.backends.nvml_query import (
+    BROKEN,
+    FieldLog,
+    HandleLostError,
+    Query,
+    describe_init_error,
+    error_name,
+    readable,
+)
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     Clocks,
@@ -52,6 +64,12 @@ from gpu_triage.exporter.backends.readings import (
 
 log = logging.getLogger(__name__)
 MHZ = 1e6
+# nvmlDeviceGetPcieThroughput answers in "KB/s" (nvml.h; NVIDIA's NVML API reference says the same), and
+# decimal kilobytes are meant: the same header writes "KiB" where it means 1024 bytes (the NVLink
+# throughput fields, NVML_FI_DEV_NVLINK_THROUGHPUT_*). To be confirmed on a GPU with a copy of known size.
+PCIE_KB = 1000
+# The initial PID namespace's inode number, fixed by the kernel (PROC_PID_INIT_INO, include/linux/proc_ns.h).
+_HOST_PID_NAMESPACE = "pid:[4026531836]"
 
 _CLOCKS = {
     ClockDomain.SM: pynvml.NVML_CLOCK_SM,
@@ -98,22 +116,44 @@ def _text(value: Any) -> str | None:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _pstate(value: int | None) -> int | None:
+    return None if value is None or value == pynvml.NVML_PSTATE_UNKNOWN else int(value)
+
+
+def host_pid_namespace(proc: Path) -> bool:
+    """Whether we run in the host's PID namespace, where NVML's PIDs (the host's) name our /proc entries.
+
+    Compared with the initial namespace's fixed inode rather than with /proc/1/ns/pid: in a container
+    PID 1 is the container's own init, in the container's namespace, and reading it needs ptrace rights.
+    """
+    try:
+        return str((proc / "self" / "ns" / "pid").readlink()) == _HOST_PID_NAMESPACE
+    except OSError:
+        return False
+
+
 class NvmlBackend:
     name = "nvml"
     why = "--backend nvml"
 
-    def __init__(self) -> None:
+    def __init__(self, *, proc: Path = Path("/proc")) -> None:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as err:
             raise BackendError(describe_init_error(err)) from err
         self._handles: dict[int, Any] = {}
+        self._stale: set[int] = set()  # GPUs whose handle stopped naming them: looked up again when slow
+        self._lookup_locks: dict[int, threading.Lock] = {}
         self._links: dict[int, int] = {}
         self._log = FieldLog()
-        self._events: Any = None
-        self._events_lock = threading.Lock()
-        self._process_names: dict[int, str | None] = {}
+        self._events = XidEvents(lambda: dict(self._handles))
         self.gpm = GpmProfiler()
+        self._proc = proc
+        # In a container with a PID namespace of its own, /proc/<pid> of an NVML PID is some other
+        # process or none: the process label is left out rather than wrong.
+        self._names_visible = host_pid_namespace(proc)
+        if not self._names_visible:
+            log.info("not in the host's PID namespace: GPU processes are listed by PID without names")
 
     def discover(self) -> list[GpuIdentity]:
         try:
@@ -122,10 +162,11 @@ class NvmlBackend:
             raise BackendError(f"cannot count GPUs: {error_name(err)}") from err
         gpus = []
         for index in range(count):
+            self._lookup_locks[index] = threading.Lock()
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(pynvml.nvmlDeviceGetUUID(handle)) or f"unknown-{index}"
-                raw_bus = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId) or ""
+                uuid = self._string(index, "uuid", pynvml.nvmlDeviceGetUUID, handle) or f"unknown-{index}"
+                raw_bus = self._string(index, "pci_bus_id", lambda h: pynvml.nvmlDeviceGetPciInfo(h).busId, handle)
             except pynvml.NVMLError as err:
                 if err.value in BROKEN:
                     raise BackendError(f"NVML: {error_name(err)}") from err
@@ -134,85 +175,77 @@ class NvmlBackend:
                 gpus.append(GpuIdentity(index, f"unknown-{index}", f"unknown-{index}"))
                 continue
             self._handles[index] = handle
+            raw_bus = raw_bus or ""
             gpus.append(GpuIdentity(index, uuid, canonical_bus_id(raw_bus) or raw_bus.lower()))
         return gpus
 
+    def _string(self, gpu: int, field: str, fn: Any, handle: Any) -> str | None:
+        try:
+            return _text(fn(handle))
+        except UnicodeDecodeError as err:  # a corrupt InfoROM must not stop the daemon from starting
+            return readable(err, gpu, field, self._log)
+
     def read(self, gpu: GpuIdentity, collector: Collector) -> Result:
+        handle = self._handle(gpu, collector)
+        q = Query(gpu.index, self._log, handle)
+        try:
+            reading = _READERS[collector](self, q, handle, gpu.index)
+        except HandleLostError:
+            if gpu.index not in self._stale:
+                self._stale.add(gpu.index)
+                log.warning(
+                    "GPU handle no longer valid (a reset or an unbind?): the GPU is down until the next "
+                    "slow poll finds it again",
+                    extra={"gpu": gpu.index, "collector": collector},
+                )
+            raise
+        self._events.readmit(gpu.index)
+        return Result(reading, tuple(q.failed))
+
+    def _handle(self, gpu: GpuIdentity, collector: Collector) -> Any:
+        if gpu.index in self._stale:
+            if not collector.slow:
+                raise GpuLostError(f"GPU {gpu.index}: waiting for the next slow poll to look its handle up again")
+            self._look_up_again(gpu)
         handle = self._handles.get(gpu.index)
         if handle is None:
             raise GpuLostError(f"GPU {gpu.index} has no NVML handle")
-        q = Query(gpu.index, self._log)
-        reading = _READERS[collector](self, q, handle, gpu.index)
-        return Result(reading, tuple(q.failed))
+        return handle
+
+    def _look_up_again(self, gpu: GpuIdentity) -> None:
+        """A fresh handle for a GPU whose old one went stale, by UUID, else by PCI bus id."""
+        with self._lookup_locks[gpu.index]:  # the slow collectors of one GPU run at once: look up once
+            if gpu.index not in self._stale:
+                return
+            if not gpu.uuid.startswith("unknown-"):
+                by, lookup, key = "uuid", pynvml.nvmlDeviceGetHandleByUUID, gpu.uuid
+            elif not gpu.pci_bus_id.startswith("unknown-"):
+                by, lookup, key = "pci_bus_id", pynvml.nvmlDeviceGetHandleByPciBusId_v2, gpu.pci_bus_id
+            else:
+                raise GpuLostError(f"GPU {gpu.index} cannot be looked up: its UUID and bus id are unknown")
+            try:
+                handle = lookup(key)
+                pynvml.nvmlDeviceGetUUID(handle)  # the new handle must answer, not just exist
+            except pynvml.NVMLError as err:
+                if err.value in BROKEN:
+                    raise BackendError(f"NVML: {error_name(err)}") from err
+                raise GpuLostError(f"GPU {gpu.index}: looking its handle up again: {error_name(err)}") from err
+            except UnicodeDecodeError:
+                pass  # it answered
+            self._handles[gpu.index] = handle
+            self._stale.discard(gpu.index)
+            self._events.reset()  # registrations belong to the old handle
+            log.info("GPU handle looked up again; the GPU answers", extra={"gpu": gpu.index, "by": by})
 
     def close(self) -> None:
         self.gpm.close()
-        with self._events_lock:
-            if self._events is not None:
-                with contextlib.suppress(pynvml.NVMLError):
-                    pynvml.nvmlEventSetFree(self._events)
-                self._events = None
+        self._events.reset()
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
 
-    # -- XID events ----------------------------------------------------------------------------
-
     def wait_xids(self, timeout_seconds: float) -> list[DriverXid]:
-        """XIDs from NVML's event API. Events are not replayed: what came before registration is
-        only in the kernel log, which is why the kmsg source exists too."""
-        events = self._event_set()
-        if events is None:
-            raise BackendError("no GPU here can report XID events through NVML")
-        out: list[DriverXid] = []
-        wait_ms = int(timeout_seconds * 1000)
-        while True:
-            try:
-                data = pynvml.nvmlEventSetWait_v2(events, wait_ms)
-            except pynvml.NVMLError as err:
-                if err.value == pynvml.NVML_ERROR_TIMEOUT or out:
-                    return out  # a persistent error comes back on the next call
-                # Start over with a fresh event set, after the caller's back-off: an error that
-                # persists (a GPU lost from the set) must not turn this into a busy loop.
-                self._drop_event_set()
-                raise BackendError(f"NVML event wait failed: {error_name(err)}") from err
-            if data.eventType == pynvml.nvmlEventTypeXidCriticalError:
-                try:
-                    index = int(pynvml.nvmlDeviceGetIndex(data.device))
-                except pynvml.NVMLError:
-                    index = -1
-                out.append(DriverXid(gpu=index, code=int(data.eventData), timestamp=time.time()))
-            wait_ms = 0  # drain whatever else is queued, then return
-
-    def _event_set(self) -> Any:
-        with self._events_lock:
-            if self._events is not None:
-                return self._events
-            try:
-                events = pynvml.nvmlEventSetCreate()
-            except pynvml.NVMLError as err:
-                log.warning("NVML events unavailable", extra={"nvml": error_name(err)})
-                return None
-            registered = 0
-            for index, handle in self._handles.items():
-                try:
-                    supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
-                    if supported & pynvml.nvmlEventTypeXidCriticalError:
-                        pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
-                        registered += 1
-                except pynvml.NVMLError as err:
-                    log.warning("cannot watch XID events", extra={"gpu": index, "nvml": error_name(err)})
-            if not registered:
-                pynvml.nvmlEventSetFree(events)
-                return None
-            self._events = events
-            return events
-
-    def _drop_event_set(self) -> None:
-        with self._events_lock:
-            events, self._events = self._events, None
-        if events is not None:
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlEventSetFree(events)
+        """XIDs from NVML's event API (nvml_events.py)."""
+        return self._events.wait(timeout_seconds)
 
     # -- collectors ----------------------------------------------------------------------------
 
@@ -234,9 +267,10 @@ class NvmlBackend:
         return Utilization(_ratio(rates.gpu), _ratio(rates.memory))
 
     def _memory(self, q: Query, h: Any, gpu: int) -> Reading:
-        info = q("memory_v2", pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
-        if info is None:
-            info = q("memory", pynvml.nvmlDeviceGetMemoryInfo, h)
+        info = q.first(
+            ("memory_v2", pynvml.nvmlDeviceGetMemoryInfo, (h, pynvml.nvmlMemory_v2)),
+            ("memory", pynvml.nvmlDeviceGetMemoryInfo, (h,)),  # drivers older than the versioned call
+        )
         if info is None:
             return Memory(None, None, None)
         return Memory(int(info.used), int(info.total), _int(getattr(info, "reserved", None)))
@@ -252,9 +286,10 @@ class NvmlBackend:
         )
 
     def _thermal(self, q: Query, h: Any, gpu: int) -> Reading:
-        temp = q("temperature", pynvml.nvmlDeviceGetTemperatureV, h, pynvml.NVML_TEMPERATURE_GPU)
-        if temp is None:  # drivers older than the versioned call
-            temp = q("temperature_legacy", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+        temp = q.first(
+            ("temperature", pynvml.nvmlDeviceGetTemperatureV, (h, pynvml.NVML_TEMPERATURE_GPU)),
+            ("temperature_legacy", pynvml.nvmlDeviceGetTemperature, (h, pynvml.NVML_TEMPERATURE_GPU)),
+        )
         (memory_temp,) = q.fields(h, [(pynvml.NVML_FI_DEV_MEMORY_TEMP, 0)], ["memory_temperature"])
         fan = q("fan_speed", pynvml.nvmlDeviceGetFanSpeed, h)
         return Thermal(
@@ -270,11 +305,13 @@ class NvmlBackend:
                 current[domain] = mhz * MHZ
             if (mhz := q(f"max_clock_{domain}", pynvml.nvmlDeviceGetMaxClockInfo, h, clock)) is not None:
                 maximum[domain] = mhz * MHZ
-        reasons = q("clock_event_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
-        if reasons is None:  # drivers older than the "clocks event" rename
-            reasons = q("clock_throttle_reasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        reasons = q.first(
+            ("clock_event_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, (h,)),
+            # drivers older than the "clocks event" rename
+            ("clock_throttle_reasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, (h,)),
+        )
         pstate = q("performance_state", pynvml.nvmlDeviceGetPerformanceState, h)
-        return Clocks(current, maximum, _int(reasons), _int(pstate))
+        return Clocks(current, maximum, _int(reasons), _pstate(pstate))
 
     def _pcie(self, q: Query, h: Any, gpu: int) -> Reading:
         # Each throughput call samples a 20 ms window, which is why PCIe is its own collector.
@@ -286,8 +323,8 @@ class NvmlBackend:
             link_width=q("pcie_link_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
             max_link_width=q("pcie_max_link_width", pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
             replay_errors=q("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, h),
-            tx_bytes_per_second=None if tx is None else tx * 1024.0,
-            rx_bytes_per_second=None if rx is None else rx * 1024.0,
+            tx_bytes_per_second=None if tx is None else tx * PCIE_KB,
+            rx_bytes_per_second=None if rx is None else rx * PCIE_KB,
         )
 
     def _nvlink(self, q: Query, h: Any, gpu: int) -> Reading:
@@ -300,8 +337,9 @@ class NvmlBackend:
         out = []
         for link in range(links):
             state, replay, recovery, crc = values[link * 4 : link * 4 + 4]
-            active = None if state is None else state == pynvml.NVML_FEATURE_ENABLED
-            out.append(LinkReading(link, active, _int(replay), _int(recovery), _int(crc)))
+            # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The
+            # count is of links the GPU has, cabled or not: an uncabled one is inactive for good.
+            out.append(LinkReading(link, _int(state), _int(replay), _int(recovery), _int(crc)))
         return NvLink(tuple(out))
 
     def _link_count(self, q: Query, h: Any, gpu: int) -> int:
@@ -320,17 +358,16 @@ class NvmlBackend:
         )
 
     def _process_name(self, pid: int) -> str | None:
-        # Shared by the read workers of every GPU: never read back what another thread may clear.
-        if pid in (names := self._process_names):
-            return names[pid]
+        """Read afresh each poll, from /proc/<pid>/stat: a cached name goes stale when the PID is reused."""
+        if not self._names_visible:
+            return None
         try:
-            name = Path(f"/proc/{pid}/comm").read_text().strip() or None
+            stat = (self._proc / str(pid) / "stat").read_bytes()
         except OSError:
-            name = None  # another PID namespace, or already gone
-        if len(names) > 4096:  # pids churn; keep the cache bounded
-            names.clear()
-        names[pid] = name
-        return name
+            return None  # already gone
+        # "pid (comm) state ...": comm may itself hold spaces and parentheses, so up to the last ")".
+        start, end = stat.find(b"("), stat.rfind(b")")
+        return stat[start + 1 : end].decode(errors="replace") or None if 0 <= start < end else None
 
     def _recovery(self, q: Query, h: Any, gpu: int) -> Reading:
         (action,) = q.fields(h, [(pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)], ["recovery_action"])

@@ -1,13 +1,18 @@
 """The one place where NVML errors are turned into what the rest of gpu-triage understands.
 
-- "not supported", "function not found" (an older driver), "invalid argument" (a link the GPU
-  does not have), "not found", "no permission": the field is absent (None). Expected on many
-  GPUs, so logged once per GPU and field, never every poll.
+- "not supported", "function not found" (an older driver), "not found", "no permission": the field
+  is absent (None). Expected on many GPUs, so logged once per GPU and field, never every poll.
 - GPU_IS_LOST / RESET_REQUIRED: the GPU is gone -> GpuLostError; the other GPUs carry on.
+- INVALID_ARGUMENT from a device call: the arguments we pass are valid, so it is the handle that no
+  longer names a GPU (a reset or an unbind) -- once a second call on the handle confirms it; then,
+  and for GPU_NOT_FOUND, HandleLostError. As a field's own return code it means a field or link the
+  GPU does not have: absent.
 - UNINITIALIZED / DRIVER_NOT_LOADED / LIB_RM_VERSION_MISMATCH / LIBRARY_NOT_FOUND: the whole
   backend is broken -> BackendError.
 - anything else (UNKNOWN, TIMEOUT, ...): the field failed; it is named in `failed` and the
   collector reports failure for this poll.
+- A string that is not UTF-8 (a corrupt InfoROM or name; pynvml decodes strictly): read with the
+  bad bytes replaced, and warned about once.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pynvml
 
@@ -23,17 +28,23 @@ from gpu_triage.exporter.backends.base import BackendError, GpuLostError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Call = tuple[str, Callable[..., T], tuple[Any, ...]]  # field name, pynvml function, its arguments
+
+
+class HandleLostError(GpuLostError):
+    """The NVML handle no longer names the GPU (a reset or an unbind): look it up again."""
+
 
 ABSENT = frozenset(
     {
         pynvml.NVML_ERROR_NOT_SUPPORTED,
         pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-        pynvml.NVML_ERROR_INVALID_ARGUMENT,
         pynvml.NVML_ERROR_NOT_FOUND,
         pynvml.NVML_ERROR_NO_PERMISSION,
     }
 )
 LOST = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})
+STALE = frozenset({pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_GPU_NOT_FOUND})
 BROKEN = frozenset(
     {
         pynvml.NVML_ERROR_UNINITIALIZED,
@@ -84,17 +95,32 @@ class FieldLog:
 class Query:
     """Reads the fields of one GPU for one collector, applying the error policy above."""
 
-    def __init__(self, gpu: int, log_once: FieldLog) -> None:
+    def __init__(self, gpu: int, log_once: FieldLog, handle: Any = None) -> None:
         self.gpu = gpu
         self.failed: list[str] = []
         self._log = log_once
+        self._handle = handle
 
     def __call__(self, field: str, fn: Callable[..., T], *args: Any) -> T | None:
         try:
             return fn(*args)
         except pynvml.NVMLError as err:
-            self._fail(field, err)
+            # The handle still answers: the argument, then, names something this GPU does not have.
+            self._fail(field, err, absent=err.value == pynvml.NVML_ERROR_INVALID_ARGUMENT and self._handle_answers())
             return None
+        except UnicodeDecodeError as err:
+            return cast(T, readable(err, self.gpu, field, self._log))
+
+    def first(self, *calls: Call[T]) -> T | None:
+        """The first of `calls` that answers: a newer call, then the older one a driver may have instead.
+        A call that a later one stands in for is not a failed field."""
+        failed = len(self.failed)
+        for field, fn, args in calls:
+            value = self(field, fn, *args)
+            if value is not None:
+                del self.failed[failed:]
+                return value
+        return None
 
     def fields(self, handle: Any, ids: Sequence[tuple[int, int]], names: Sequence[str]) -> list[float | None]:
         """Batched field values (one driver call); each field's own return code gets the policy."""
@@ -104,20 +130,38 @@ class Query:
         out: list[float | None] = []
         for name, fv in zip(names, values, strict=True):
             if fv.nvmlReturn != pynvml.NVML_SUCCESS:
-                self._fail(name, pynvml.NVMLError(fv.nvmlReturn))
+                # A field's own INVALID_ARGUMENT: a field or link this GPU does not have.
+                absent = fv.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+                self._fail(name, pynvml.NVMLError(fv.nvmlReturn), absent=absent)
                 out.append(None)
             else:
                 out.append(field_value(fv))
         return out
 
-    def _fail(self, field: str, err: pynvml.NVMLError) -> None:
+    def _handle_answers(self) -> bool:
+        """After INVALID_ARGUMENT: does the handle itself still answer? Raises if the GPU is gone."""
+        if self._handle is None:
+            return True
+        try:
+            pynvml.nvmlDeviceGetUUID(self._handle)
+        except pynvml.NVMLError as err:
+            if err.value in STALE:
+                return False
+            self._fail("uuid", err)  # lost or broken: raises; anything else is that call's own failure
+        except UnicodeDecodeError:
+            pass
+        return True
+
+    def _fail(self, field: str, err: pynvml.NVMLError, *, absent: bool = False) -> None:
         code, name = err.value, error_name(err)
+        if code in STALE and not absent:
+            raise HandleLostError(f"GPU {self.gpu}: its NVML handle is no longer valid ({name})") from err
         if code in LOST:
             raise GpuLostError(f"GPU {self.gpu}: {name}") from err
         if code in BROKEN:
             raise BackendError(f"NVML: {name}") from err
         first = self._log.first(self.gpu, field, name)
-        if code in ABSENT:
+        if code in ABSENT or absent:
             if first:
                 level = logging.WARNING if code == pynvml.NVML_ERROR_NO_PERMISSION else logging.DEBUG
                 log.log(level, "field not available", extra={"gpu": self.gpu, "field": field, "nvml": name})
@@ -125,6 +169,14 @@ class Query:
         self.failed.append(field)
         if first:
             log.warning("field read failed", extra={"gpu": self.gpu, "field": field, "nvml": name})
+
+
+def readable(err: UnicodeDecodeError, gpu: int, field: str, log_once: FieldLog) -> str:
+    """The text pynvml could not decode, with the bad bytes replaced: a corrupt serial still names the GPU."""
+    if log_once.first(gpu, field, "UnicodeDecodeError"):
+        log.warning("NVML string is not UTF-8; bad bytes replaced", extra={"gpu": gpu, "field": field})
+    raw = err.object
+    return bytes(raw).decode(errors="replace").rstrip("\0")
 
 
 _VALUE_MEMBER = {

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any, ClassVar
 
 from gpu_triage.exporter.backends import families as f
@@ -191,13 +191,27 @@ class Pcie(Reading, collector=Collector.PCIE):
     rx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "rx")
 
 
+class LinkState(IntEnum):
+    """NVML_FI_DEV_NVLINK_GET_STATE's values (NVML_NVLINK_STATE_*)."""
+
+    INACTIVE = 0
+    ACTIVE = 1
+    SLEEP = 2  # a trained link resting in its low-power state; it wakes on traffic
+    ACTIVE_TRAFFIC_DISABLED = 3
+
+
 @dataclass(frozen=True, slots=True)
 class LinkReading:
     link: int
-    active: bool | None
+    state: int | None  # NVML's value, see LinkState; a value newer than LinkState is passed on as it is
     replay_errors: int | None
     recovery_errors: int | None
     crc_errors: int | None
+
+    @property
+    def up(self) -> bool:
+        """Trained: anything but inactive (and not unknown)."""
+        return self.state is not None and self.state != LinkState.INACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +221,8 @@ class NvLink(Reading, collector=Collector.NVLINK):
     def more_samples(self) -> Iterator[Sample]:
         for link in self.links:
             n = str(link.link)
-            yield Sample(f.NVLINK_UP, (n,), link.active)
+            yield Sample(f.NVLINK_STATE, (n,), link.state)
+            yield Sample(f.NVLINK_UP, (n,), None if link.state is None else link.up)
             yield Sample(f.NVLINK_ERRORS, (n, "replay"), link.replay_errors)
             yield Sample(f.NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
             yield Sample(f.NVLINK_ERRORS, (n, "crc"), link.crc_errors)
@@ -259,7 +274,8 @@ class Processes(Reading, collector=Collector.PROCESSES):
 
 @dataclass(frozen=True, slots=True)
 class Recovery(Reading, collector=Collector.RECOVERY):
-    # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset
+    # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset,
+    # 5 recover the IMEX domain, 6 bus reset, 7 system reboot
     action: int | None = series(f.RECOVERY_ACTION)
 
 

@@ -76,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     diagnose.add_argument(
         "--json", action="store_true", help="print the diagnosis JSON (same as POST /api/v1/diagnose)"
     )
+    vgpu = sub.add_parser(
+        "vgpu",
+        help="drive the virtual GPU (vgpu/) from a simulator scenario",
+        description="Write a simulator scenario's GPUs to the virtual libnvidia-ml.so.1's state file every second, "
+        "and serve POST/GET/DELETE /api/v1/sim/faults to inject faults (vgpu/README.md).",
+    )
+    vgpu.add_argument("--scenario", default="h100-training", help="built-in scenario name or file")
+    vgpu.add_argument("--state", type=Path, required=True, help="the state file (GPU_TRIAGE_VGPU_STATE of readers)")
+    vgpu.add_argument("--web.listen-address", dest="listen", default="127.0.0.1:9482", help="the fault API")
     alerts = sub.add_parser("alerts", help="the Prometheus alert rules")
     alert_commands = alerts.add_subparsers(dest="alerts_command", metavar="COMMAND", required=True)
     render = alert_commands.add_parser(
@@ -198,6 +207,11 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         from gpu_triage.exporter.cli.commands import diagnose_files
 
         return diagnose_files(args.files, args.json)
+    if args.command == "vgpu":
+        from gpu_triage.exporter.backends.sim.vgpu_driver import run
+
+        setup_logging("info", "logfmt")
+        return run(args.scenario, args.state, args.listen)
     if args.command == "alerts":
         from gpu_triage.exporter.cli.commands import render_alerts
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -10,12 +11,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpu_triage import __version__
+from gpu_triage.exporter.backends.sim import SimBackend
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.diagnosis import diagnose_router, diagnosis_router
 from gpu_triage.exporter.http.gpus import gpus_router
 from gpu_triage.exporter.http.landing import landing_page
 from gpu_triage.exporter.http.runbooks import runbooks_router
-from gpu_triage.exporter.http.sim_faults import sim_router
+from gpu_triage.exporter.http.sim_faults import shown_by, sim_router
 from gpu_triage.exporter.http.web_config import WebConfig, WebConfigMiddleware
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,7 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
         )
     )
     if daemon.backend.name == "sim":
-        app.include_router(sim_router(daemon))
+        app.include_router(sim_router(cast(SimBackend, daemon.backend), shown_by(daemon)))
     return app
 
 

@@ -1,15 +1,17 @@
-"""/api/v1/sim/faults: inject and clear simulator faults (mounted only with --backend sim).
+"""/api/v1/sim/faults: inject and clear simulator faults (mounted with --backend sim, and by `gpu-triage vgpu`).
 
-Each change answers once a poll has read the GPUs since and /metrics and the verdict show it (a hung call
-makes that poll wait out its deadline), so `curl -XPOST ...; curl .../metrics` sees the effect. XIDs
-come through the event path instead, as they do from NVML, and show a moment later.
+Each change answers once `shown` says its effect is visible: the daemon's waits until a poll has read the
+GPUs since and /metrics and the verdict show it (a hung call makes that poll wait out its deadline), so
+`curl -XPOST ...; curl .../metrics` sees the effect. XIDs come through the event path instead, as they
+do from NVML, and show a moment later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response
 from starlette.concurrency import run_in_threadpool
@@ -18,20 +20,23 @@ from gpu_triage.exporter.backends.sim import FaultError, FaultSpec, SimBackend
 from gpu_triage.exporter.daemon import Daemon
 
 
-async def _shown(daemon: Daemon) -> None:
+def shown_by(daemon: Daemon) -> Callable[[], Awaitable[None]]:
     """Wait, for a poll's deadline at most, for a snapshot taken after now, then render it."""
-    before = daemon.snapshot
-    daemon.poll_soon()
-    deadline = time.monotonic() + daemon.settings.read_timeout + 1.0
-    while daemon.snapshot is before and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    # The poll renders its snapshot too, but may not have finished: render once more, in order after it.
-    await run_in_threadpool(daemon.refresh)
+
+    async def shown() -> None:
+        before = daemon.snapshot
+        daemon.poll_soon()
+        deadline = time.monotonic() + daemon.settings.read_timeout + 1.0
+        while daemon.snapshot is before and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        # The poll renders its snapshot too, but may not have finished: render once more, in order after it.
+        await run_in_threadpool(daemon.refresh)
+
+    return shown
 
 
-def sim_router(daemon: Daemon) -> APIRouter:
+def sim_router(sim: SimBackend, shown: Callable[[], Awaitable[None]]) -> APIRouter:
     router = APIRouter(prefix="/api/v1/sim", tags=["simulator"])
-    sim = cast(SimBackend, daemon.backend)
 
     @router.get("/faults", summary="Faults in effect on the simulated node")
     async def list_faults() -> dict[str, Any]:
@@ -43,20 +48,20 @@ def sim_router(daemon: Daemon) -> APIRouter:
             fault = sim.inject(spec)
         except FaultError as e:
             raise HTTPException(422, str(e)) from e
-        await _shown(daemon)
+        await shown()
         return fault.to_json()
 
     @router.delete("/faults/{fault_id}", status_code=204, summary="Clear one fault")
     async def clear(fault_id: str) -> Response:
         if not sim.clear_fault(fault_id):
             raise HTTPException(404, f"no active fault {fault_id!r}")
-        await _shown(daemon)
+        await shown()
         return Response(status_code=204)
 
     @router.delete("/faults", summary="Clear every fault")
     async def clear_all() -> dict[str, int]:
         cleared = sim.clear_faults()
-        await _shown(daemon)
+        await shown()
         return {"cleared": cleared}
 
     return router

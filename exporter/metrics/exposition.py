@@ -1,7 +1,10 @@
 """Rendering metric families once per change into cached bytes, and serving those bytes.
 
 A scrape picks a cached body by its Accept header (classic text or OpenMetrics) and, when the
-client takes gzip, a compressed copy made once per render. It never builds metrics itself.
+client takes gzip, a compressed copy made once per render. It never builds metrics itself. The
+families are built at each change; their bytes are encoded by the first scrape that needs them
+(once per change, whatever the number of scrapes): the daemon polls every second and Prometheus
+scrapes far less often, so encoding every poll would be mostly for nobody.
 """
 
 from __future__ import annotations
@@ -54,20 +57,58 @@ def _sample_lines(metric: Metric) -> str:
 
 def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
     """(classic text 0.0.4, OpenMetrics 1.0.0) for `families`."""
-    text: list[str] = []
-    openmetrics: list[str] = []
+    parts = _parts(list(families))
+    return _text(parts), _openmetrics(parts)
+
+
+# Per family: (its name in the classic format, TYPE there, escaped help, OpenMetrics name, type, unit, samples)
+_Part = tuple[str, str, str, str, str, str, str]
+
+
+def _parts(families: list[Metric]) -> list[_Part]:
+    out = []
     for metric in families:
         if metric.type not in _TEXT_TYPES:
             raise ValueError(f"{metric.name}: metric type {metric.type} is not supported by this encoder")
-        samples = _sample_lines(metric)
         name = metric.name + _TEXT_SUFFIX.get(metric.type, "")
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        text.append(f"# HELP {name} {doc}\n# TYPE {name} {_TEXT_TYPES[metric.type]}\n{samples}")
+        out.append((name, _TEXT_TYPES[metric.type], doc, metric.name, metric.type, metric.unit, _sample_lines(metric)))
+    return out
+
+
+def _text(parts: list[_Part]) -> bytes:
+    return "".join(f"# HELP {n} {doc}\n# TYPE {n} {kind}\n{samples}" for n, kind, doc, *_, samples in parts).encode()
+
+
+def _openmetrics(parts: list[_Part]) -> bytes:
+    out = []
+    for _, _, doc, name, kind, unit, samples in parts:
         om_doc = doc.replace('"', r"\"")
-        unit = f"# UNIT {metric.name} {metric.unit}\n" if metric.unit else ""
-        openmetrics.append(f"# HELP {metric.name} {om_doc}\n# TYPE {metric.name} {metric.type}\n{unit}{samples}")
-    openmetrics.append("# EOF\n")
-    return "".join(text).encode(), "".join(openmetrics).encode()
+        units = f"# UNIT {name} {unit}\n" if unit else ""
+        out.append(f"# HELP {name} {om_doc}\n# TYPE {name} {kind}\n{units}{samples}")
+    out.append("# EOF\n")
+    return "".join(out).encode()
+
+
+class _Render:
+    """One change's families, encoded in each format on first demand, at most once."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+        self._parts: list[_Part] | None = None
+        self._bodies: dict[bool, _Body] = {}
+        self._lock = threading.Lock()
+
+    def body(self, openmetrics: bool) -> _Body:
+        body = self._bodies.get(openmetrics)
+        if body is None:
+            with self._lock:
+                if (body := self._bodies.get(openmetrics)) is None:
+                    if self._parts is None:
+                        self._parts = _parts(self._families)
+                    body = _Body((_openmetrics if openmetrics else _text)(self._parts))
+                    self._bodies[openmetrics] = body
+        return body
 
 
 @dataclass
@@ -100,25 +141,24 @@ class Scrape:
 
 class MetricsCache:
     def __init__(self) -> None:
-        self._text = _Body(b"")
-        self._openmetrics = _Body(b"# EOF\n")
-        self._lock = threading.Lock()
+        self._render = _Render([])
 
     def update(self, families: list[Metric]) -> None:
-        """Render `families` in both formats and swap them in."""
-        text, openmetrics = encode(families)
-        with self._lock:
-            self._text, self._openmetrics = _Body(text), _Body(openmetrics)
+        """Swap in `families`; a bad family fails here, in the render, never in a scrape."""
+        for metric in families:
+            if metric.type not in _TEXT_TYPES:
+                raise ValueError(f"{metric.name}: metric type {metric.type} is not supported by this encoder")
+        self._render = _Render(families)  # one reference assignment: a scrape sees the old or the new
 
     def get(self, accept: str | None, accept_encoding: str | None) -> Scrape:
         if accept and _openmetrics_wanted(accept):
-            body, content_type = self._openmetrics, OPENMETRICS_CONTENT_TYPE
+            body, content_type = self._render.body(True), OPENMETRICS_CONTENT_TYPE
         else:
-            body, content_type = self._text, CONTENT_TYPE_PLAIN_0_0_4
+            body, content_type = self._render.body(False), CONTENT_TYPE_PLAIN_0_0_4
         if accept_encoding and "gzip" in accept_encoding:
             return Scrape(body.gzipped(), content_type, True)
         return Scrape(body.data, content_type, False)
 
     @property
     def text(self) -> bytes:
-        return self._text.data
+        return self._render.body(False).data

@@ -17,7 +17,7 @@ from typing import Any
 
 import pynvml
 
-from tests.vgpu import probe
+from tests.vgpu import backend_ops, probe
 
 H: dict[str, Any] = {}  # handles, event sets, samples: whatever a test saved by name
 
@@ -57,7 +57,14 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     start = time.monotonic()
     try:
         if "code" in request:
-            scope: dict[str, Any] = {"n": pynvml, "H": H, "ctypes": ctypes, "probe": probe, "plain": plain}
+            scope: dict[str, Any] = {
+                "n": pynvml,
+                "H": H,
+                "ctypes": ctypes,
+                "probe": probe,
+                "plain": plain,
+                "ops": backend_ops,
+            }
             exec(request["code"], scope)
             value = scope.get("result")
         else:

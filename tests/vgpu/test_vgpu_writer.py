@@ -80,7 +80,7 @@ def test_what_the_layout_cannot_hold_is_refused(
 
 def test_too_many_gpus_and_a_wrong_record_are_refused(tmp_path: Path) -> None:
     with vs.StateWriter(tmp_path / "state") as w:
-        with pytest.raises(ValueError, match="at most 16 GPUs"):
-            w.write([vs.h100(i % 8) for i in range(17)])
+        with pytest.raises(ValueError, match="at most 64 GPUs"):
+            w.write([vs.h100(i % 8) for i in range(65)])
         with pytest.raises(ValueError, match="a GPU record is"):
             w.write([b"short"])

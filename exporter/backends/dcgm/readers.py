@@ -24,6 +24,7 @@ from gpu_triage.exporter.backends.readings import (
     InstanceMemory,
     Inventory,
     LinkReading,
+    LinkState,
     LinkThroughput,
     Memory,
     NvLink,
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
 
 MIB = 1024 * 1024
 MHZ = 1e6
-_LINK_UP, _LINK_NOT_SUPPORTED = 3, 0  # DcgmNvLinkLinkState*
+_LINK_UP, _LINK_NOT_SUPPORTED = 3, 0  # DcgmNvLinkLinkState*: 0 not supported, 1 disabled, 2 down, 3 up
+KB = 1000.0  # DCGM passes on NVML's PCIe throughput, in NVML's KB/s (see nvml.py's PCIE_KB)
 _LINK_COUNTERS = (fid.LINK_REPLAY, fid.LINK_RECOVERY, fid.LINK_CRC_FLIT)
 
 
@@ -137,8 +139,8 @@ def _pcie(r: Read) -> Reading:
         link_width=e.integer(fid.PCIE_LINK_WIDTH),
         max_link_width=e.integer(fid.PCIE_MAX_LINK_WIDTH),
         replay_errors=e.integer(fid.PCIE_REPLAY_COUNTER),
-        tx_bytes_per_second=e.number(fid.PCIE_TX_THROUGHPUT, 1024.0),
-        rx_bytes_per_second=e.number(fid.PCIE_RX_THROUGHPUT, 1024.0),
+        tx_bytes_per_second=e.number(fid.PCIE_TX_THROUGHPUT, KB),
+        rx_bytes_per_second=e.number(fid.PCIE_RX_THROUGHPUT, KB),
     )
 
 
@@ -154,7 +156,9 @@ def _nvlink(r: Read) -> Reading:
     for link in links:
         # Counters exist for links 0..17; a GPU with more reports those through link entities (DCGM 4.6).
         replay, recovery, crc = (e.integer(ids[link]) if link < len(ids) else None for ids in _LINK_COUNTERS)
-        out.append(LinkReading(link, states[link] == _LINK_UP, replay, recovery, crc))
+        # As NVML's link states: up is active; disabled or down is inactive.
+        state = LinkState.ACTIVE if states[link] == _LINK_UP else LinkState.INACTIVE
+        out.append(LinkReading(link, state, replay, recovery, crc))
     return NvLink(tuple(out))
 
 

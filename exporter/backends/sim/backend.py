@@ -33,6 +33,7 @@ from gpu_triage.exporter.backends.readings import (
     InstanceMemory,
     Inventory,
     LinkReading,
+    LinkState,
     Memory,
     NvLink,
     Pcie,
@@ -92,6 +93,8 @@ class SimBackend:
         faults = self._book.on(gpu.index, now)
         if any(f.spec.kind is FaultKind.GPU_LOST for f in faults):
             raise GpuLostError(f"GPU {gpu.index} is lost (simulated)")
+        if any(f.spec.kind is FaultKind.GPU_RESET for f in faults):
+            raise GpuLostError(f"GPU {gpu.index} is being reset (simulated)")
         hung = [f for f in faults if f.spec.kind is FaultKind.HUNG_CALL and f.spec.collector in (None, collector)]
         if hung:
             self._hang(hung)
@@ -315,7 +318,7 @@ def _nvlink(v: _View) -> NvLink:
         tuple(
             LinkReading(
                 link=i,
-                active=i not in down,
+                state=LinkState.INACTIVE if i in down else LinkState.ACTIVE,
                 replay_errors=s.nvlink_replays[i],
                 recovery_errors=s.nvlink_recoveries[i],
                 crc_errors=s.nvlink_crcs[i],

@@ -2,7 +2,7 @@
 
 A fault is either instantaneous (an XID, a burst of ECC errors: it happens once, at injection, and
 what it did stays, as on real hardware) or a condition that lasts until it is cleared or its
-`duration_seconds` runs out (a lost GPU, a hung driver call, a slowdown, a link down).
+`duration_seconds` runs out (a lost GPU, a GPU reset, a hung driver call, a slowdown, a link down).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from gpu_triage.exporter.backends.base import Collector
 class FaultKind(StrEnum):
     XID = "xid"
     GPU_LOST = "gpu_lost"
+    GPU_RESET = "gpu_reset"  # a reset in flight: the GPU is unreachable until it ends, then answers again
     HUNG_CALL = "hung_call"
     THERMAL_SLOWDOWN = "thermal_slowdown"
     POWER_SLOWDOWN = "power_slowdown"

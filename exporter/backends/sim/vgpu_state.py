@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Final, Self
 
 MAGIC: Final = b"GTVGPUST"
-LAYOUT_VERSION: Final = 1
-MAX_GPUS: Final = 16
+LAYOUT_VERSION: Final = 2  # 2: room for 64 GPUs (a 64-GPU bench), 1 had 16
+MAX_GPUS: Final = 64
 MAX_LINKS: Final = 36
 MAX_MIG: Final = 7
 MAX_PROCESSES: Final = 32
@@ -183,13 +183,16 @@ def _h100_gpm() -> dict[int, float]:
 
 @dataclass
 class Gpu:
-    """One GPU as NVML reports it, in NVML's units. The defaults are an idle H100 80GB HBM3 (SXM5)."""
+    """One GPU as NVML reports it, in NVML's units. The defaults are an idle H100 80GB HBM3 (SXM5).
 
-    uuid: str
+    Strings given as bytes are written as they are: a name or serial that is not UTF-8, as a corrupt
+    InfoROM reads."""
+
+    uuid: str | bytes
     pci_bus: int
     minor_number: int = 0
-    name: str = "NVIDIA H100 80GB HBM3"
-    serial: str = ""
+    name: str | bytes = "NVIDIA H100 80GB HBM3"
+    serial: str | bytes = ""
     board_part_number: str = "692-2G520-0200-000"
     vbios_version: str = "96.00.99.00.01"
     inforom_image_version: str = "G520.0200.00.05"
@@ -348,8 +351,8 @@ if _HEADER_FIXED.size + 8 + _HEADER_BODY.size != HEADER_SIZE or GPU_SIZE != 1550
     raise AssertionError("vgpu_state.py disagrees with vgpu/state.h")
 
 
-def _text(value: str, size: int, what: str) -> bytes:
-    raw = value.encode()
+def _text(value: str | bytes, size: int, what: str) -> bytes:
+    raw = value if isinstance(value, bytes) else value.encode()  # bytes as they are: a corrupt InfoROM
     if len(raw) >= size:
         raise ValueError(f"{what} is longer than {size - 1} bytes: {value!r}")
     return raw

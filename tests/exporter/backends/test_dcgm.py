@@ -95,7 +95,7 @@ def in_dcgm_units(collector: Collector, truth: Any) -> dict[str, Any]:
                     part[key] = round(part[key] / MIB) * MIB
     if collector is Collector.PCIE:  # KB/s
         for key in ("tx_bytes_per_second", "rx_bytes_per_second"):
-            d[key] = round(d[key] / 1024) * 1024
+            d[key] = round(d[key] / 1000) * 1000
     if collector is Collector.POWER:  # mJ
         d["energy_joules"] = round(d["energy_joules"] * 1000) / 1000
     if collector is Collector.PROCESSES:  # the name comes from /proc, which the simulated pids are not in

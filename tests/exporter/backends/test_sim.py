@@ -160,6 +160,14 @@ def test_lost_gpu_fails_every_call_until_cleared(sim: SimBackend, clock: FakeClo
     assert isinstance(read(sim, 3, Collector.POWER), Power)
 
 
+def test_a_reset_makes_the_gpu_unreachable_until_it_is_over(sim: SimBackend, clock: FakeClock) -> None:
+    sim.inject(FaultSpec(gpu=5, kind="gpu_reset", duration_seconds=3))
+    with pytest.raises(GpuLostError, match="reset"):
+        sim.read(sim.discover()[5], Collector.POWER)
+    clock.advance(3)
+    assert isinstance(read(sim, 5, Collector.POWER), Power)
+
+
 def test_hung_call_blocks_until_cleared(sim: SimBackend) -> None:
     fault = sim.inject(FaultSpec(gpu=1, kind="hung_call", collector="power"))
     done = threading.Event()
@@ -181,7 +189,7 @@ def test_nvlink_down_and_remap_faults(sim: SimBackend, clock: FakeClock) -> None
     sim.inject(FaultSpec(gpu=6, kind="row_remap_failure"))
     links = read(sim, 4, Collector.NVLINK)
     assert isinstance(links, NvLink) and len(links.links) == 18
-    assert [link.link for link in links.links if not link.active] == [7]
+    assert [link.link for link in links.links if not link.up] == [7]
     assert links.links[7].recovery_errors == 1
     remap = read(sim, 6, Collector.REMAPPING)
     assert isinstance(remap, Remapping) and remap.pending and remap.failure and remap.uncorrectable_rows == 1

@@ -1,0 +1,133 @@
+"""End to end: `gpu-triage serve --backend nvml` on the virtual GPU that `gpu-triage vgpu` drives.
+
+The daemon runs unchanged, on the real pynvml and the C library, with the simulator behind the
+library instead of a GPU: what it serves must match `--backend sim` on the same scenario, and the
+faults injected into the driver must reach /metrics the way a real GPU's would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import require_tool
+from tests.daemon_proc import GPU_TRIAGE, Daemon, Server, free_port, running, serve, wait_for
+
+POLL = ("--collector.interval", "1s", "--collector.slow-interval", "2s")
+# Labels whose values differ by design between the two backends: which source or backend it is.
+BY_DESIGN = {"source", "backend"}
+
+
+@contextlib.contextmanager
+def vgpu_driver(home: Path, scenario: str = "h100-training") -> Iterator[Server]:
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [GPU_TRIAGE, "vgpu", "--scenario", scenario, "--state", str(home / "vgpu.state")]
+    with running(
+        [*cmd, f"--web.listen-address=127.0.0.1:{port}"],
+        url=url,
+        ready=f"{url}/api/v1/sim/faults",
+        log=home / "vgpu.log",
+    ) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def nvml_daemon(home: Path, lib: Path, state: Path) -> Iterator[Daemon]:
+    env = {"LD_LIBRARY_PATH": str(lib), "GPU_TRIAGE_VGPU_STATE": str(state)}
+    with serve(home, "--backend", "nvml", *POLL, env=env) as daemon:
+        yield daemon
+
+
+@pytest.fixture
+def node(tmp_path: Path, vgpu_lib: Path) -> Iterator[tuple[Server, Daemon]]:
+    """The driver on h100-training, and the NVML daemon reading its virtual GPUs."""
+    with (
+        vgpu_driver(tmp_path / "vgpu") as driver,
+        nvml_daemon(tmp_path / "nvml", vgpu_lib, tmp_path / "vgpu" / "vgpu.state") as daemon,
+    ):
+        yield driver, daemon
+
+
+def shape(page: str) -> dict[str, set[tuple[tuple[str, str], ...]]]:
+    """Each family's label sets, with the values of labels that differ by design left out."""
+    out: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            labels = tuple(sorted((k, "" if k in BY_DESIGN else v) for k, v in sample.labels.items()))
+            out.setdefault(sample.name, set()).add(labels)
+    return out
+
+
+def gauge(page: str, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+def page(server: Server) -> str:
+    return httpx.get(f"{server.url}/metrics", timeout=10).text
+
+
+def inject(driver: Server, **fault: object) -> None:
+    reply = httpx.post(f"{driver.url}/api/v1/sim/faults", json=fault, timeout=10)
+    assert reply.status_code == 201, reply.text
+
+
+def test_the_same_families_and_labels_as_the_simulator_and_promtool_clean(
+    tmp_path: Path, node: tuple[Server, Daemon]
+) -> None:
+    promtool = require_tool("promtool")
+    _, nvml = node
+    with serve(tmp_path / "sim", "--sim.scenario", "h100-training", *POLL) as sim:
+        # Both read the scenario's idle start: the same GPUs, links, clocks and (no) processes.
+        ours, theirs = shape(page(nvml)), shape(page(sim))
+    assert sorted(ours) == sorted(theirs)
+    assert {name: labels for name, labels in ours.items() if name.startswith(("nvidia_", "gpu_triage_"))} == {
+        name: labels for name, labels in theirs.items() if name.startswith(("nvidia_", "gpu_triage_"))
+    }
+    assert gauge(page(nvml), "gpu_triage_collector_success", collector="nvlink") == 1.0
+    check = subprocess.run(
+        [promtool, "check", "metrics"], input=page(nvml), capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0 and check.stdout == "", check.stdout + check.stderr
+
+
+def test_a_lost_gpu_is_down_and_only_that_one(node: tuple[Server, Daemon]) -> None:
+    driver, nvml = node
+    inject(driver, gpu=3, kind="gpu_lost")
+    ups = wait_for(
+        lambda: (ups := {g: gauge(page(nvml), "nvidia_gpu_up", gpu=str(g)) for g in range(8)})[3] == 0.0 and ups,
+        what="GPU 3 to read as down",
+    )
+    assert ups == {g: 0.0 if g == 3 else 1.0 for g in range(8)}
+
+
+def test_an_nvml_xid_and_the_kernel_line_for_it_count_once(node: tuple[Server, Daemon]) -> None:
+    driver, nvml = node
+    inject(driver, gpu=2, kind="xid", xid=79)
+    wait_for(lambda: gauge(page(nvml), "nvidia_gpu_xid_errors_total", gpu="2", xid="79"), what="the NVML XID")
+    with nvml.kmsg.open("a") as kmsg:  # GPU 2 of the HGX layout sits at bus 0x3a
+        kmsg.write("NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
+    wait_for(lambda: gauge(page(nvml), "gpu_triage_xid_merged_reports_total") == 1.0, what="the two reports to merge")
+    assert gauge(page(nvml), "nvidia_gpu_xid_errors_total", gpu="2", xid="79") == 1.0
+    events = httpx.get(f"{nvml.url}/api/v1/events", timeout=10).json()["events"]
+    assert [e["sources"] for e in events if e.get("xid") == 79] == [["kmsg", "nvml"]]
+
+
+def test_a_reset_is_noticed_and_recovered_from(node: tuple[Server, Daemon]) -> None:
+    driver, nvml = node
+    inject(driver, gpu=5, kind="gpu_reset", duration_seconds=3)
+    wait_for(lambda: gauge(page(nvml), "nvidia_gpu_up", gpu="5") == 0.0, what="GPU 5 to read as down")
+    wait_for(lambda: gauge(page(nvml), "nvidia_gpu_up", gpu="5") == 1.0, timeout=30, what="GPU 5 to come back")
+    assert "GPU handle looked up again" in nvml.output()
+    assert gauge(page(nvml), "nvidia_gpu_power_watts", gpu="5") is not None
