@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -10,34 +11,37 @@ import zlib
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, Query, Request
+from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpu_triage.diagnosis.xid_data import load_catalog
 from gpu_triage.exporter.daemon import Daemon
-from gpu_triage.exporter.http.gpus import gpu_or_404
+from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
 from gpu_triage.exporter.log_input import InputTooLargeError, decoded
 from gpu_triage.exporter.settings import parse_duration
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT_DIAGNOSES = 2
+MAX_XID = 65535  # XIDs are 16-bit; a larger number is a client's mistake (422), not a SQLite overflow (500)
 
 
 def parse_time(value: str, now: float) -> float:
     """'1767225600' (unix seconds), '2026-11-30T08:00:00Z' (ISO 8601) or '30m' (that long ago)."""
     text = value.strip()
+    seconds: float | None = None
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return float(text)
-    try:
-        return float(now - parse_duration(text))
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise HTTPException(
-            422, f"{value!r} is not a time: use unix seconds, ISO 8601 or a duration like 30m"
-        ) from None
+        seconds = float(text)
+    else:
+        try:
+            seconds = float(now - parse_duration(text))
+        except ValueError:
+            try:
+                seconds = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+            except (ValueError, OverflowError):
+                seconds = None
+    if seconds is None or not math.isfinite(seconds):
+        raise HTTPException(422, f"{value[:100]!r} is not a time: use unix seconds, ISO 8601 or a duration like 30m")
+    return seconds
 
 
 def xid_json(code: int) -> dict[str, Any]:
@@ -75,12 +79,14 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
 
     @router.get("/events", summary="Journaled XID and SXID events, oldest first, filterable")
     def events(
-        gpu: Annotated[int | None, Query(description="NVML index")] = None,
-        uuid: str | None = None,
-        xid: Annotated[int | None, Query(description="XID code")] = None,
+        gpu: Annotated[int | None, Query(ge=0, le=MAX_GPU_INDEX, description="NVML index")] = None,
+        uuid: Annotated[str | None, Query(max_length=128)] = None,
+        xid: Annotated[int | None, Query(ge=0, le=MAX_XID, description="XID code")] = None,
         kind: Annotated[str | None, Query(pattern="^(xid|sxid)$")] = None,
-        since: Annotated[str | None, Query(description="unix seconds, ISO 8601, or a duration ago (1h)")] = None,
-        until: str | None = None,
+        since: Annotated[
+            str | None, Query(max_length=64, description="unix seconds, ISO 8601, or a duration ago (1h)")
+        ] = None,
+        until: Annotated[str | None, Query(max_length=64)] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> dict[str, Any]:
         now = time.time()
@@ -96,11 +102,11 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
         return {"events": [e.to_json() for e in found]}
 
     @router.get("/xid/{code}", summary="What an XID code means and what to do about it")
-    async def explain(code: int) -> dict[str, Any]:
+    async def explain(code: Annotated[int, Path(ge=0, le=MAX_XID)]) -> dict[str, Any]:
         return xid_json(code)
 
     @router.post("/gpus/{gpu}/acknowledge", summary="Mark a GPU's XID findings so far as dealt with")
-    def acknowledge(gpu: int, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
+    def acknowledge(gpu: GpuIndex, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
         uuid = gpu_or_404(daemon, gpu).identity.uuid
         log.info("GPU acknowledged", extra={"gpu": gpu, "uuid": uuid, "note": note})  # before the verdict it changes
         daemon.acknowledge(uuid, note)
