@@ -11,8 +11,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpu_triage import __version__
 from gpu_triage.exporter.daemon import Daemon
-from gpu_triage.exporter.http.diagnosis import diagnose_router, diagnosis_router
+from gpu_triage.exporter.http.diagnosis import DIAGNOSE_PATH, diagnose_router, diagnosis_router
 from gpu_triage.exporter.http.gpus import gpus_router
+from gpu_triage.exporter.http.guard import BodyLimit, WriteGuard
 from gpu_triage.exporter.http.landing import landing_page
 from gpu_triage.exporter.http.runbooks import runbooks_router
 from gpu_triage.exporter.http.sim_faults import sim_router
@@ -35,9 +36,18 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
         redoc_url=None,
     )
     _add_error_handlers(app)
+    settings = daemon.settings
+    # The last added runs first: basic auth, then the write checks, then the body's size and time.
+    app.add_middleware(
+        BodyLimit,
+        timeout=settings.web_read_timeout,
+        streamed={DIAGNOSE_PATH: (settings.diagnose_max_bytes, " (--diagnose.max-bytes); send less")},
+    )
+    app.add_middleware(WriteGuard, read_only=settings.web_read_only, not_writes=frozenset({DIAGNOSE_PATH}))
     if web is not None and (web.users or web.headers):
-        app.add_middleware(WebConfigMiddleware, config=web)
-    telemetry_path = daemon.settings.web_telemetry_path
+        # kubelet's probes cannot send credentials, and say no more than "alive" and "ready".
+        app.add_middleware(WebConfigMiddleware, config=web, open_paths=frozenset({"/healthz", "/readyz"}))
+    telemetry_path = settings.web_telemetry_path
 
     @app.get(telemetry_path, include_in_schema=False)
     async def metrics(request: Request) -> Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -22,6 +23,8 @@ from gpu_triage.exporter.settings import parse_duration
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT_DIAGNOSES = 2
+MAX_CONCURRENT_UPLOADS = 4
+DIAGNOSE_PATH = "/api/v1/diagnose"
 MAX_XID = 65535  # XIDs are 16-bit; a larger number is a client's mistake (422), not a SQLite overflow (500)
 
 
@@ -119,34 +122,50 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
 def diagnose_router(daemon: Daemon) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
     limit = daemon.settings.diagnose_max_bytes
+    body_timeout = daemon.settings.web_read_timeout
     mib = f"{limit / 2**20:g} MiB"
-    # Each request may hold `limit` bytes: a few at a time, so a burst of uploads cannot exhaust memory.
+    # Each request may hold `limit` bytes, so only a few at a time: a few bodies arriving, and fewer being
+    # diagnosed. A slot to diagnose is taken only once the body is here, so slow uploads cannot hold it;
+    # they hold a place to upload, for the read timeout at most.
+    receiving = threading.BoundedSemaphore(MAX_CONCURRENT_UPLOADS)
     slots = threading.BoundedSemaphore(MAX_CONCURRENT_DIAGNOSES)
 
     @router.post(
-        "/diagnose",
+        DIAGNOSE_PATH.removeprefix("/api/v1"),
         summary="Diagnose kernel and training logs: root cause first (text/plain body, optionally gzip)",
         responses={413: {"description": f"body over the limit ({mib} by default)"}},
     )
     async def diagnose(request: Request) -> dict[str, Any]:
+        if not receiving.acquire(blocking=False):
+            raise HTTPException(429, f"{MAX_CONCURRENT_UPLOADS} logs are being uploaded already; try again shortly")
+        try:
+            chunks = await _body(request)
+        finally:
+            receiving.release()
         if not slots.acquire(blocking=False):
             raise HTTPException(429, f"{MAX_CONCURRENT_DIAGNOSES} diagnoses are running already; try again shortly")
         try:
-            return await _diagnose(request)
+            return await _diagnose(chunks)
         finally:
             slots.release()
 
-    async def _diagnose(request: Request) -> dict[str, Any]:
+    async def _body(request: Request) -> list[bytes]:
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPException(413, f"the log is over the {mib} limit (--diagnose.max-bytes); send less")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(body_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise HTTPException(413, f"the log is over the {mib} limit (--diagnose.max-bytes); send less")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise HTTPException(408, f"the log did not arrive within {body_timeout:g}s (--web.read-timeout)") from None
         if size == 0:
             raise HTTPException(422, "empty body: POST the log text (text/plain, optionally gzip-compressed)")
+        return chunks
 
+    async def _diagnose(chunks: list[bytes]) -> dict[str, Any]:
         def run() -> dict[str, Any]:
             from gpu_triage.diagnosis.training import diagnose as diagnose_logs
 

@@ -189,16 +189,18 @@ def _password_ok(hashed: bytes, password: bytes) -> bool:
 class WebConfigMiddleware:
     """Basic auth (when users are configured) and the configured response headers, for every request."""
 
-    def __init__(self, app: App, config: WebConfig) -> None:
+    def __init__(self, app: App, config: WebConfig, open_paths: frozenset[str] = frozenset()) -> None:
+        """`open_paths` answer without credentials (the health probes)."""
         self.app = app
         self.config = config
+        self.open_paths = open_paths
         self._headers = [(k.lower().encode(), v.encode()) for k, v in config.headers.items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.config.users and not await self._authorised(scope):
+        if self.config.users and scope["path"] not in self.open_paths and not await self._authorised(scope):
             await self._deny(send)
             return
 

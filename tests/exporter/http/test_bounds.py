@@ -4,9 +4,13 @@ client's mistake leaves no traceback in the log."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.http.app import create_app
 
 
 @pytest.mark.parametrize(
@@ -56,3 +60,34 @@ def test_fault_parameters_are_bounded(client: TestClient, body: dict[str, object
     assert message in answer.json()["error"].lower()
     assert client.get("/api/v1/sim/faults").json()["faults"] == []
     assert client.get("/metrics").status_code == 200
+
+
+def test_a_json_body_over_the_limit_is_refused_from_its_length(client: TestClient) -> None:
+    note = "x" * 100_000
+    answer = client.post("/api/v1/gpus/0/acknowledge", json={"note": note})
+    assert answer.status_code == 413, answer.text
+    assert "KiB" in answer.json()["error"]
+
+
+def test_a_chunked_body_is_counted_while_it_is_read(client: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"note": "'
+        for _ in range(1000):
+            yield b"x" * 1000
+        yield b'"}'
+
+    answer = client.post("/api/v1/gpus/0/acknowledge", content=chunks(), headers={"content-type": "application/json"})
+    assert answer.status_code == 413, answer.text
+    assert client.get("/api/v1/diagnosis").json()["node"]["health"] == "healthy"
+
+
+def test_diagnose_keeps_its_own_limit(daemon: Daemon) -> None:
+    with TestClient(create_app(daemon)) as c:
+        log = b"NCCL WARN Call to ibv_poll_cq failed\n" * 2000  # 74 KB: over the JSON limit, under diagnose's
+        assert c.post("/api/v1/diagnose", content=log, headers={"content-type": "text/plain"}).status_code == 200
+        too_big = c.post(
+            "/api/v1/diagnose",
+            content=b"",
+            headers={"content-type": "text/plain", "content-length": str(daemon.settings.diagnose_max_bytes + 1)},
+        )
+        assert too_big.status_code == 413 and "--diagnose.max-bytes" in too_big.json()["error"]
