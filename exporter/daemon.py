@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,25 @@ def read_boot_id() -> str:
         return "unknown-boot"
 
 
+class _MarkedJournal(Journal):
+    """The journal, telling the verdicts of each mark it stores (an acknowledgement, or a reset the
+    pipeline read in the kernel log), so a verdict never has to read them all back."""
+
+    on_marks: Callable[[Sequence[Mark]], None] = staticmethod(lambda _: None)
+
+    def record(
+        self, events: Sequence[Event], cursor: tuple[str, int] | None = None, marks: Sequence[Mark] = ()
+    ) -> list[Event]:
+        stored = super().record(events, cursor, marks)
+        if marks:
+            self.on_marks(marks)
+        return stored
+
+    def mark(self, mark: Mark) -> None:
+        super().mark(mark)
+        self.on_marks([mark])
+
+
 class Daemon:
     def __init__(
         self,
@@ -83,8 +102,9 @@ class Daemon:
             clock=clock,
             on_snapshot=lambda _: self.refresh(),
         )
-        self.journal = Journal(settings.state_dir / JOURNAL_FILE)
+        self.journal = _MarkedJournal(settings.state_dir / JOURNAL_FILE)
         self.verdicts = Verdicts(self.journal, self.boot_id)
+        self.journal.on_marks = self.verdicts.add_marks
         self.pipeline = EventPipeline(
             self.journal, boot_id=self.boot_id, gpus=lambda: self.poller.gpus, on_events=self._on_events
         )
