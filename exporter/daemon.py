@@ -87,11 +87,13 @@ class Daemon:
         settings: Settings,
         clock: Callable[[], float] = time.time,
         *,
+        monotonic: Callable[[], float] = time.monotonic,
         boot_id: str | None = None,
     ) -> None:
         self.backend = backend
         self.settings = settings
-        self.clock = clock
+        self.clock = clock  # wall-clock time: what the daemon reports
+        self.monotonic = monotonic  # how old things are: unmoved when the wall clock is set
         self.boot_id = boot_id or read_boot_id()
         self.metrics = MetricsCache()
         self.poller = Poller(
@@ -100,6 +102,7 @@ class Daemon:
             slow_interval=settings.collector_slow_interval,
             timeout=settings.read_timeout,
             clock=clock,
+            monotonic=monotonic,
             on_snapshot=lambda _: self.refresh(),
         )
         self.journal = _MarkedJournal(settings.state_dir / JOURNAL_FILE)
@@ -234,7 +237,7 @@ class Daemon:
     def alive(self) -> bool:
         """The poll loop is turning (polls never block on the driver, so a stale loop is a bug)."""
         last = self.poller.last_poll_monotonic
-        return last is not None and time.monotonic() - last < self.stale_after + 5.0
+        return last is not None and self.monotonic() - last < self.stale_after + 5.0
 
     def readiness(self) -> str | None:
         """None when ready to be scraped; otherwise why not."""
@@ -243,7 +246,7 @@ class Daemon:
             return "no snapshot yet"
         if not snapshot.backend_up:
             return f"the {snapshot.backend} backend is failing"
-        age = self.clock() - snapshot.taken_at
+        age = self.monotonic() - snapshot.taken_monotonic
         if age > self.stale_after:
             return f"the last snapshot is {age:.0f}s old"
         return None
