@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from gpu_triage import __version__
 from gpu_triage.exporter.daemon import Daemon
@@ -103,6 +104,11 @@ def _add_error_handlers(app: FastAPI) -> None:
             where = ".".join(str(p) for p in err["loc"] if p != "body") or "body"
             problems.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
         return error(422, "invalid request: " + "; ".join(problems), problems=problems)
+
+    @app.exception_handler(ClientDisconnect)
+    async def hung_up(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client's doing (a slow upload given up): nothing to log, and no one to read the answer.
+        return error(400, "the client hung up before its request arrived")
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:

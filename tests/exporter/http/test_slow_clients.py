@@ -122,7 +122,9 @@ def test_slow_uploads_do_not_hold_the_diagnose_slots(strict: Server) -> None:
         assert fast.status_code == 200, fast.text
     finally:
         for sock in slow:
-            sock.close()
+            sock.close()  # hung up half-way: the client's doing, not an error of the daemon's
+    time.sleep(2.5)  # past the read timeout: whatever the handlers of the slow uploads did, they did it
+    assert "Traceback" not in strict.output() and "request failed" not in strict.output(), strict.output()[-3000:]
 
 
 def test_trickling_connections_do_not_keep_scrapers_out(tmp_path: Path) -> None:
