@@ -14,7 +14,8 @@ directory and kernel-log file, and keeps it busy for `--duration`:
   landing page;
 - a training log POSTed to /api/v1/diagnose every `--upload-every`.
 
-It prints the daemon's resident memory, open descriptors, threads and journal size after a warm-up and
+It prints the daemon's resident memory, open descriptors, threads and journal size (the database, and its
+write-ahead log apart) after a warm-up and
 at the end (and every `--report-every` in between), and how many requests failed.
 """
 
@@ -54,19 +55,24 @@ def kernel_bus_ids() -> dict[int, str]:
 def figures(d: Daemon) -> dict[str, float]:
     pid = d.process.pid
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    journal = sum(p.stat().st_size for p in d.state.glob("journal.sqlite3*"))
+
+    def kib(name: str) -> float:
+        path = d.state / name
+        return path.stat().st_size / 1024 if path.exists() else 0.0
+
     return {
         "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
         "fds": len(list(Path(f"/proc/{pid}/fd").iterdir())),
         "threads": int(status["Threads"]),
-        "journal_kib": journal / 1024,
+        "journal_kib": kib("journal.sqlite3"),
+        "wal_kib": kib("journal.sqlite3-wal"),  # reused after each checkpoint (SQLite: every 1000 pages)
     }
 
 
 def show(label: str, f: dict[str, float], elapsed: float) -> None:
     print(
         f"{label:>6} t={elapsed:7.0f}s  RSS {f['rss_mib']:6.1f} MiB  fds {f['fds']:4.0f}  threads {f['threads']:3.0f}"
-        f"  journal {f['journal_kib']:8.1f} KiB",
+        f"  journal {f['journal_kib']:8.1f} KiB (+ WAL {f['wal_kib']:7.1f} KiB)",
         flush=True,
     )
 
