@@ -68,11 +68,13 @@ class Daemon:
         settings: Settings,
         clock: Callable[[], float] = time.time,
         *,
+        monotonic: Callable[[], float] = time.monotonic,
         boot_id: str | None = None,
     ) -> None:
         self.backend = backend
         self.settings = settings
-        self.clock = clock
+        self.clock = clock  # wall-clock time: what the daemon reports
+        self.monotonic = monotonic  # how old things are: unmoved when the wall clock is set
         self.boot_id = boot_id or read_boot_id()
         self.metrics = MetricsCache()
         self.poller = Poller(
@@ -81,10 +83,12 @@ class Daemon:
             slow_interval=settings.collector_slow_interval,
             timeout=settings.read_timeout,
             clock=clock,
+            monotonic=monotonic,
             on_snapshot=lambda _: self.refresh(),
         )
         self.journal = Journal(settings.state_dir / JOURNAL_FILE)
         self.verdicts = Verdicts(self.journal, self.boot_id)
+        self.journal.on_marks = self.verdicts.add_marks
         self.pipeline = EventPipeline(
             self.journal, boot_id=self.boot_id, gpus=lambda: self.poller.gpus, on_events=self._on_events, clock=clock
         )
@@ -216,7 +220,7 @@ class Daemon:
     def alive(self) -> bool:
         """The poll loop is turning (polls never block on the driver, so a stale loop is a bug)."""
         last = self.poller.last_poll_monotonic
-        return last is not None and time.monotonic() - last < self.stale_after + 5.0
+        return last is not None and self.monotonic() - last < self.stale_after + 5.0
 
     def readiness(self) -> str | None:
         """None when ready to be scraped; otherwise why not."""
@@ -227,7 +231,7 @@ class Daemon:
             return f"the {snapshot.backend} backend is failing: {snapshot.backend_problem}"
         if not self.journal.stats.up:
             return f"the event journal cannot be written ({self.journal.stats.error})"
-        age = self.clock() - snapshot.taken_at
+        age = self.monotonic() - snapshot.taken_monotonic
         if age > self.stale_after:
             return f"the last snapshot is {age:.0f}s old"
         return None

@@ -83,6 +83,10 @@ class Settings(BaseSettings):
     web_telemetry_path: str = "/metrics"
     web_config_file: Path | None = None
     web_disable_exporter_metrics: bool = False
+    web_read_only: bool = False
+    web_read_header_timeout: Duration = 10.0
+    web_read_timeout: Duration = 60.0
+    web_max_connections: Annotated[int, Field(ge=8, le=1_000_000)] = 512
     backend: BackendName = "auto"
     sim_scenario: str = "h100-training"
     dcgm_address: str | None = None
@@ -176,6 +180,30 @@ OPTIONS = (
         "web_disable_exporter_metrics",
         "leave out the daemon's own process_* and python_* metrics",
         kind="switch",
+    ),
+    Option(
+        "web.read-only",
+        "web_read_only",
+        "refuse every request that changes state (acknowledgements, simulator faults) with 403",
+        kind="switch",
+    ),
+    Option(
+        "web.read-header-timeout",
+        "web_read_header_timeout",
+        "a connection must send a request's headers within this, or is closed (default 10s)",
+        "DURATION",
+    ),
+    Option(
+        "web.read-timeout",
+        "web_read_timeout",
+        "a request's body must arrive within this, or is refused with 408 (default 1m)",
+        "DURATION",
+    ),
+    Option(
+        "web.max-connections",
+        "web_max_connections",
+        "open HTTP connections at most, also kept below the file-descriptor limit (default 512)",
+        "N",
     ),
     Option(
         "backend",

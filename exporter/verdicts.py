@@ -2,8 +2,9 @@
 
 The journal holds the XIDs and the operator's marks, the snapshot holds the telemetry; this module
 turns them into diagnosis/health inputs, asks for the verdict and exposes it as metrics and JSON.
-A GPU's recent XIDs are kept in memory (loaded from the journal at start); a verdict reads only the
-operator's marks, a handful of rows.
+A GPU's recent XIDs and its marks (the latest acknowledgement, the latest resets) are kept in memory,
+loaded from the journal at start and kept current as they are journaled: a verdict reads nothing from
+the journal, however many marks it holds.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 log = logging.getLogger(__name__)
 HISTORY_SECONDS = 7 * 86400.0  # what the classifier looks back on (repeats, returns after a reboot)
 _HISTORY_PER_GPU = 5000
+MARKS_PER_GPU = 64  # resets kept per GPU: older ones fall outside what the verdict looks back on
 _RECENT_IDS = 4096  # events a second source may still enrich (it reports within seconds)
 _THERMAL = ClockEventReason.HW_THERMAL_SLOWDOWN.bit | ClockEventReason.SW_THERMAL_SLOWDOWN.bit
 _POWER_BRAKE = ClockEventReason.HW_POWER_BRAKE_SLOWDOWN.bit
@@ -91,6 +93,8 @@ class Verdicts:
         self._sxids: deque[Occurrence] = deque(maxlen=_HISTORY_PER_GPU)
         # Recent events by journal id, to replace one in place when the kernel log enriches it.
         self._recent: OrderedDict[int, tuple[deque[Occurrence], Occurrence]] = OrderedDict()
+        self._acknowledged: dict[str, float] = {}  # uuid -> the latest acknowledgement
+        self._resets: dict[str, deque[float]] = {}  # uuid -> when the driver brought the GPU up, latest last
         self._since: dict[str, float] = {}  # finding id -> when we first saw it open
         # The last verdict logged, per GPU (PCI bus id) and for the node: a change is logged once.
         self._told: dict[str, tuple[Health, Action]] = {}
@@ -99,9 +103,23 @@ class Verdicts:
         self.node = NodeVerdict(Health.UNKNOWN, Action.IGNORE, (), ())
 
     def load(self, now: float) -> None:
-        """The journal's recent history, at start: old news, so not logged again."""
+        """The journal's recent history and marks, at start: old news, so not logged again."""
         for event in self._journal.events(since=now - HISTORY_SECONDS, limit=100_000):
             self._add(event)
+        self.add_marks(self._journal.marks())
+
+    def add_marks(self, marks: Sequence[Mark]) -> None:
+        """Marks as they are journaled: only the latest acknowledgement and MARKS_PER_GPU resets count."""
+        with self._lock:
+            for m in marks:
+                if m.kind == "acknowledged":
+                    self._acknowledged[m.uuid] = max(m.ts, self._acknowledged.get(m.uuid, m.ts))
+                elif m.kind == "init":
+                    self._resets.setdefault(m.uuid, deque(maxlen=MARKS_PER_GPU)).append(m.ts)
+
+    def marks_held(self) -> int:
+        with self._lock:
+            return len(self._acknowledged) + sum(len(r) for r in self._resets.values())
 
     def add(self, event: Event) -> None:
         """A new event, or a journaled one another source made richer (same id): replaced, not added.
@@ -134,7 +152,6 @@ class Verdicts:
     def update(self, snapshot: Snapshot, now: float) -> NodeVerdict:
         """Recompute every GPU's verdict. The caller publishes it (`self.node = ...`) once the metrics
         that show it are rendered too, so the API and /metrics never disagree."""
-        marks = self._journal.marks()
         with self._lock:
             self._forget_before(now - HISTORY_SECONDS)
             gpus = []
@@ -143,13 +160,13 @@ class Verdicts:
                 g = state.identity
                 seen |= {g.uuid, g.pci_bus_id}
                 history = [*self._xids.get(g.uuid, ()), *self._xids.get(g.pci_bus_id, ())]
-                gpus.append(self._assess(g.pci_bus_id, g.uuid, history, self._telemetry(state), marks, now))
+                gpus.append(self._assess(g.pci_bus_id, g.uuid, history, self._telemetry(state), now))
             # XIDs of a GPU the driver no longer lists (it fell off the bus before we started): the
             # kernel log is all we have, and the GPU is as good as lost.
             for key, xids in self._xids.items():
                 if key in seen or not xids:
                     continue
-                orphan = self._assess(key, key, list(xids), Telemetry(status=GpuStatus.LOST), marks, now)
+                orphan = self._assess(key, key, list(xids), Telemetry(status=GpuStatus.LOST), now)
                 if any(f.class_id.startswith("xid_") for f in orphan.findings):
                     gpus.append(orphan)
             node = assess_node(gpus, sxid_findings(list(self._sxids), boot_id=self._boot_id))
@@ -205,17 +222,15 @@ class Verdicts:
         seen.update(link.link for link in (links.links if links else ()) if link.up)
         return telemetry(state, seen)
 
-    def _assess(
-        self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, marks: Sequence[Mark], now: float
-    ) -> GpuVerdict:
+    def _assess(self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, now: float) -> GpuVerdict:
         return assess_gpu(
             bus,
             history,
             t,
             boot_id=self._boot_id,
             now=now,
-            cleared_at=_last(marks, uuid, "acknowledged"),
-            resets=[m.ts for m in marks if m.uuid == uuid and m.kind == "init"],
+            cleared_at=self._acknowledged.get(uuid),
+            resets=sorted(self._resets.get(uuid, ())),
         )
 
     def _stamp(self, node: NodeVerdict, now: float) -> None:
@@ -267,11 +282,6 @@ def _fill_steps(node: NodeVerdict, indexes: dict[str, int]) -> None:
                     f"`curl -s -XPOST localhost:9481/api/v1/gpus/{index}/acknowledge` (a reboot closes it too)."
                 )
             f.steps = steps
-
-
-def _last(marks: Sequence[Mark], uuid: str, kind: str) -> float | None:
-    times = [m.ts for m in marks if m.uuid == uuid and m.kind == kind]
-    return max(times) if times else None
 
 
 def _all_findings(node: NodeVerdict) -> list[Finding]:

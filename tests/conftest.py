@@ -31,15 +31,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 class FakeClock:
-    """Wall-clock time that moves only when a test says so."""
+    """Wall-clock and monotonic time that move only when a test says so: together as time passes
+    (`advance`), or the wall clock alone when it is set (`step`: NTP, an operator's `date -s`)."""
 
     def __init__(self, start: float = START) -> None:
         self.now = start
+        self.mono = 1000.0
 
     def __call__(self) -> float:
         return self.now
 
+    def monotonic(self) -> float:
+        return self.mono
+
     def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.mono += seconds
+
+    def step(self, seconds: float) -> None:
         self.now += seconds
 
 
@@ -74,7 +83,7 @@ def settings(state_dir: Path, **overrides: object) -> Settings:
 def daemon(sim: SimBackend, clock: FakeClock, tmp_path: Path) -> Iterator[Daemon]:
     """A daemon on the simulator with its first snapshot taken, 2 minutes into the scenario."""
     clock.advance(120)
-    d = Daemon(sim, settings(tmp_path), clock=clock, boot_id="boot-1")
+    d = Daemon(sim, settings(tmp_path), clock=clock, monotonic=clock.monotonic, boot_id="boot-1")
     d.start()
     yield d
     d.stop()

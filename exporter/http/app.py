@@ -9,12 +9,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from gpu_triage import __version__
 from gpu_triage.exporter.backends.sim import SimBackend
 from gpu_triage.exporter.daemon import Daemon
-from gpu_triage.exporter.http.diagnosis import diagnose_router, diagnosis_router
+from gpu_triage.exporter.http.diagnosis import DIAGNOSE_PATH, diagnose_router, diagnosis_router
 from gpu_triage.exporter.http.gpus import gpus_router
+from gpu_triage.exporter.http.guard import BodyLimit, WriteGuard
 from gpu_triage.exporter.http.landing import landing_page
 from gpu_triage.exporter.http.runbooks import runbooks_router
 from gpu_triage.exporter.http.sim_faults import shown_by, sim_router
@@ -37,9 +39,18 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
         redoc_url=None,
     )
     _add_error_handlers(app)
+    settings = daemon.settings
+    # The last added runs first: basic auth, then the write checks, then the body's size and time.
+    app.add_middleware(
+        BodyLimit,
+        timeout=settings.web_read_timeout,
+        streamed={DIAGNOSE_PATH: (settings.diagnose_max_bytes, " (--diagnose.max-bytes); send less")},
+    )
+    app.add_middleware(WriteGuard, read_only=settings.web_read_only, not_writes=frozenset({DIAGNOSE_PATH}))
     if web is not None and (web.users or web.headers):
-        app.add_middleware(WebConfigMiddleware, config=web)
-    telemetry_path = daemon.settings.web_telemetry_path
+        # kubelet's probes cannot send credentials, and say no more than "alive" and "ready".
+        app.add_middleware(WebConfigMiddleware, config=web, open_paths=frozenset({"/healthz", "/readyz"}))
+    telemetry_path = settings.web_telemetry_path
 
     @app.get(telemetry_path, include_in_schema=False)
     async def metrics(request: Request) -> Response:
@@ -95,6 +106,11 @@ def _add_error_handlers(app: FastAPI) -> None:
             where = ".".join(str(p) for p in err["loc"] if p != "body") or "body"
             problems.append(f"{where}: {str(err['msg']).removeprefix('Value error, ')}")
         return error(422, "invalid request: " + "; ".join(problems), problems=problems)
+
+    @app.exception_handler(ClientDisconnect)
+    async def hung_up(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client's doing (a slow upload given up): nothing to log, and no one to read the answer.
+        return error(400, "the client hung up before its request arrived")
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:

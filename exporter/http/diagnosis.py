@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import re
 import threading
 import time
@@ -10,34 +12,39 @@ import zlib
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, Query, Request
+from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpu_triage.diagnosis.xid_data import load_catalog
 from gpu_triage.exporter.daemon import Daemon
-from gpu_triage.exporter.http.gpus import gpu_or_404
+from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
 from gpu_triage.exporter.log_input import InputTooLargeError, decoded
 from gpu_triage.exporter.settings import parse_duration
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT_DIAGNOSES = 2
+MAX_CONCURRENT_UPLOADS = 4
+DIAGNOSE_PATH = "/api/v1/diagnose"
+MAX_XID = 65535  # XIDs are 16-bit; a larger number is a client's mistake (422), not a SQLite overflow (500)
 
 
 def parse_time(value: str, now: float) -> float:
     """'1767225600' (unix seconds), '2026-11-30T08:00:00Z' (ISO 8601) or '30m' (that long ago)."""
     text = value.strip()
+    seconds: float | None = None
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return float(text)
-    try:
-        return float(now - parse_duration(text))
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise HTTPException(
-            422, f"{value!r} is not a time: use unix seconds, ISO 8601 or a duration like 30m"
-        ) from None
+        seconds = float(text)
+    else:
+        try:
+            seconds = float(now - parse_duration(text))
+        except ValueError:
+            try:
+                seconds = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+            except (ValueError, OverflowError):
+                seconds = None
+    if seconds is None or not math.isfinite(seconds):
+        raise HTTPException(422, f"{value[:100]!r} is not a time: use unix seconds, ISO 8601 or a duration like 30m")
+    return seconds
 
 
 def xid_json(code: int) -> dict[str, Any]:
@@ -75,12 +82,14 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
 
     @router.get("/events", summary="Journaled XID and SXID events, oldest first, filterable")
     def events(
-        gpu: Annotated[int | None, Query(description="NVML index")] = None,
-        uuid: str | None = None,
-        xid: Annotated[int | None, Query(description="XID code")] = None,
+        gpu: Annotated[int | None, Query(ge=0, le=MAX_GPU_INDEX, description="NVML index")] = None,
+        uuid: Annotated[str | None, Query(max_length=128)] = None,
+        xid: Annotated[int | None, Query(ge=0, le=MAX_XID, description="XID code")] = None,
         kind: Annotated[str | None, Query(pattern="^(xid|sxid)$")] = None,
-        since: Annotated[str | None, Query(description="unix seconds, ISO 8601, or a duration ago (1h)")] = None,
-        until: str | None = None,
+        since: Annotated[
+            str | None, Query(max_length=64, description="unix seconds, ISO 8601, or a duration ago (1h)")
+        ] = None,
+        until: Annotated[str | None, Query(max_length=64)] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> dict[str, Any]:
         now = time.time()
@@ -96,11 +105,11 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
         return {"events": [e.to_json() for e in found]}
 
     @router.get("/xid/{code}", summary="What an XID code means and what to do about it")
-    async def explain(code: int) -> dict[str, Any]:
+    async def explain(code: Annotated[int, Path(ge=0, le=MAX_XID)]) -> dict[str, Any]:
         return xid_json(code)
 
     @router.post("/gpus/{gpu}/acknowledge", summary="Mark a GPU's XID findings so far as dealt with")
-    def acknowledge(gpu: int, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
+    def acknowledge(gpu: GpuIndex, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
         uuid = gpu_or_404(daemon, gpu).identity.uuid
         log.info("GPU acknowledged", extra={"gpu": gpu, "uuid": uuid, "note": note})  # before the verdict it changes
         daemon.acknowledge(uuid, note)
@@ -113,34 +122,50 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
 def diagnose_router(daemon: Daemon) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
     limit = daemon.settings.diagnose_max_bytes
+    body_timeout = daemon.settings.web_read_timeout
     mib = f"{limit / 2**20:g} MiB"
-    # Each request may hold `limit` bytes: a few at a time, so a burst of uploads cannot exhaust memory.
+    # Each request may hold `limit` bytes, so only a few at a time: a few bodies arriving, and fewer being
+    # diagnosed. A slot to diagnose is taken only once the body is here, so slow uploads cannot hold it;
+    # they hold a place to upload, for the read timeout at most.
+    receiving = threading.BoundedSemaphore(MAX_CONCURRENT_UPLOADS)
     slots = threading.BoundedSemaphore(MAX_CONCURRENT_DIAGNOSES)
 
     @router.post(
-        "/diagnose",
+        DIAGNOSE_PATH.removeprefix("/api/v1"),
         summary="Diagnose kernel and training logs: root cause first (text/plain body, optionally gzip)",
         responses={413: {"description": f"body over the limit ({mib} by default)"}},
     )
     async def diagnose(request: Request) -> dict[str, Any]:
+        if not receiving.acquire(blocking=False):
+            raise HTTPException(429, f"{MAX_CONCURRENT_UPLOADS} logs are being uploaded already; try again shortly")
+        try:
+            chunks = await _body(request)
+        finally:
+            receiving.release()
         if not slots.acquire(blocking=False):
             raise HTTPException(429, f"{MAX_CONCURRENT_DIAGNOSES} diagnoses are running already; try again shortly")
         try:
-            return await _diagnose(request)
+            return await _diagnose(chunks)
         finally:
             slots.release()
 
-    async def _diagnose(request: Request) -> dict[str, Any]:
+    async def _body(request: Request) -> list[bytes]:
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPException(413, f"the log is over the {mib} limit (--diagnose.max-bytes); send less")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(body_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise HTTPException(413, f"the log is over the {mib} limit (--diagnose.max-bytes); send less")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise HTTPException(408, f"the log did not arrive within {body_timeout:g}s (--web.read-timeout)") from None
         if size == 0:
             raise HTTPException(422, "empty body: POST the log text (text/plain, optionally gzip-compressed)")
+        return chunks
 
+    async def _diagnose(chunks: list[bytes]) -> dict[str, Any]:
         def run() -> dict[str, Any]:
             from gpu_triage.diagnosis.training import diagnose as diagnose_logs
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Path
 
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.polling.snapshot import GpuState
+
+# A bound on what a client may name: beyond it no GPU could match, and SQLite could not even store the
+# number. Checked by the API (422), never left to fail deeper down (500).
+MAX_GPU_INDEX = 4095
+GpuIndex = Annotated[int, Path(ge=0, le=MAX_GPU_INDEX, description="NVML index")]
 
 
 def _plain(value: Any) -> Any:
@@ -60,7 +65,7 @@ def gpus_router(daemon: Daemon) -> APIRouter:
         }
 
     @router.get("/gpus/{gpu}", summary="One GPU by NVML index")
-    async def gpu(gpu: int) -> dict[str, Any]:
+    async def gpu(gpu: GpuIndex) -> dict[str, Any]:
         return gpu_json(gpu_or_404(daemon, gpu))
 
     return router

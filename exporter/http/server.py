@@ -16,6 +16,14 @@ from gpu_triage.exporter.backends.base import BackendError
 from gpu_triage.exporter.backends.select import open_configured
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.app import create_app
+from gpu_triage.exporter.http.connections import (
+    LISTEN_BACKLOG,
+    Guard,
+    OutOfFilesFilter,
+    connection_cap,
+    protocol_class,
+    raise_fd_limit,
+)
 from gpu_triage.exporter.http.web_config import WebConfig, WebConfigError, load_web_config
 from gpu_triage.exporter.sd_notify import Notifier, Watchdog
 from gpu_triage.exporter.settings import Settings, parse_listen_address
@@ -85,7 +93,7 @@ def bind(address: str) -> socket.socket:
                 sockaddr = ("0.0.0.0", port)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
-        sock.listen(1024)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         if sock is not None:
             sock.close()
@@ -98,6 +106,24 @@ def _status_line(daemon: Daemon) -> str:
     """One line for `systemctl status`: "8 GPUs, 8 up; node healthy", and why it is not ready when it is not."""
     reason = daemon.readiness()
     return daemon.status_line() + ("" if reason is None else f"; not ready: {reason}")
+
+
+def _server_config(daemon: Daemon, web: WebConfig) -> tuple[uvicorn.Config, Guard]:
+    settings, tls = daemon.settings, web.tls
+    guard = Guard(connection_cap(settings.web_max_connections, raise_fd_limit()), settings.web_read_header_timeout)
+    for name in ("asyncio", "uvicorn.error"):  # where accept() and uvicorn report running out of files
+        logging.getLogger(name).addFilter(OutOfFilesFilter())
+    config = uvicorn.Config(
+        create_app(daemon, web),
+        http=protocol_class(guard),
+        backlog=LISTEN_BACKLOG,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        ssl_context_factory=None if tls is None else lambda _config, _default: tls.context(),
+    )
+    return config, guard
 
 
 def serve(settings: Settings) -> None:
@@ -142,18 +168,11 @@ def serve(settings: Settings) -> None:
             watchdog.stop()
 
         try:
-            tls = web.tls
-            config = uvicorn.Config(
-                create_app(daemon, web),
-                log_config=None,
-                access_log=False,
-                lifespan="off",
-                timeout_graceful_shutdown=5,
-                ssl_context_factory=None if tls is None else lambda _config, _default: tls.context(),
-            )
+            config, guard = _server_config(daemon, web)
             for sock in sockets:
                 host, port = sock.getsockname()[:2]
-                log.info("listening", extra={"address": f"[{host}]:{port}" if ":" in host else f"{host}:{port}"})
+                address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                log.info("listening", extra={"address": address, "max_connections": guard.max_connections})
             _Server(config, on_serving=serving, on_stopping=stopping).run(sockets=sockets)
         finally:
             stopping()  # again (a no-op) in case uvicorn ended without a graceful shutdown

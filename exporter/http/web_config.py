@@ -12,8 +12,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import hashlib
+import json
 import ssl
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,30 +181,79 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-@functools.lru_cache(maxsize=256)
 def _password_ok(hashed: bytes, password: bytes) -> bool:
-    # bcrypt is slow on purpose (~70 ms at cost 10); Prometheus sends the same credentials every scrape.
     try:
         return bcrypt.checkpw(password, hashed)
     except ValueError:  # longer than bcrypt's 72 bytes: not a password we issued
         return False
 
 
+class PasswordChecks:
+    """bcrypt is slow on purpose (~70 ms at cost 10, ~0.3 s at 12), and Prometheus sends the same
+    credentials every scrape: credentials that passed are remembered (a hash of them, in memory) and
+    recognised on the event loop at once. The rest take a bcrypt round on a small pool of their own, a
+    bounded number at a time: a flood of wrong passwords is refused (429) beyond that, and never delays
+    a scrape whose credentials are known."""
+
+    REMEMBERED = 64
+    WORKERS = 2
+    MAX_PENDING = 8
+
+    def __init__(self) -> None:
+        self._good: OrderedDict[bytes, None] = OrderedDict()
+        self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="bcrypt")
+        self._pending = 0
+
+    @staticmethod
+    def _key(user: bytes, password: bytes) -> bytes:
+        return hashlib.sha256(user + b"\0" + password).digest()
+
+    def known(self, user: bytes, password: bytes) -> bool:
+        key = self._key(user, password)
+        if key in self._good:
+            self._good.move_to_end(key)
+            return True
+        return False
+
+    async def check(self, user: bytes, password: bytes, hashed: bytes | None) -> bool | None:
+        """Whether the password is right; None when too many checks are under way already."""
+        if self._pending >= self.MAX_PENDING:
+            return None
+        self._pending += 1
+        try:
+            loop = asyncio.get_running_loop()
+            # Unknown users cost the same time as a wrong password: their name does not leak.
+            ok = await loop.run_in_executor(self._pool, _password_ok, hashed or _dummy_hash(), password)
+        finally:
+            self._pending -= 1
+        if ok and hashed is not None:
+            self._good[self._key(user, password)] = None
+            while len(self._good) > self.REMEMBERED:
+                self._good.popitem(last=False)
+            return True
+        return False
+
+
 class WebConfigMiddleware:
     """Basic auth (when users are configured) and the configured response headers, for every request."""
 
-    def __init__(self, app: App, config: WebConfig) -> None:
+    def __init__(self, app: App, config: WebConfig, open_paths: frozenset[str] = frozenset()) -> None:
+        """`open_paths` answer without credentials (the health probes)."""
         self.app = app
         self.config = config
+        self.open_paths = open_paths
         self._headers = [(k.lower().encode(), v.encode()) for k, v in config.headers.items()]
+        self._checks = PasswordChecks()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.config.users and not await self._authorised(scope):
-            await self._deny(send)
-            return
+        if self.config.users and scope["path"] not in self.open_paths:
+            authorised = await self._authorised(scope)
+            if not authorised:
+                await self._deny(send, busy=authorised is None)
+                return
 
         async def send_with_headers(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start" and self._headers:
@@ -209,7 +262,8 @@ class WebConfigMiddleware:
 
         await self.app(scope, receive, send_with_headers)
 
-    async def _authorised(self, scope: Scope) -> bool:
+    async def _authorised(self, scope: Scope) -> bool | None:
+        """None: the password could not be checked now (too many checks under way)."""
         header = dict(scope.get("headers", [])).get(b"authorization", b"")
         scheme, _, value = header.partition(b" ")
         if scheme.lower() != b"basic":
@@ -218,23 +272,14 @@ class WebConfigMiddleware:
             user, _, password = base64.b64decode(value, validate=True).partition(b":")
         except ValueError:
             return False
-        hashed = self.config.users.get(user.decode(errors="replace"))
-        # Off the event loop: a cache miss costs a full bcrypt round.
-        ok = await asyncio.to_thread(_password_ok, hashed or _dummy_hash(), password)
-        return ok and hashed is not None
+        if self._checks.known(user, password):
+            return True
+        return await self._checks.check(user, password, self.config.users.get(user.decode(errors="replace")))
 
-    async def _deny(self, send: Send) -> None:
-        body = b'{"error": "authentication required", "status": 401}'
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"www-authenticate", b'Basic realm="gpu-triage"'),
-                    (b"content-length", str(len(body)).encode()),
-                    *self._headers,
-                ],
-            }
-        )
+    async def _deny(self, send: Send, *, busy: bool) -> None:
+        status, error = (429, "too many password checks under way") if busy else (401, "authentication required")
+        body = json.dumps({"error": error, "status": status}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers.append((b"retry-after", b"1") if busy else (b"www-authenticate", b'Basic realm="gpu-triage"'))
+        await send({"type": "http.response.start", "status": status, "headers": [*headers, *self._headers]})
         await send({"type": "http.response.body", "body": body})

@@ -4,7 +4,11 @@ Each (GPU, collector) read runs in a worker thread and the poll waits for all of
 deadline. A read that misses it marks its collector failed and that GPU hung; its stale values
 are dropped rather than served, the other reads are used, and the next poll starts on time. A
 read that is still stuck at the next poll is not started again, so a hung driver call costs one
-thread, not one per poll.
+thread, not one per poll; once it returns, the next fast poll reads that collector again, even a slow
+one, so the GPU is back within seconds.
+
+Polls are scheduled on the monotonic clock: setting the wall clock (NTP stepping it, `date -s`) changes
+the times reported, never when the next poll runs. A step is logged once.
 """
 
 from __future__ import annotations
@@ -15,11 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from types import MappingProxyType
-
-from apscheduler.executors.pool import ThreadPoolExecutor as JobExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpu_triage.diagnosis.actions import GpuStatus
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuBackend, GpuIdentity, GpuLostError, Result
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 FAST = tuple(c for c in Collector if not c.slow)
 SLOW = tuple(c for c in Collector if c.slow)
+CLOCK_STEP_SECONDS = 1.0  # the wall clock moving this much more or less than the monotonic one: a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ class Poller:
         slow_interval: float,
         timeout: float,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         on_snapshot: Callable[[Snapshot], None] = lambda _: None,
     ) -> None:
         self.backend = backend
@@ -55,6 +57,7 @@ class Poller:
         self.slow_interval = slow_interval
         self.timeout = timeout
         self._clock = clock
+        self._monotonic = monotonic
         self._on_snapshot = on_snapshot
         self.snapshot = Snapshot(taken_at=0.0, backend=backend.name)
         self.last_poll_monotonic: float | None = None  # for liveness: the loop is turning
@@ -62,7 +65,10 @@ class Poller:
         self._inflight: dict[tuple[int, Collector], Future[_Outcome]] = {}
         self._lock = threading.Lock()
         self._pool: ReadPool | None = None
-        self._scheduler: BackgroundScheduler | None = None
+        self._wall_offset: float | None = None  # wall minus monotonic time at the last poll
+        self._stopping = threading.Event()
+        self._wake = threading.Event()  # set to bring the next fast poll forward
+        self._loops: list[threading.Thread] = []
 
     def discover(self) -> list[GpuIdentity]:
         """Find the GPUs, under the same deadline as any other driver call."""
@@ -88,35 +94,62 @@ class Poller:
         return self.gpus
 
     def start(self) -> None:
-        """Discover, take the first full snapshot, then poll on schedule in the background."""
+        """Discover, take the first full snapshot, then poll on schedule in the background: the fast and
+        the slow fields each on a thread of their own, so a slow read never delays the fast ones."""
         if self._pool is None:
             self.discover()
         self.poll(Collector)
-        scheduler = BackgroundScheduler(executors={"default": JobExecutor(2)}, timezone="UTC")
-        job = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
-        scheduler.add_job(self.poll, "interval", args=[FAST], seconds=self.interval, id="fast", **job)
-        scheduler.add_job(self.poll, "interval", args=[SLOW], seconds=self.slow_interval, id="slow", **job)
-        scheduler.start()
-        self._scheduler = scheduler
+        self._stopping.clear()
+        self._loops = [
+            threading.Thread(target=self._every, args=(FAST, self.interval, self._wake), name="poll-fast", daemon=True),
+            threading.Thread(
+                target=self._every, args=(SLOW, self.slow_interval, self._stopping), name="poll-slow", daemon=True
+            ),
+        ]
+        for loop in self._loops:
+            loop.start()
+
+    def _every(self, collectors: tuple[Collector, ...], interval: float, wake: threading.Event) -> None:
+        """Poll `collectors` every `interval` seconds of monotonic time, until stopped. A poll that runs
+        late is not made up for: the next one keeps to the schedule (and `wake` brings one forward)."""
+        due = time.monotonic() + interval
+        while True:
+            delay = due - time.monotonic()
+            if delay > 0:
+                wake.wait(delay)
+            if self._stopping.is_set():
+                return
+            if wake is not self._stopping:
+                wake.clear()
+            try:
+                self.poll(collectors)
+            except Exception:  # a bug, not the driver (reads report their own errors): keep polling
+                log.exception("poll failed", extra={"collectors": len(collectors)})
+            now = time.monotonic()
+            while due <= now:
+                due += interval
 
     def poll_now(self) -> None:
-        """Bring the next fast poll forward to now; the scheduler still runs one at a time, in order."""
-        if self._scheduler is not None:
-            self._scheduler.modify_job("fast", next_run_time=datetime.now(UTC))
+        """Bring the next fast poll forward to now; fast polls still run one at a time, in order."""
+        self._wake.set()
 
     def stop(self) -> None:
-        if self._scheduler is not None:
-            # Wait for a poll in progress (bounded by its read deadline) so it does not render after
-            # the journal is closed.
-            self._scheduler.shutdown(wait=True)
-            self._scheduler = None
+        self._stopping.set()
+        self._wake.set()
+        for loop in self._loops:
+            # A poll in progress ends by its read deadline; it must not render after the journal closes.
+            loop.join(timeout=self.timeout + 10.0)
+        self._loops = []
         if self._pool is not None:
             self._pool.shutdown()  # never waits: a hung driver call must not hang the shutdown
 
     def poll(self, collectors: Iterable[Collector]) -> Snapshot:
         """Read `collectors` of every GPU and publish the merged snapshot."""
         collectors = tuple(collectors)
-        now = self._clock()
+        if not any(c.slow for c in collectors):
+            collectors += self._cleared_slow()
+        now, monotonic = self._clock(), self._monotonic()
+        self._check_wall_clock(now, monotonic)
         tasks = self._submit(collectors)
         wait(list(tasks.values()), timeout=self.timeout)
         outcomes = {key: fut.result() if fut.done() else None for key, fut in tasks.items()}
@@ -125,11 +158,34 @@ class Poller:
             if fut.running():
                 self._pool.write_off(fut)
         with self._lock:
-            snapshot = self._merge(collectors, outcomes, now)
+            snapshot = self._merge(collectors, outcomes, now, monotonic)
             self.snapshot = snapshot
-            self.last_poll_monotonic = time.monotonic()
+            self.last_poll_monotonic = self._monotonic()
         self._on_snapshot(snapshot)  # outside the lock: rendering must not hold up the next poll
         return snapshot
+
+    def _cleared_slow(self) -> tuple[Collector, ...]:
+        """Slow collectors whose hung call has returned since: read again now, not at the next slow poll."""
+        with self._lock:
+            return tuple(
+                c
+                for c in SLOW
+                if any(
+                    gpu.problems.get(c) == GpuStatus.HUNG and self._inflight[(gpu.identity.index, c)].done()
+                    for gpu in self.snapshot.gpus
+                    if (gpu.identity.index, c) in self._inflight
+                )
+            )
+
+    def _check_wall_clock(self, now: float, monotonic: float) -> None:
+        """Log a step of the wall clock once, when the poll after it sees it."""
+        with self._lock:
+            before, self._wall_offset = self._wall_offset, now - monotonic
+        if before is not None and abs(self._wall_offset - before) > CLOCK_STEP_SECONDS:
+            log.warning(
+                "the wall clock stepped",
+                extra={"seconds": round(self._wall_offset - before, 3), "note": "polls keep to their schedule"},
+            )
 
     def _submit(self, collectors: tuple[Collector, ...]) -> dict[tuple[int, Collector], Future[_Outcome]]:
         assert self._pool is not None, "discover() first"
@@ -158,6 +214,7 @@ class Poller:
         collectors: tuple[Collector, ...],
         outcomes: dict[tuple[int, Collector], _Outcome | None],
         now: float,
+        monotonic: float,
     ) -> Snapshot:
         old = self.snapshot
         ok = dict.fromkeys(collectors, True)
@@ -213,7 +270,9 @@ class Poller:
                 log.info("the GPU backend works again", extra={"backend": self.backend.name})
             else:
                 log.error("the GPU backend fails", extra={"backend": self.backend.name, "error": backend_problem})
-        return Snapshot(now, self.backend.name, tuple(gpus), MappingProxyType(statuses), backend_up, backend_problem)
+        return Snapshot(
+            now, self.backend.name, tuple(gpus), MappingProxyType(statuses), backend_up, backend_problem, monotonic
+        )
 
 
 def _log_changes(gpu: int, before: Mapping[Collector, str], after: Mapping[Collector, str]) -> None:

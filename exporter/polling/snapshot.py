@@ -62,6 +62,7 @@ class Snapshot:
     collectors: Mapping[Collector, CollectorStatus] = field(default_factory=lambda: MappingProxyType({}))
     backend_up: bool = True
     backend_problem: str | None = None  # what the backend said when it failed (the host engine is gone…)
+    taken_monotonic: float = 0.0  # monotonic time of that poll: ages are measured with it, not the wall clock
 
     def gpu(self, index: int) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.index == index), None)

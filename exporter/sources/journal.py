@@ -21,7 +21,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -155,6 +155,9 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.stats = JournalStats()
+        # Told of each mark once it is stored (an acknowledgement, a reset read in the kernel log), so that
+        # the verdicts never have to read them all back.
+        self.on_marks: Callable[[Sequence[Mark]], None] = lambda _: None
         self._lock = threading.Lock()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -284,11 +287,14 @@ class Journal:
                     (e.kind, e.uuid or "", e.gpu_index, e.pci_bus_id or "", e.code, e.ts),
                 )
                 stored.append(replace(e, id=int(row.lastrowid or 0)))
+        if marks:
+            self.on_marks(marks)
         return stored
 
     def mark(self, mark: Mark) -> None:
         with self._transaction(None) as db:
             self._insert_marks(db, [mark])
+        self.on_marks([mark])
 
     @staticmethod
     def _insert_marks(db: sqlite3.Connection, marks: Sequence[Mark]) -> None:

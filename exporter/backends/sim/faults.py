@@ -18,6 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpu_triage.exporter.backends.base import Collector
 
+# A hung call waits on a threading timeout, which overflows (every poll) far below 1e300 s; 30 days is
+# longer than any fault needs to last. No node has more GPUs than MAX_GPU.
+MAX_DURATION_SECONDS = 30 * 86400.0
+MAX_GPU = 4095
+
 
 class FaultKind(StrEnum):
     XID = "xid"
@@ -45,14 +50,16 @@ class FaultSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu: int = Field(ge=0, description="NVML index of the GPU")
+    gpu: int = Field(ge=0, le=MAX_GPU, description="NVML index of the GPU")
     kind: FaultKind
     xid: int | None = Field(default=None, ge=1, le=65535, description="XID code (kind xid)")
     message: str | None = Field(default=None, max_length=1024, description="XID message text (kind xid)")
     count: int = Field(default=1, ge=1, le=1_000_000, description="errors to add (kind ecc_correctable)")
     link: int | None = Field(default=None, ge=0, description="NVLink link index (kind nvlink_down)")
     collector: Collector | None = Field(default=None, description="the call that hangs (hung_call; all)")
-    duration_seconds: float | None = Field(default=None, gt=0, description="absent: until cleared")
+    duration_seconds: float | None = Field(
+        default=None, gt=0, le=MAX_DURATION_SECONDS, description="absent: until cleared (at most 30 days)"
+    )
 
     @model_validator(mode="after")
     def _fields_fit_kind(self) -> Self:
@@ -73,7 +80,7 @@ class FaultSpec(BaseModel):
 class ScheduledFault(FaultSpec):
     """A fault in a scenario file, starting `at_seconds` after the scenario starts."""
 
-    at_seconds: float = Field(ge=0)
+    at_seconds: float = Field(ge=0, le=MAX_DURATION_SECONDS)
 
 
 @dataclass(frozen=True, slots=True)

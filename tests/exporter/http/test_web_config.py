@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import secrets
 import ssl
 import subprocess
+import threading
 from pathlib import Path
 
 import bcrypt
@@ -15,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from gpu_triage.exporter.http.web_config import WebConfig, WebConfigError, WebConfigMiddleware, load_web_config
 from tests.conftest import require_tool
-from tests.daemon_proc import GPU_TRIAGE, free_port, serve, state_args
+from tests.daemon_proc import GPU_TRIAGE, free_port, serve, state_args, wait_for
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 
@@ -164,3 +167,38 @@ def test_check_reaches_a_secured_daemon(tmp_path: Path, cert: tuple[Path, Path])
         assert ok.stdout.startswith("OK - 8 GPUs")
         denied = subprocess.run(args, check=False, capture_output=True, text=True)  # no password
         assert denied.returncode == 3 and "401" in denied.stdout
+
+
+def test_correct_scrapes_get_through_a_flood_of_wrong_passwords(tmp_path: Path) -> None:
+    """Wrong passwords each cost a full bcrypt round; the right one, verified once, must not wait behind
+    them. (How long it takes is measured in bench/bench_auth_flood.py.)"""
+    slow = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=12)).decode()  # ~0.3 s a check, as people set it
+    config = tmp_path / "web.yml"
+    config.write_text(f"basic_auth_users:\n  prometheus: '{slow}'\n")
+    with serve(tmp_path / "state", "--web.config.file", str(config), auth=("prometheus", "s3cret")) as d:
+        # Prometheus has been scraping before the flood starts: its credentials are known.
+        assert httpx.get(f"{d.url}/metrics", auth=("prometheus", "s3cret"), timeout=10).status_code == 200
+        stop = threading.Event()
+        denied: list[int] = []
+
+        def attack() -> None:
+            with httpx.Client(timeout=60) as c:
+                while not stop.is_set():
+                    guess = secrets.token_hex(8)  # a new one each time, as a password guesser sends
+                    with contextlib.suppress(httpx.TransportError):
+                        denied.append(c.get(f"{d.url}/metrics", auth=("prometheus", guess)).status_code)
+
+        attackers = [threading.Thread(target=attack) for _ in range(40)]
+        for t in attackers:
+            t.start()
+        try:
+            wait_for(lambda: len(denied) >= 10, timeout=60, what="the flood to be under way")
+            with httpx.Client(timeout=3) as scraper:
+                for _ in range(10):
+                    answer = scraper.get(f"{d.url}/metrics", auth=("prometheus", "s3cret"))
+                    assert answer.status_code == 200 and "nvidia_gpu_up" in answer.text
+        finally:
+            stop.set()
+            for t in attackers:
+                t.join()
+    assert set(denied) <= {401, 429}, set(denied)

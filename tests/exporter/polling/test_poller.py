@@ -15,6 +15,7 @@ from gpu_triage.exporter.backends.readings import Power
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.polling.poller import FAST, SLOW, Poller
 from tests.conftest import FakeClock
+from tests.daemon_proc import wait_for
 
 
 class CountingSim(SimBackend):
@@ -137,3 +138,18 @@ def test_a_gpu_whose_every_call_hangs_does_not_take_the_others_down(sim: Countin
     sim.clear_fault(fault.id)
     time.sleep(0.2)
     assert all(g.up for g in p.poll(FAST).gpus)
+
+
+def test_a_slow_collector_written_off_is_read_again_at_the_next_fast_poll(sim: CountingSim, clock: FakeClock) -> None:
+    """Once its hung call returns, the GPU is back at the next fast poll, not the next slow one."""
+    p = poller(sim, clock, timeout=0.3)
+    p.poll(Collector)
+    fault = sim.inject(FaultSpec(gpu=4, kind="hung_call", collector="ecc"))
+    assert p.poll(SLOW).gpus[4].status == GpuStatus.HUNG
+    assert p.poll(FAST).gpus[4].status == GpuStatus.HUNG, "still stuck: not read again, still hung"
+    sim.clear_fault(fault.id)
+    wait_for(lambda: sim.calls[(4, Collector.ECC)] == 2 and not p._inflight[(4, Collector.ECC)].running(), 5)
+    recovered = p.poll(FAST)
+    assert recovered.gpus[4].up and Collector.ECC in recovered.gpus[4].readings
+    assert sim.calls[(4, Collector.ECC)] == 3, "read once more, at the fast poll"
+    assert recovered.collectors[Collector.ECC].success

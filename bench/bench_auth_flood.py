@@ -1,0 +1,86 @@
+"""Correct scrapes under a flood of wrong basic-auth passwords: figures, not pass/fail.
+
+    .venv/bin/python bench/bench_auth_flood.py [--attackers 40] [--seconds 15] [--cost 10]
+
+Starts `gpu-triage serve` on the simulator with a web config holding one bcrypt user, scrapes once with
+the right password (Prometheus was scraping before), then runs `--attackers` threads that each send a new
+wrong password as fast as they are answered, while one scraper with the right password measures how
+long /metrics takes. Prints the scraper's latency and what the attackers were answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import secrets
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import bcrypt
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.daemon_proc import serve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--attackers", type=int, default=40)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--cost", type=int, default=10, help="bcrypt cost of the user's hash")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=args.cost)).decode()
+        config = home / "web.yml"
+        config.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+        with serve(home / "state", "--web.config.file", str(config)) as d:
+            good = ("prometheus", "s3cret")
+            t0 = time.perf_counter()
+            first = httpx.get(f"{d.url}/metrics", auth=good, timeout=30)
+            print(
+                f"first scrape (a bcrypt round, cost {args.cost}): {1000 * (time.perf_counter() - t0):.0f} ms,"
+                f" status {first.status_code}"
+            )
+            stop = threading.Event()
+            answers: collections.Counter[str] = collections.Counter()
+
+            def attack() -> None:
+                with httpx.Client(timeout=60) as c:
+                    while not stop.is_set():
+                        try:
+                            status = c.get(f"{d.url}/metrics", auth=("prometheus", secrets.token_hex(8))).status_code
+                            answers[str(status)] += 1
+                        except httpx.TransportError as e:
+                            answers[type(e).__name__] += 1
+
+            threads = [threading.Thread(target=attack) for _ in range(args.attackers)]
+            for t in threads:
+                t.start()
+            latencies, failures = [], 0
+            with httpx.Client(timeout=30) as scraper:
+                deadline = time.monotonic() + args.seconds
+                while time.monotonic() < deadline:
+                    t0 = time.perf_counter()
+                    ok = scraper.get(f"{d.url}/metrics", auth=good).status_code == 200
+                    latencies.append(1000 * (time.perf_counter() - t0))
+                    failures += not ok
+                    time.sleep(0.05)
+            stop.set()
+            for t in threads:
+                t.join()
+        q = statistics.quantiles(latencies, n=100)
+        print(
+            f"{args.attackers} attackers for {args.seconds:g}s; correct scrapes: {len(latencies)}, "
+            f"failed {failures}; latency p50 {q[49]:.1f} ms, p95 {q[94]:.1f} ms, max {max(latencies):.1f} ms"
+        )
+        print("attackers were answered:", dict(answers))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Acknowledgements and resets (the operator's and the driver's marks): the verdict keeps them
+incrementally, a bounded few per GPU, and a pile of them slows neither an acknowledgement nor a poll
+(bench/bench_marks.py measures that)."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.sources.journal import Mark
+from gpu_triage.exporter.verdicts import MARKS_PER_GPU
+from tests.conftest import FakeClock
+from tests.daemon_proc import wait_for
+
+JSON = {"content-type": "application/json"}
+
+
+def health(client: TestClient, gpu: int) -> str:
+    body = client.get("/api/v1/diagnosis").json()
+    return str(next(g for g in body["gpus"] if g["gpu"] == gpu)["health"])
+
+
+def test_polls_and_acknowledgements_do_not_reread_every_mark(client: TestClient, daemon: Daemon) -> None:
+    reads = []
+    marks = daemon.journal.marks
+    daemon.journal.marks = lambda: reads.append(1) or marks()  # type: ignore[method-assign]
+    for _ in range(5):
+        daemon.refresh()  # what every poll does
+    assert client.post("/api/v1/gpus/2/acknowledge").status_code == 200
+    assert reads == []
+
+
+def test_an_acknowledgement_closes_what_came_before_it_only(
+    client: TestClient, daemon: Daemon, clock: FakeClock
+) -> None:
+    client.post("/api/v1/sim/faults", json={"gpu": 4, "kind": "xid", "xid": 79})
+    wait_for(lambda: health(client, 4) == "unhealthy", 10, interval=0.02, what="the XID")
+    clock.advance(10)
+    for _ in range(3 * MARKS_PER_GPU):  # more than are kept: the newest is what counts
+        assert client.post("/api/v1/gpus/4/acknowledge").status_code == 200
+    assert health(client, 4) == "healthy"
+    clock.advance(10)
+    client.post("/api/v1/sim/faults", json={"gpu": 4, "kind": "xid", "xid": 79})
+    wait_for(lambda: health(client, 4) == "unhealthy", 10, interval=0.02, what="the later XID to count")
+    assert daemon.verdicts.marks_held() <= 2 * MARKS_PER_GPU
+
+
+def test_a_reset_seen_in_the_kernel_log_while_running_closes_what_a_reset_cures(
+    client: TestClient, daemon: Daemon, clock: FakeClock
+) -> None:
+    three = daemon.snapshot.gpus[3].identity
+    bus = three.pci_bus_id.removeprefix("0000:")[:-2]  # 5d:00.0 -> 5d:00, as the driver prints it
+    kmsg = daemon.settings.kmsg_path
+    with kmsg.open("a") as f:
+        f.write(f"NVRM: Xid (PCI:0000:{bus}): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error\n")
+    wait_for(lambda: health(client, 3) == "unhealthy", 10, interval=0.02, what="the XID from the kernel log")
+    clock.advance(30)
+    with kmsg.open("a") as f:
+        f.write(f"NVRM: GPU at PCI:0000:{bus}: {three.uuid}\n")  # the driver brought the GPU up again
+    wait_for(lambda: health(client, 3) == "healthy", 10, interval=0.02, what="the reset to close the finding")
+
+
+def test_marks_journaled_before_a_start_are_loaded_once(daemon: Daemon, clock: FakeClock) -> None:
+    uuid = daemon.snapshot.gpus[1].identity.uuid
+    for i in range(10 * MARKS_PER_GPU):
+        daemon.journal.mark(Mark(clock.now - 1000 + i, uuid, "init", "x"))
+    daemon.verdicts.load(clock.now)
+    assert daemon.verdicts.marks_held() <= 2 * MARKS_PER_GPU
