@@ -54,8 +54,8 @@ def convert(fields: dict[str, str]) -> tuple[dict[str, str | int], str | None]:
             gpu = canonical_bus_id(value) or gpu
         elif kind is FieldKind.NCCL_BUS_ID:
             gpu = nccl_bus_id(value) or gpu
-        else:
-            out[name] = value[:MAX_TEXT]
+        elif value.strip():
+            out[name] = value.strip()[:MAX_TEXT]
     for key in ("nccl_error", "reason"):
         code = _NCCL_CODES.get(str(out.get(key, "")))
         if code is not None and "nccl_code" not in out:
