@@ -20,7 +20,7 @@ from gpu_triage.diagnosis.log_lines import Stamp
 from gpu_triage.diagnosis.root_cause import Ranked, Timing
 
 MAX_KEYS = 10_000  # distinct (class, where) pairs before new places fold into one per class
-MAX_OTHER = 3  # first lines of other kinds kept as evidence
+MAX_OTHER = 4  # first lines of other kinds kept as evidence
 
 # (class, host, global rank, local rank (only when the global one is unknown), gpu)
 Where = tuple[str, str | None, int | None, int | None, str | None]

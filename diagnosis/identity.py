@@ -90,6 +90,7 @@ class IdentityBook:
         self._rank_host: dict[int, str] = {}
         self._rank_local: dict[int, int] = {}
         self._workers: dict[int, list[_Worker]] = {}  # by pid
+        self._local: dict[tuple[str | None, int], int] = {}  # (host, local rank) -> global rank
         self._maps: _Maps | None = None
 
     def add_source(self) -> int:
@@ -105,6 +106,15 @@ class IdentityBook:
             facts.ranks.add(line.rank)
         if host is not None and line.rank is not None:
             self.pair(line.rank, host)
+        if line.rank is not None and line.local_rank is not None:  # `[default3]:[rank11]:`
+            self.local(host, line.local_rank, line.rank)
+
+    def local(self, host: str | None, local_rank: int, rank: int) -> None:
+        """Local rank `local_rank` (on `host`, when known) is global rank `rank`."""
+        if len(self._local) < MAX_ENTRIES:
+            self._local.setdefault((short_host(host), local_rank), rank)
+            self._rank_local.setdefault(rank, local_rank)
+        self._maps = None
 
     def pair(self, rank: int, host: str, local_rank: int | None = None) -> None:
         """`rank` ran on `host` (the first statement wins)."""
@@ -180,6 +190,10 @@ class IdentityBook:
             rank = proc.rank
         if rank is None and who.pid is not None and (worker := self._worker(who.pid, host)) is not None:
             host, rank = host or worker.host, worker.rank
+        if rank is None and local is not None:
+            rank = self._local.get((host, local))
+            if rank is None and host is None:
+                rank = self._local.get((None, local))
         if rank is None and local is None and len(facts.ranks) == 1:
             rank = next(iter(facts.ranks))
         if host is None and len(facts.hosts) == 1:

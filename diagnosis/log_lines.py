@@ -205,7 +205,9 @@ def _strip_one(text: str, f: _Fields, seen: set[str]) -> str | None:
         elif m["role"] == "rank":
             f.rank = int(m["n"])
         else:
+            # torchrun's tee writes the line right after the tag: a blank there is the line's own.
             f.local_rank = int(m["n"])
+            return text[m.end() :] if text[m.end() - 1] == ":" else text[m.end() - 1 :]
         return text[m.end() :]
     if "pdsh" not in seen and (m := _PDSH.match(text)) and not _NOT_HOSTS.fullmatch(m["host"]):
         if m["host"][0].isdigit() or any(c.isdigit() or c == "-" for c in m["host"]):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpu_triage.diagnosis.block_scan import engine_name, finder_for
-from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, Tally, Where, build
+from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
 from gpu_triage.diagnosis.deaths import settle, uncaught
 from gpu_triage.diagnosis.findings import Finding
@@ -33,12 +33,12 @@ from gpu_triage.diagnosis.identity import IdentityBook, Who
 from gpu_triage.diagnosis.input_lines import InputLines
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
-from gpu_triage.diagnosis.root_cause import Ranked, link_symptoms, order
+from gpu_triage.diagnosis.root_cause import link_symptoms, order
 from gpu_triage.diagnosis.source_state import SourceState
 from gpu_triage.diagnosis.training_fields import convert
 from gpu_triage.diagnosis.training_kernel import EVIDENCE_CHARS, KernelFindings
 from gpu_triage.diagnosis.training_report import Report, Reporter
-from gpu_triage.diagnosis.training_rules import (
+from gpu_triage.diagnosis.rule_model import (
     COLLECTIVE_TIMEOUT,
     JOB_FAILED,
     PROCESS_SEGFAULT,
@@ -46,8 +46,8 @@ from gpu_triage.diagnosis.training_rules import (
     ContextMatch,
     Match,
     RuleSet,
-    load_rules,
 )
+from gpu_triage.diagnosis.training_rules import load_rules
 
 __all__ = ["CACHE_ENTRIES", "Report", "diagnose"]
 
@@ -184,6 +184,8 @@ class _Diagnosis:
             if line.host is not None and line.pid is not None:
                 rank, nranks = int(fields["rank"]), int(fields["nranks"])
                 self.identity.comm_init(src.index, line.host, line.pid, rank=rank, nranks=nranks, gpu=gpu)
+                if line.local_rank is not None and line.rank is None:  # torchrun's `[default3]:` tag
+                    self.identity.local(line.host, line.local_rank, rank)
         elif kind is ContextKind.NCCL_VERSION:
             if len(self.versions) < 32:
                 self.versions.setdefault(str(fields["version"]), self._seen(src, number, line))
@@ -275,8 +277,8 @@ class _Diagnosis:
                 return "abort" in f.details
             return (spec is not None and spec.symptom) or f.class_id in xid_symptoms
 
+        self._uncaught()
         ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
-        ranked += self._uncaught(label)
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)
         ranked += reporter.synthesized()
         findings = fold([r.finding for r in order(settle(ranked, symptom))])
@@ -290,18 +292,13 @@ class _Diagnosis:
             events.append(e)
         return Report(events, findings, names, lines, skipped, self.kernel.dropped, self.engine)
 
-    def _uncaught(self, label: Callable[[int], str | None]) -> list[Ranked]:
-        """Uncaught Python exceptions as deaths (see diagnosis/deaths.py)."""
-        out: list[Ranked] = []
+    def _uncaught(self) -> None:
+        """Uncaught Python exceptions are deaths (see diagnosis/deaths.py), placed like any finding."""
         for src in self.sources:
             for trace in uncaught(src, exit_reported=src.exit_reported):
-                seen = Seen(src.index, trace.line, trace.text[:EVIDENCE_CHARS], None)
-                tally = Tally(self.specs[JOB_FAILED], seen, seen)
-                tally.others.append(Seen(src.index, trace.start, "Traceback (most recent call last):", None, -1))
-                local = trace.local_rank if trace.rank is None else None
-                where: Where = (JOB_FAILED, trace.host, trace.rank, local, None)
-                out.append(build(where, tally, label))
-        return out
+                seen = Seen(src.index, trace.line, trace.text[:EVIDENCE_CHARS], None, -1)
+                who = Who(src.index, trace.host, None, trace.rank, trace.local_rank)
+                self.collapser.add(who, self.specs[JOB_FAILED], seen, {})
 
 
 def diagnose(sources: Iterable[tuple[str | None, Iterable[bytes]]], *, engine: str | None = None) -> Report:

@@ -8,7 +8,7 @@ result code for a named one, and a hint when a peer address shows NCCL chose the
 from __future__ import annotations
 
 from gpu_triage.diagnosis.pci import canonical_bus_id
-from gpu_triage.diagnosis.training_rules import FIELDS, FieldKind
+from gpu_triage.diagnosis.rule_model import FIELDS, FieldKind
 
 MAX_TEXT = 200
 

@@ -26,7 +26,7 @@ from gpu_triage.diagnosis.identity import Who
 from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide
 from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
 from gpu_triage.diagnosis.log_lines import LogLine
-from gpu_triage.diagnosis.training_rules import CUDA_ILLEGAL_ADDRESS, RuleSet
+from gpu_triage.diagnosis.rule_model import CUDA_ILLEGAL_ADDRESS, RuleSet
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID, XidEntry
 from gpu_triage.diagnosis.xid_data import load_catalog
 
@@ -101,7 +101,7 @@ class KernelFindings:
         self.events: list[dict[str, Any]] = []
         self.dropped = 0
         self._xid_specs: dict[int, tuple[Spec, XidEntry | None]] = {}
-        self._occurrences: dict[tuple[int, str | None], list[Occurrence]] = {}  # by (input, GPU)
+        self.occurrences: dict[tuple[int, str | None], list[Occurrence]] = {}  # by (input, GPU)
 
     def add(self, source: int, line: LogLine, event: KernelEvent) -> None:
         if event.code is None or event.kind is EventKind.GPU_BINDING:
@@ -159,14 +159,14 @@ class KernelFindings:
             # the XIDs keep input order and count as one burst.
             ts = line.stamp.value if line.stamp is not None and line.stamp.kind == "abs" else None
             occurrence = Occurrence(event.code, event.text, ts, ref=event.line, details=event.details)
-            self._occurrences.setdefault((source, event.pci_bus_id), []).append(occurrence)
+            self.occurrences.setdefault((source, event.pci_bus_id), []).append(occurrence)
 
     def judge(self) -> set[str]:
         """Judge each GPU's XIDs together, as the daemon does (`incidents.decide`): the root cause of a
         burst keeps the action its neighbours call for (Xid 154's recovery action, 48 with 63/64), the
         rest are symptoms. Returns the XID classes that were only ever symptoms."""
         verdicts: dict[tuple[int, str | None], dict[int, Decision]] = {}
-        for key, occurrences in self._occurrences.items():
+        for key, occurrences in self.occurrences.items():
             lead: dict[int, Decision] = {}
             for d in decide(occurrences):
                 held = lead.get(d.occurrence.code)

@@ -16,7 +16,7 @@ from gpu_triage.diagnosis.collectives import Mismatch, ProgressTracker, Straggle
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.identity import IdentityBook
 from gpu_triage.diagnosis.root_cause import Ranked
-from gpu_triage.diagnosis.training_rules import COLLECTIVE_MISMATCH, COLLECTIVE_TIMEOUT, NCCL_LIB_MISMATCH
+from gpu_triage.diagnosis.rule_model import COLLECTIVE_MISMATCH, COLLECTIVE_TIMEOUT, NCCL_LIB_MISMATCH
 
 MAX_MISMATCHES = 8  # collective mismatches reported; one usually explains the rest
 

@@ -1,181 +1,241 @@
-"""The training-log rules (diagnosis/data/training_rules.yaml) as the classifier uses them.
+"""Reading and checking diagnosis/data/training_rules.yaml (the model is in diagnosis/rule_model.py).
 
-A `Rule` is one class: what to say about it (severity, action, playbook, steps) and the signatures
-that recognise it. A `ContextRule` recognises a line that carries identity, progress or a launcher's
-report structure instead of a fault. Each `Signature` is the regex of the rules file plus the two
-forms the whole-block scan uses (diagnosis/rule_regex.py): the literals every match holds, which also
-gate the regex here (a line without any of them is not searched), and the Hyperscan form.
-
-Order is meaning: `RuleSet.rules` is most specific first, and `RuleSet.match` returns the first rule
-with a matching signature. diagnosis/training_rules_load.py reads and checks the file.
+Everything wrong with the file is found at load time and reported together in one `DataError`:
+unknown keys, bad regexes (unbounded repetition, look-around and the other constructs rule_regex
+refuses), signatures without distinctive literal text, unknown group names, actions or severities,
+duplicate classes, playbook ids that do not follow `nccl-<class>`, signatures without an example,
+examples that do not land on their own rule (a more specific rule earlier in the file would steal
+them), context examples that a rule would take, and near misses that match a rule.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from enum import StrEnum
 from functools import cache
 
 from gpu_triage.diagnosis.actions import Action, Severity
-
-
-class FieldKind(StrEnum):
-    INT = "int"
-    STR = "str"
-    BUS_ID = "bus_id"  # a PCI bus id in any NVML/kernel spelling
-    NCCL_BUS_ID = "nccl_bus_id"  # NCCL's packed hex busId, e.g. 3b000
-
-
-# The named groups a signature may capture. A closed list, so that a typo in the YAML is an error
-# instead of a field nobody reads.
-_INT_FIELDS = (
-    "rank peer_rank local_rank pid cuda_dev port nccl_code ib_status vendor_err opcode length seq "
-    "last_enqueued last_completed timeout_ms ran_ms seconds count ring found expected size "
-    "expected_size numel_in numel_out hca_index joined family driver_version nranks errno rc exitcode "
-    "gid_index index"
+from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
+from gpu_triage.diagnosis.log_lines import normalise
+from gpu_triage.diagnosis.rule_regex import (
+    MIN_LITERAL,
+    required_literals,
+    scan_pattern,
+    unsupported,
 )
-_STR_FIELDS = (
-    "host peer hca ib_status_name opcode_name op pg reason event element call symbol path "
-    "nccl_error source_file version comm size_text op_id request signal abort tasks ranks process lib "
-    "state net timeout_text time message exc"
+from gpu_triage.diagnosis.rule_model import (
+    COLLECTIVE_MISMATCH,
+    COLLECTIVE_TIMEOUT,
+    CUDA_ILLEGAL_ADDRESS,
+    FIELDS,
+    JOB_FAILED,
+    NCCL_LIB_MISMATCH,
+    PROCESS_SEGFAULT,
+    REQUIRED_CLASSES,
+    ContextKind,
+    ContextMatch,
+    ContextRule,
+    Example,
+    FieldKind,
+    Match,
+    Rule,
+    RuleSet,
+    Signature,
+    playbook_id,
 )
-FIELDS: dict[str, FieldKind] = {
-    **dict.fromkeys(_INT_FIELDS.split(" "), FieldKind.INT),
-    **dict.fromkeys(_STR_FIELDS.split(" "), FieldKind.STR),
-    "gpu": FieldKind.BUS_ID,
-    "nccl_bus_id": FieldKind.NCCL_BUS_ID,
-}
+
+__all__ = [
+    "COLLECTIVE_MISMATCH",
+    "COLLECTIVE_TIMEOUT",
+    "CUDA_ILLEGAL_ADDRESS",
+    "FIELDS",
+    "JOB_FAILED",
+    "NCCL_LIB_MISMATCH",
+    "PROCESS_SEGFAULT",
+    "REQUIRED_CLASSES",
+    "ContextKind",
+    "ContextMatch",
+    "Example",
+    "FieldKind",
+    "Match",
+    "RuleSet",
+    "load_rules",
+    "parse_rules",
+    "parse_rules_text",
+    "playbook_id",
+]
+
+_RULE_KEYS = {"class", "severity", "action", "playbook", "title", "steps", "signatures", "examples"}
+_RULE_OPTIONAL = {"symptom"}
+_TOP_KEYS = {"version", "context", "rules", "near_misses"}
 
 
-class ContextKind(StrEnum):
-    COMM_INIT = "comm_init"  # NCCL communicator init: rank, nranks, cudaDev, busId of host:pid
-    NCCL_VERSION = "nccl_version"
-    PROGRESS = "progress"  # last enqueued / completed NCCL work of a rank
-    FAILURE_HOST = "failure_host"  # torchrun's failure table: one entry per failed worker
-    FAILURE_RANK = "failure_rank"
-    TABLE_MESSAGE = "table_message"
-    TABLE_END = "table_end"  # the table's borders close an entry
-    CONTINUES = "continues"  # the first line of a message printed over two lines
-    CONTINUED = "continued"  # ... and its second line
-    TRACEBACK = "traceback"  # Python: `Traceback (most recent call last):`
-    EXCEPTION = "exception"  # the `SomeError: message` line that ends a traceback
-
-
-@dataclass(frozen=True, slots=True)
-class Example:
-    line: str
-    shape: str | None = None  # which versions / launchers print the line this way
-
-
-@dataclass(frozen=True, slots=True)
-class Signature:
-    regex: re.Pattern[str]  # compiled ASCII, matched against the bare message
-    literals: tuple[str, ...]  # every match holds one of these (rule_regex.required_literals)
-    scan: str  # the Hyperscan form (rule_regex.scan_pattern)
-
-    @property
-    def pattern(self) -> str:
-        return self.regex.pattern
-
-    def search(self, text: str) -> re.Match[str] | None:
-        for literal in self.literals:
-            if literal in text:
-                return self.regex.search(text)
+def signature(ck: Problems, at: str, text: str) -> Signature | None:
+    """One signature, checked; None (with the problems recorded) when it cannot be used."""
+    problems = unsupported(text)
+    for problem in problems:
+        ck.fail(at, problem)
+    if problems:
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    class_id: str
-    severity: Severity
-    action: Action
-    playbook: str
-    title: str
-    steps: tuple[str, ...]
-    signatures: tuple[Signature, ...]
-    examples: tuple[Example, ...]
-    specificity: int  # 0 = most specific; the position in the file
-    symptom: bool = False  # usually caused by another rank's fault
-
-
-@dataclass(frozen=True, slots=True)
-class ContextRule:
-    kind: ContextKind
-    signatures: tuple[Signature, ...]
-    examples: tuple[Example, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Match:
-    rule: Rule
-    fields: dict[str, str]  # captured groups that matched; converted later by FIELDS kind
-    signature: int = 0  # which of the rule's signatures matched
-
-
-@dataclass(frozen=True, slots=True)
-class ContextMatch:
-    kind: ContextKind
-    fields: dict[str, str]
-
-
-def _groups(m: re.Match[str]) -> dict[str, str]:
-    return {k: v for k, v in m.groupdict().items() if v}
-
-
-@dataclass(frozen=True, slots=True)
-class RuleSet:
-    rules: tuple[Rule, ...]
-    context: tuple[ContextRule, ...]
-    near_misses: tuple[str, ...]
-
-    def match(self, text: str) -> Match | None:
-        """The most specific rule matching the bare message `text`, with its captured fields."""
-        for rule in self.rules:
-            for i, sig in enumerate(rule.signatures):
-                m = sig.search(text)
-                if m is not None:
-                    return Match(rule, _groups(m), i)
+    pattern = re.compile(text, re.ASCII)
+    for name in pattern.groupindex:
+        if name not in FIELDS:
+            ck.fail(at, f"unknown field (group name) {name!r}")
+    literals = required_literals(text)
+    if not literals or min(map(len, literals)) < MIN_LITERAL:
+        ck.fail(at, f"no literal text of {MIN_LITERAL}+ characters that every match holds: key it on the message")
         return None
+    return Signature(pattern, literals, scan_pattern(text))
 
-    def match_context(self, text: str) -> ContextMatch | None:
-        for ctx in self.context:
-            for sig in ctx.signatures:
-                m = sig.search(text)
-                if m is not None:
-                    return ContextMatch(ctx.kind, _groups(m))
+
+def _signatures(ck: Problems, where: str, node: object) -> tuple[Signature, ...]:
+    out = []
+    for i, text in enumerate(ck.strings(where, node)):
+        sig = signature(ck, f"{where}[{i}]", text)
+        if sig is not None:
+            out.append(sig)
+    return tuple(out)
+
+
+def _examples(ck: Problems, where: str, node: object) -> tuple[Example, ...]:
+    if not isinstance(node, list) or not node:
+        ck.fail(where, "expected a non-empty list of examples")
+        return ()
+    out: list[Example] = []
+    for i, item in enumerate(node):
+        at = f"{where}[{i}]"
+        if isinstance(item, str) and item:
+            out.append(Example(item))
+            continue
+        spec = ck.keys(at, item, {"line"}, {"shape"})
+        line, shape = spec.get("line"), spec.get("shape")
+        if not (isinstance(line, str) and line) or not (shape is None or (isinstance(shape, str) and shape)):
+            ck.fail(at, "`line` must be a non-empty string and `shape` one too when given")
+            continue
+        out.append(Example(line, shape))
+    return tuple(out)
+
+
+def _parse_context(ck: Problems, node: object) -> tuple[ContextRule, ...]:
+    if not isinstance(node, list):
+        ck.fail("context", "expected a list")
+        return ()
+    contexts: list[ContextRule] = []
+    kinds = {k.value for k in ContextKind}
+    for i, item in enumerate(node):
+        at = f"context[{i}]"
+        spec = ck.keys(at, item, {"kind", "signatures", "examples"})
+        kind = spec.get("kind")
+        if not isinstance(kind, str) or kind not in kinds:
+            ck.fail(at, f"unknown context kind {kind!r}")
+            continue
+        contexts.append(
+            ContextRule(
+                ContextKind(kind),
+                _signatures(ck, f"{at}.signatures", spec.get("signatures")),
+                _examples(ck, f"{at}.examples", spec.get("examples")),
+            )
+        )
+    return tuple(contexts)
+
+
+def _parse_rule(ck: Problems, i: int, item: object) -> Rule | None:
+    spec = ck.keys(f"rules[{i}]", item, _RULE_KEYS, _RULE_OPTIONAL)
+    class_id = spec.get("class")
+    at = f"rules[{i}] ({class_id})"
+    if not (isinstance(class_id, str) and re.fullmatch(r"[a-z][a-z0-9_]{1,60}", class_id)):
+        ck.fail(at, "`class` must be a lower_snake_case id")
         return None
+    severity, action = ck.severity(at, spec.get("severity")), ck.action(at, spec.get("action"))
+    if spec.get("playbook") != playbook_id(class_id):
+        ck.fail(at, f"playbook must be {playbook_id(class_id)!r}, got {spec.get('playbook')!r}")
+    title, symptom = spec.get("title"), spec.get("symptom", False)
+    if not (isinstance(title, str) and title.strip()):
+        ck.fail(at, "`title` must be a non-empty string")
+    if not isinstance(symptom, bool):
+        ck.fail(at, "`symptom` must be true or false")
+    return Rule(
+        class_id=class_id,
+        severity=severity or Severity.UNKNOWN,
+        action=action or Action.IGNORE,
+        playbook=playbook_id(class_id),
+        title=str(title),
+        steps=tuple(ck.strings(f"{at}.steps", spec.get("steps"))),
+        signatures=_signatures(ck, f"{at}.signatures", spec.get("signatures")),
+        examples=_examples(ck, f"{at}.examples", spec.get("examples")),
+        specificity=i,
+        symptom=symptom is True,
+    )
 
-    def rule(self, class_id: str) -> Rule:
-        for rule in self.rules:
-            if rule.class_id == class_id:
-                return rule
-        raise KeyError(class_id)
 
-    def signatures(self) -> tuple[Signature, ...]:
-        """Every signature, rules first: what the block scan must flag."""
-        return tuple(s for r in self.rules for s in r.signatures) + tuple(s for c in self.context for s in c.signatures)
+def parse_rules(doc: object, origin: str = "training_rules.yaml") -> RuleSet:
+    """Validate the parsed YAML `doc`; raise DataError listing every problem."""
+    ck = Problems(origin)
+    top = ck.keys("", doc, _TOP_KEYS)
+    if top.get("version", 1) != 1:
+        ck.fail("version", f"unsupported version {top.get('version')!r}")
+    contexts = _parse_context(ck, top.get("context", []))
+    rules_node = top.get("rules")
+    if not isinstance(rules_node, list) or not rules_node:
+        ck.fail("rules", "expected a non-empty list")
+        rules_node = []
+    rules: list[Rule] = []
+    for i, item in enumerate(rules_node):
+        rule = _parse_rule(ck, i, item)
+        if rule is None:
+            continue
+        if any(r.class_id == rule.class_id for r in rules):
+            ck.fail(f"rules[{i}] ({rule.class_id})", "duplicate class")
+        rules.append(rule)
+    if rules_node:
+        present = {r.class_id for r in rules}
+        for class_id in REQUIRED_CLASSES:
+            if class_id not in present:
+                ck.fail("rules", f"no rule for class {class_id!r}, which the diagnosis code relies on")
+    near = tuple(ck.strings("near_misses", top.get("near_misses", []), allow_empty=True))
+    ruleset = RuleSet(tuple(rules), contexts, near)
+    _check_examples(ck, ruleset)
+    ck.raise_if_any(origin)
+    return ruleset
 
 
-def playbook_id(class_id: str) -> str:
-    """The runbook id of a training-log class: one playbook per class."""
-    return "nccl-" + class_id.replace("_", "-")
+def _check_examples(ck: Problems, rs: RuleSet) -> None:
+    items: list[tuple[str, tuple[Signature, ...], tuple[Example, ...]]] = [
+        (r.class_id, r.signatures, r.examples) for r in rs.rules
+    ] + [(f"context {c.kind}", c.signatures, c.examples) for c in rs.context]
+    for name, signatures, examples in items:
+        texts = [normalise(ex.line).text for ex in examples]
+        for sig in signatures:
+            if not any(sig.search(text) for text in texts):
+                ck.fail(name, f"no example for signature {sig.pattern!r}")
+    for rule in rs.rules:
+        for ex in rule.examples:
+            got = rs.match(normalise(ex.line).text)
+            if got is None:
+                ck.fail(rule.class_id, f"example matches no rule: {ex.line!r}")
+            elif got.rule is not rule:
+                ck.fail(rule.class_id, f"example lands on more specific {got.rule.class_id!r}: {ex.line!r}")
+    for ctx in rs.context:
+        for ex in ctx.examples:
+            text = normalise(ex.line).text
+            if rs.match(text) is not None:
+                ck.fail(f"context {ctx.kind}", f"example also matches a rule: {ex.line!r}")
+            found = rs.match_context(text)
+            if found is None or found.kind is not ctx.kind:
+                ck.fail(f"context {ctx.kind}", f"example does not match its context: {ex.line!r}")
+    for line in rs.near_misses:
+        got = rs.match(normalise(line).text)
+        if got is not None:
+            ck.fail("near_misses", f"matches {got.rule.class_id!r}: {line!r}")
 
 
-# Classes the diagnosis code itself names: a rules file without one of them cannot be used.
-CUDA_ILLEGAL_ADDRESS = "cuda_illegal_address"  # where an application-fault XID ranks
-COLLECTIVE_TIMEOUT = "collective_timeout"  # the class the straggler analysis attaches to
-COLLECTIVE_MISMATCH = "collective_mismatch"  # reported when ranks time out in different collectives
-NCCL_LIB_MISMATCH = "nccl_lib_mismatch"  # reported when ranks print different NCCL versions
-PROCESS_SEGFAULT = "process_segfault"  # a SIGABRT of it ranks after the symptoms
-JOB_FAILED = "job_failed_unclassified"  # a death nothing more specific explains
-REQUIRED_CLASSES = (CUDA_ILLEGAL_ADDRESS, COLLECTIVE_TIMEOUT, COLLECTIVE_MISMATCH, NCCL_LIB_MISMATCH, PROCESS_SEGFAULT, JOB_FAILED)
+def parse_rules_text(text: str, origin: str = "training_rules.yaml") -> RuleSet:
+    problems = Problems()
+    doc = parse_yaml(text, origin, problems)
+    problems.raise_if_any(origin)
+    return parse_rules(doc, origin)
 
 
 @cache
 def load_rules() -> RuleSet:
     """The shipped rules, parsed and validated once per process."""
-    from gpu_triage.diagnosis.data_files import read_data
-    from gpu_triage.diagnosis.training_rules_load import parse_rules_text
-
     return parse_rules_text(read_data("training_rules.yaml"))
