@@ -7,9 +7,10 @@ of each input (`SAMPLE` bytes) is looked at first: when it is wrapped, its lines
 before the block scan sees them, and each joined line keeps the number of its first piece, so
 evidence still points at the input as the user has it.
 
-Wrapped means: the longest line length W (40 to 1000 columns) is shared by at least three different
-lines, and by clearly more lines than W-1 or W-2 are (text of free length rarely stops at the same
-column). A line of length W is then joined with the next one unless the next one starts a line of
+Wrapped means: the longest line length W (40 to 400 columns) is shared by more lines than W-1 or
+W-2 are (text of free length rarely stops at the same column), and most lines of length W go
+on, without a prefix, on the next line (the same message from many ranks has one length too, but
+the next line then starts with a prefix of its own). A line of length W is then joined with the next one unless the next one starts a line of
 its own: it has a prefix (log_lines.has_prefix) or is indented like a traceback or a table. An input that is not wrapped goes through
 line_scan.LineScanner unchanged; a wrapped one is read a line at a time, which is slower, and fine
 for the size of what gets pasted.
@@ -26,7 +27,7 @@ from gpu_triage.diagnosis.log_lines import has_prefix
 
 SAMPLE = 1 << 20  # bytes of an input looked at to decide whether it is wrapped
 _BATCH = 1 << 20  # bytes of joined lines handed to the finder at once
-MIN_WIDTH, MAX_WIDTH = 40, 1000
+MIN_WIDTH, MAX_WIDTH = 40, 400
 
 
 def _width(line: bytes) -> int:
@@ -40,21 +41,19 @@ def _clean(line: bytes) -> bytes:
 
 def wrap_width(sample: bytes) -> int | None:
     """The width the text in `sample` (whole lines) was hard-wrapped at, or None."""
-    lengths = Counter[int]()
-    distinct: dict[int, set[bytes]] = {}
-    for raw in sample.split(b"\n"):
-        line = _clean(raw)
-        if line:
-            n = _width(line)
-            lengths[n] += 1
-            if len(seen := distinct.setdefault(n, set())) < 3:
-                seen.add(line)
+    lines = [_clean(raw) for raw in sample.split(b"\n")]
+    widths = [_width(line) for line in lines]
+    lengths = Counter(w for w in widths if w)
     if not lengths:
         return None
     width = max(lengths)
-    if not MIN_WIDTH <= width <= MAX_WIDTH or len(distinct[width]) < 3:
+    if not MIN_WIDTH <= width <= MAX_WIDTH or lengths[width] <= max(lengths[width - 1], lengths[width - 2]):
         return None
-    return width if lengths[width] > 3 * max(lengths[width - 1], lengths[width - 2], 1) else None
+    # The same message from many ranks has one length too; but only a wrapped line goes on, unprefixed,
+    # on the next line.
+    full = [i for i, w in enumerate(widths[:-1]) if w == width]
+    cut = sum(1 for i in full if _continues(lines[i], lines[i + 1], width))
+    return width if cut >= 2 and 2 * cut >= len(full) else None
 
 
 class InputLines:
