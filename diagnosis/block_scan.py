@@ -55,7 +55,7 @@ class HyperscanFinder:
         self._ends.append(end)
 
     def __call__(self, data: bytes, start: int, end: int) -> dict[int, int]:
-        block = data if (start, end) == (0, len(data)) else data[start:end]
+        block = data if (start, end) == (0, len(data)) else memoryview(data)[start:end]  # no copy
         ends = self._ends
         ends.clear()
         self._db.scan(block, match_event_handler=self._on_match, scratch=self._scratch)
@@ -63,10 +63,9 @@ class HyperscanFinder:
         if not ends:
             return spans
         # Each pattern ends at the end of its line (`[^\n]*$`), so an end offset names one line.
-        for line_end in sorted(set(ends)):
-            line_end += start
-            line_start = data.rfind(b"\n", start, line_end) + 1 or start
-            spans[line_start] = line_end
+        for end_in_block in sorted(set(ends)):
+            line_end = start + end_in_block
+            spans[data.rfind(b"\n", start, line_end) + 1 or start] = line_end
         return spans
 
 
@@ -96,7 +95,7 @@ def _database(patterns: tuple[str, ...]) -> Any:
 
 
 def engine_name(prefer: str | None = None) -> str:
-    """"hyperscan" or "python": what `finder_for` will use, given the preference or the environment."""
+    """ "hyperscan" or "python": what `finder_for` will use, given the preference or the environment."""
     choice = (prefer or os.environ.get(ENV, "")).strip().lower()
     if choice == "python":
         return "python"

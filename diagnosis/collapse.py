@@ -69,9 +69,9 @@ class Tally:
         if (seen.source, seen.line) < (self.first.source, self.first.line):
             self.first, seen = seen, self.first
         kind = (seen.source, seen.kind)
-        if kind != (self.first.source, self.first.kind) and len(self.others) < MAX_OTHER:
-            if all((o.source, o.kind) != kind for o in self.others):
-                self.others.append(seen)
+        known = {(self.first.source, self.first.kind)} | {(o.source, o.kind) for o in self.others}
+        if kind not in known and len(self.others) < MAX_OTHER:
+            self.others.append(seen)
 
     def absorb(self, other: Tally) -> None:
         count = self.count + other.count

@@ -149,7 +149,7 @@ def _shape(work: Work) -> tuple[str, int | None]:
 
 
 def rank_ranges(ranks: list[int]) -> str:
-    """`[0, 1, 2, 3, 5, 7, 8]` -> `0–3, 5, 7–8` (numerically, ranges of consecutive ranks)."""
+    """`[0, 1, 2, 3, 5, 7, 8]` -> `0-3, 5, 7-8` with en dashes (numerically, ranges of consecutive ranks)."""
     parts: list[str] = []
     ordered = sorted(set(ranks))
     i = 0

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.root_cause import Ranked
-from gpu_triage.diagnosis.source_state import SourceState, Traceback
 from gpu_triage.diagnosis.rule_model import JOB_FAILED
+from gpu_triage.diagnosis.source_state import SourceState, Traceback
 
 TAIL_LINES = 40  # an exception this close to the end of its input ended the process
 

@@ -1,7 +1,7 @@
 """One screen for any job size: a finding shared by many places becomes one finding for them all.
 
 When `FOLD_AT` or more places (ranks, hosts) report the same training-log class, they are one finding
-at the position of the first of them: its title says which ranks (`on ranks 0–26, 28–63 (63)`), `ranks`
+at the position of the first of them: its title says which ranks (`on ranks 0-26, 28-63 (63)`), `ranks`
 lists them numerically, and `members` keeps, per place, where it was, how often and its first line,
 so the JSON loses nothing. Host, rank and GPU of the folded finding are those all members share, and
 None otherwise. Kernel-log findings (XID, SXid) are never folded: each names a piece of hardware to

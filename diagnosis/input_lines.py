@@ -10,8 +10,9 @@ evidence still points at the input as the user has it.
 Wrapped means: the longest line length W (40 to 400 columns) is shared by more lines than W-1 or
 W-2 are (text of free length rarely stops at the same column), and most lines of length W go
 on, without a prefix, on the next line (the same message from many ranks has one length too, but
-the next line then starts with a prefix of its own). A line of length W is then joined with the next one unless the next one starts a line of
-its own: it has a prefix (log_lines.has_prefix) or is indented like a traceback or a table. An input that is not wrapped goes through
+the next line then starts with a prefix of its own). A line of length W is then joined with the next
+one unless the next one starts a line of its own: it has a prefix (log_lines.has_prefix) or is
+indented like a traceback or a table. An input that is not wrapped goes through
 line_scan.LineScanner unchanged; a wrapped one is read a line at a time, which is slower, and fine
 for the size of what gets pasted.
 """
@@ -52,8 +53,8 @@ def wrap_width(sample: bytes) -> int | None:
     # The same message from many ranks has one length too; but only a wrapped line goes on, unprefixed,
     # on the next line.
     full = [i for i, w in enumerate(widths[:-1]) if w == width]
-    cut = sum(1 for i in full if _continues(lines[i], lines[i + 1], width))
-    return width if cut >= 2 and 2 * cut >= len(full) else None
+    cut = {lines[i] for i in full if _continues(lines[i], lines[i + 1], width)}
+    return width if len(cut) >= 2 and 2 * len(cut) >= len({lines[i] for i in full}) else None
 
 
 class InputLines:

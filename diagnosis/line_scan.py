@@ -31,7 +31,9 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-DEFAULT_BLOCK = 4 << 20  # bytes searched per step; small blocks from a socket are gathered first
+# Bytes searched per step; small blocks from a socket are gathered first. A reader's chunk of this
+# size is searched as it is, without a copy into a bigger block.
+DEFAULT_BLOCK = 1 << 20
 DEFAULT_MAX_LINE = 64 << 10
 # CSI sequences (colours, cursor moves) and two-byte escapes, as log_lines.clean removes them from text.
 ANSI = re.compile(rb"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b[@-Z\\-_]")

@@ -162,8 +162,20 @@ class _Fields:
             self.stamp = stamp
 
 
+def _looks_like_host(word: str) -> bool:
+    if _NOT_HOSTS.fullmatch(word):
+        return False
+    return word[0].isdigit() or any(c.isdigit() or c == "-" for c in word)
+
+
 def _strip_one(text: str, f: _Fields, seen: set[str]) -> str | None:
     """Remove one prefix from `text`, recording what it says; None when no prefix is left."""
+    rest = _strip_outer(text, f, seen)
+    return rest if rest is not None else _strip_inner(text, f, seen)
+
+
+def _strip_outer(text: str, f: _Fields, seen: set[str]) -> str | None:
+    """Runtimes', aggregators' and launchers' prefixes."""
     if "container" not in seen and (m := _CONTAINER.match(text)):
         seen.add("container")
         f.stamp_once(_abs_stamp(m["date"], m["hms"], m["frac"], m["tz"]))
@@ -197,6 +209,11 @@ def _strip_one(text: str, f: _Fields, seen: set[str]) -> str | None:
         seen.add("slurm")
         f.task = int(m["task"])
         return text[m.end() :]
+    return None
+
+
+def _strip_inner(text: str, f: _Fields, seen: set[str]) -> str | None:
+    """torchrun's tags, and the printers' own headers."""
     if (m := _TORCHRUN.match(text)) is not None:
         # `[rank3]:` is PyTorch's global rank (so is Lightning's `[rank: 3]`); any other role name
         # numbers the local rank.
@@ -209,11 +226,10 @@ def _strip_one(text: str, f: _Fields, seen: set[str]) -> str | None:
             f.local_rank = int(m["n"])
             return text[m.end() :] if text[m.end() - 1] == ":" else text[m.end() - 1 :]
         return text[m.end() :]
-    if "pdsh" not in seen and (m := _PDSH.match(text)) and not _NOT_HOSTS.fullmatch(m["host"]):
-        if m["host"][0].isdigit() or any(c.isdigit() or c == "-" for c in m["host"]):
-            seen.add("pdsh")
-            f.host = f.host or m["host"]
-            return text[m.end() :]
+    if "pdsh" not in seen and (m := _PDSH.match(text)) and _looks_like_host(m["host"]):
+        seen.add("pdsh")
+        f.host = f.host or m["host"]
+        return text[m.end() :]
     if "level" not in seen and (m := _PY_LEVEL.match(text)):
         seen.add("level")
         return text[m.end() :]

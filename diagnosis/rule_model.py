@@ -168,4 +168,11 @@ COLLECTIVE_MISMATCH = "collective_mismatch"  # reported when ranks time out in d
 NCCL_LIB_MISMATCH = "nccl_lib_mismatch"  # reported when ranks print different NCCL versions
 PROCESS_SEGFAULT = "process_segfault"  # a SIGABRT of it ranks after the symptoms
 JOB_FAILED = "job_failed_unclassified"  # a death nothing more specific explains
-REQUIRED_CLASSES = (CUDA_ILLEGAL_ADDRESS, COLLECTIVE_TIMEOUT, COLLECTIVE_MISMATCH, NCCL_LIB_MISMATCH, PROCESS_SEGFAULT, JOB_FAILED)
+REQUIRED_CLASSES = (
+    CUDA_ILLEGAL_ADDRESS,
+    COLLECTIVE_TIMEOUT,
+    COLLECTIVE_MISMATCH,
+    NCCL_LIB_MISMATCH,
+    PROCESS_SEGFAULT,
+    JOB_FAILED,
+)

@@ -9,7 +9,8 @@ rules file:
   Hyperscan and `required_literals` names the literal text every match must contain.
 
 For the two scans to give the same findings, each must flag *every* line Python would match; what
-else they flag costs only time, since Python decides. So the scan form is a relaxation: named groups
+else they flag costs only time, since Python decides. So the scan form is a relaxation: either the
+literals every match holds (when they are long enough to be rare), or the regex with named groups
 lose their names, upper bounds go (`{1,80}` becomes `{1,}`), a one-character item that can match a
 non-ASCII character may take several bytes (a block is scanned as bytes, Python counts characters),
 `^` becomes "the start of a line or the end of a prefix" (Python matches the message after its
@@ -32,6 +33,7 @@ _sre: Any = importlib.import_module("re._parser")
 _c: Any = importlib.import_module("re._constants")
 
 MAX_NESTED = 512  # outer bound x inner bound of a repeat inside a repeat
+SCAN_LITERAL = 8  # required literals this long are the scan form themselves (see scan_pattern)
 MIN_LITERAL = 4  # a signature's required text is at least this long: distinctive, and cheap to look for
 
 # Characters that end every prefix `log_lines.normalise` strips (`: `, `] `, `]:`, `>:`, a blank), so a
@@ -114,7 +116,7 @@ def _check(seq: Any, problems: list[str]) -> None:
             for alt in av[1]:
                 _check(alt, problems)
         elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
-            low, high, sub = av
+            _low, high, sub = av
             if high is _c.MAXREPEAT:
                 problems.append("unbounded repetition (*, +, {n,}): use a bounded {m,n}")
             elif (inner := _widest_repeat(sub)) > 1 and high * inner > MAX_NESTED:
@@ -279,7 +281,16 @@ def _seq(seq: Any, *, widen: bool = True) -> str:
 
 
 def scan_pattern(pattern: str) -> str:
-    """`pattern` relaxed for a whole-block byte scan (see the module docstring); call `unsupported` first."""
+    """`pattern` relaxed for a whole-block byte scan (see the module docstring); call `unsupported` first.
+
+    When every match holds one of a few long literals (`SCAN_LITERAL` characters or more), the scan
+    form is just those literals: Hyperscan runs a set of long literals several times faster than the
+    same number of regexes, and Python turns down the few extra lines. Shorter required text keeps
+    the relaxed regex, which lets Hyperscan check more than a common word.
+    """
+    literals = required_literals(pattern)
+    if literals and min(map(len, literals)) >= SCAN_LITERAL:
+        return "|".join(re.escape(lit) for lit in literals)
     return _seq(_parse(pattern))
 
 

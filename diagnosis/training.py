@@ -20,7 +20,7 @@ explains it (`deaths`), and folds what many ranks share into one finding (`fold`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from gpu_triage.diagnosis.block_scan import engine_name, finder_for
@@ -34,10 +34,6 @@ from gpu_triage.diagnosis.input_lines import InputLines
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
 from gpu_triage.diagnosis.root_cause import link_symptoms, order
-from gpu_triage.diagnosis.source_state import SourceState
-from gpu_triage.diagnosis.training_fields import convert
-from gpu_triage.diagnosis.training_kernel import EVIDENCE_CHARS, KernelFindings
-from gpu_triage.diagnosis.training_report import Report, Reporter
 from gpu_triage.diagnosis.rule_model import (
     COLLECTIVE_TIMEOUT,
     JOB_FAILED,
@@ -47,6 +43,10 @@ from gpu_triage.diagnosis.rule_model import (
     Match,
     RuleSet,
 )
+from gpu_triage.diagnosis.source_state import SourceState
+from gpu_triage.diagnosis.training_fields import convert
+from gpu_triage.diagnosis.training_kernel import EVIDENCE_CHARS, KernelFindings
+from gpu_triage.diagnosis.training_report import Report, Reporter
 from gpu_triage.diagnosis.training_rules import load_rules
 
 __all__ = ["CACHE_ENTRIES", "Report", "diagnose"]
@@ -254,7 +254,9 @@ class _Diagnosis:
             if isinstance(seq, int) and isinstance(op, str):
                 numel = details.get("numel_in")
                 seen = self._seen(src, number, line)
-                work = Work(place.rank, op, numel if isinstance(numel, int) else None, src.index, number, seen.text, seen.stamp)
+                work = Work(
+                    place.rank, op, numel if isinstance(numel, int) else None, src.index, number, seen.text, seen.stamp
+                )
                 self.works.report(line.pg, seq, work)
         if spec.class_id in _DEATHS:
             src.exit_reported = True

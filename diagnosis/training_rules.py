@@ -16,12 +16,6 @@ from functools import cache
 from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
 from gpu_triage.diagnosis.log_lines import normalise
-from gpu_triage.diagnosis.rule_regex import (
-    MIN_LITERAL,
-    required_literals,
-    scan_pattern,
-    unsupported,
-)
 from gpu_triage.diagnosis.rule_model import (
     COLLECTIVE_MISMATCH,
     COLLECTIVE_TIMEOUT,
@@ -41,6 +35,12 @@ from gpu_triage.diagnosis.rule_model import (
     RuleSet,
     Signature,
     playbook_id,
+)
+from gpu_triage.diagnosis.rule_regex import (
+    MIN_LITERAL,
+    required_literals,
+    scan_pattern,
+    unsupported,
 )
 
 __all__ = [

@@ -64,7 +64,12 @@ def _example_lines() -> list[str]:
 
 
 _LINES = _example_lines() + list(RULES.near_misses[:40])
-_NOISE = ["", "step 1 | loss 0.5", "node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC", "\x1b[31mred\x1b[0m"]
+_NOISE = [
+    "",
+    "step 1 | loss 0.5",
+    "node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC",
+    "\x1b[31mred\x1b[0m",
+]
 
 
 @needs_hyperscan

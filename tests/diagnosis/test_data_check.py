@@ -13,8 +13,7 @@ from gpu_triage.diagnosis.conditions import load_conditions
 from gpu_triage.diagnosis.data_check import applies_to_problems, check_data, missing_playbooks, references
 from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.diagnosis.playbooks import load_playbook_dir, load_playbooks
-from gpu_triage.diagnosis.training_rules import load_rules
-from gpu_triage.diagnosis.training_rules import parse_rules_text
+from gpu_triage.diagnosis.training_rules import load_rules, parse_rules_text
 from gpu_triage.diagnosis.xid_data import load_catalog
 from tests.conftest import REPO
 

@@ -32,7 +32,7 @@ def test_the_width_of_a_wrapped_log_is_found() -> None:
         assert wrap_width(hard_wrap(text, width).encode()) == width
 
 
-@pytest.mark.parametrize("path", sorted(TRAINING.glob("healthy_*.log")) + [TRAINING / "classes" / "cuda_oom.log"])
+@pytest.mark.parametrize("path", [*sorted(TRAINING.glob("healthy_*.log")), TRAINING / "classes" / "cuda_oom.log"])
 def test_a_log_as_written_is_not_taken_for_wrapped(path: Path) -> None:
     assert wrap_width(path.read_bytes()) is None
 
@@ -59,7 +59,10 @@ def test_evidence_keeps_the_line_numbers_of_the_wrapped_input() -> None:
         "timeout: WorkNCCL(SeqNum=6463, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
         "1800017 milliseconds before timing out."
     )
-    lines = [f"[rank7]:step {i} | loss 0.{i:04d} | lr 0.0001 | tokens/s 123456 | mem 61.2GB | grad_norm 0.81" for i in range(6)]
+    lines = [
+        f"[rank7]:step {i} | loss 0.{i:04d} | lr 0.0001 | tokens/s 123456 | mem 61.2GB | grad_norm 0.81"
+        for i in range(6)
+    ]
     text = hard_wrap("\n".join([*lines, timeout, "[rank7]:done"]), 80)
     report = diagnose([(None, [text.encode()])])
     [finding] = report.findings

@@ -9,8 +9,8 @@ import pytest
 
 from gpu_triage.diagnosis import kernel_log
 from gpu_triage.diagnosis.kernel_log import MAX_LINE_CHARS, EventKind, parse_recovery_change
-from gpu_triage.diagnosis.rule_regex import unbounded_repeats
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
+from gpu_triage.diagnosis.rule_regex import unbounded_repeats
 from tests.diagnosis.kernel_lines import parse_line
 
 UUID = "GPU-0b11d014-a2a8-aa5e-ab77-7a1e0e2b0a79"

@@ -150,7 +150,13 @@ def test_normalise_never_raises(text: str) -> None:
             None,
             None,
         ),
-        ("10.0.87.143: ip-10-0-87-143:149:298 [5] x.c:1 NCCL WARN y", "x.c:1 NCCL WARN y", "ip-10-0-87-143", None, None),
+        (
+            "10.0.87.143: ip-10-0-87-143:149:298 [5] x.c:1 NCCL WARN y",
+            "x.c:1 NCCL WARN y",
+            "ip-10-0-87-143",
+            None,
+            None,
+        ),
         # words that are no host stay part of the message
         ("RuntimeError: CUDA error: x", "RuntimeError: CUDA error: x", None, None, None),
         ("srun: error: gpu07: task 3: Killed", "srun: error: gpu07: task 3: Killed", None, None, None),
@@ -159,7 +165,13 @@ def test_normalise_never_raises(text: str) -> None:
         ("[rank: 2] Child process with PID 13117 terminated", "Child process with PID 13117 terminated", None, 2, None),
         ("(RayWorkerWrapper pid=270291, ip=10.175.94.190) [rank3]: x", "x", "10.175.94.190", 3, None),
         # Python logging, basic and torch._logging 2.3+ (thread id of 15 digits)
-        ("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1)", "failed (exitcode: 1)", None, None, None),
+        (
+            "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1)",
+            "failed (exitcode: 1)",
+            None,
+            None,
+            None,
+        ),
         (
             "E0314 12:34:56.789000 139981234567808 torch/distributed/elastic/multiprocessing/api.py:858] failed",
             "failed",

@@ -20,9 +20,10 @@ from gpu_triage.diagnosis.training_rules import (
     REQUIRED_CLASSES,
     Example,
     load_rules,
+    parse_rules,
+    parse_rules_text,
     playbook_id,
 )
-from gpu_triage.diagnosis.training_rules import parse_rules, parse_rules_text
 
 RULES = load_rules()
 SIGNATURES = [sig.regex for sig in RULES.signatures()]
