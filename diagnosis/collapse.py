@@ -124,7 +124,17 @@ class Collapser:
                 out[key] = copy
             else:
                 into.absorb(copy)
-        return out.items()
+        return _settled(out).items()
+
+
+def _settled(out: dict[Where, Tally]) -> dict[Where, Tally]:
+    """A tally that knows only the host joins the one tally of its class there that knows more: a
+    launcher's bare `Killed` is the kill its exit report names."""
+    for key in [k for k in out if k[1] is not None and k[2:] == (None, None, None)]:
+        richer = [k for k in out if k[:2] == key[:2] and k != key]
+        if len(richer) == 1:
+            out[richer[0]].absorb(out.pop(key))
+    return out
 
 
 def build(where: Where, tally: Tally, label: Callable[[int], str | None], name: str | None = None) -> Ranked:

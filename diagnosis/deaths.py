@@ -25,7 +25,7 @@ from gpu_triage.diagnosis.root_cause import Ranked
 from gpu_triage.diagnosis.rule_model import JOB_FAILED
 from gpu_triage.diagnosis.source_state import SourceState, Traceback
 
-TAIL_LINES = 40  # an exception this close to the end of its input ended the process
+TAIL_LINES = 5  # an exception this close to the end of its input ended the process
 
 
 def uncaught(state: SourceState, *, exit_reported: bool) -> list[Traceback]:

@@ -194,8 +194,12 @@ class IdentityBook:
             rank = self._local.get((host, local))
             if rank is None and host is None:
                 rank = self._local.get((None, local))
-        if rank is None and local is None and len(facts.ranks) == 1:
-            rank = next(iter(facts.ranks))
+        if rank is None and local is None and len(facts.ranks) == 1 and len(facts.hosts) <= 1:
+            # One rank's output (a per-rank file): its lines are that rank's. Not when several hosts
+            # write to the input: then other ranks print there too, only not a line that matched.
+            only = next(iter(facts.ranks))
+            if host is None or maps.rank_host.get(only) in (None, host):
+                rank = only
         if host is None and len(facts.hosts) == 1:
             host = next(iter(facts.hosts))
         if rank is not None and host is None:

@@ -119,7 +119,7 @@ def _check(seq: Any, problems: list[str]) -> None:
             _low, high, sub = av
             if high is _c.MAXREPEAT:
                 problems.append("unbounded repetition (*, +, {n,}): use a bounded {m,n}")
-            elif (inner := _widest_repeat(sub)) > 1 and high * inner > MAX_NESTED:
+            elif high > 1 and (inner := _widest_repeat(sub)) > 1 and high * inner > MAX_NESTED:
                 problems.append(f"a repeat of up to {high} around a repeat: bound the product by {MAX_NESTED}")
             _check(sub, problems)
         elif op is _c.IN:
@@ -134,7 +134,7 @@ def _widest_repeat(seq: Any) -> int:
     for op, av in seq:
         if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
             high = av[1]
-            widest = max(widest, (1 << 30) if high is _c.MAXREPEAT else high * _widest_repeat(av[2]))
+            widest = max(widest, (1 << 30) if high is _c.MAXREPEAT else max(high, 1) * _widest_repeat(av[2]))
         elif op is _c.SUBPATTERN:
             widest = max(widest, _widest_repeat(av[3]))
         elif op is _c.BRANCH:

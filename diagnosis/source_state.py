@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gpu_triage.diagnosis.identity import short_host
 from gpu_triage.diagnosis.log_lines import LogLine
 
 MAX_TRACEBACKS = 16  # per input: the first ones and the last one are what matter
@@ -60,7 +61,7 @@ class SourceState:
     def table_host(self, number: int, host: str) -> None:
         if self.entry is None or self.entry.host is not None or self.entry.rank is not None:
             self.entry = TableEntry(number)
-        self.entry.host = host
+        self.entry.host = short_host(host)
 
     def table_rank(self, number: int, rank: int, local_rank: int | None) -> None:
         if self.entry is None or self.entry.rank is not None:
@@ -71,11 +72,14 @@ class SourceState:
         self.entry = None
 
     def table_place(self, line: LogLine) -> TableEntry | None:
-        """The open entry, when `line` is one of its indented lines without a place of its own."""
+        """The open entry, when `line` is one of its indented lines without a place of its own (a
+        launcher's `node07: ` prefix names the agent's host, which is the table's)."""
         entry = self.entry
-        if entry is None or line.indent < 2 or line.host is not None or line.rank is not None:
+        if entry is None or line.indent < 2 or line.rank is not None or line.pid is not None:
             return None
-        return entry if line.pid is None and line.local_rank is None else None
+        if line.host is not None and entry.host is not None and short_host(line.host) != short_host(entry.host):
+            return None
+        return entry if line.local_rank is None else None
 
     # -- two-line messages ----------------------------------------------------------------------
 

@@ -221,9 +221,11 @@ class _Diagnosis:
         host = details.pop("host", None)  # a worker a launcher reports on: the place is the worker's
         rank = line.rank if line.rank is not None else details.get("rank")
         local = line.local_rank if line.local_rank is not None else details.get("local_rank")
-        tasks = details.get("tasks")
+        tasks, ranks = details.get("tasks"), details.get("ranks")
         if rank is None and isinstance(tasks, str) and tasks.isdigit():
             rank = int(tasks)  # srun numbers tasks by global rank
+        if isinstance(ranks, str) and ranks.strip().isdigit():
+            rank = int(ranks)  # the one rank a report names (the lagging rank), not the reporter
         pid = details.get("pid")
         place = _Place(
             str(host) if host is not None else line.host,

@@ -79,7 +79,8 @@ def test_a_healthy_run_produces_no_findings(path: Path) -> None:
 
 
 def test_healthy_runs_together_are_still_healthy() -> None:
-    report = _diagnose_files(HEALTHY)
+    # The old-NCCL one is left out: next to the others it would be a job with mixed NCCL versions.
+    report = _diagnose_files([p for p in HEALTHY if "old_nccl" not in p.name])
     assert report.findings == [] and report.lines_read > 800
 
 
