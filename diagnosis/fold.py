@@ -3,13 +3,15 @@
 When `FOLD_AT` or more places (ranks, hosts) report the same training-log class, they are one finding
 at the position of the first of them: its title says which ranks (`on ranks 0-26, 28-63 (63)`), `ranks`
 lists them numerically, and `members` keeps, per place, where it was, how often and its first line,
-so the JSON loses nothing. Host, rank and GPU of the folded finding are those all members share, and
-None otherwise. Kernel-log findings (XID, SXid) are never folded: each names a piece of hardware to
-drain.
+so the JSON loses nothing. A folded symptom (timeouts, closed peers) has the host, rank and GPU all
+its members share, and None otherwise: it happened everywhere. A folded fault (every rank out of
+memory) keeps the place of its first member, where it happened first, which is where to look.
+Kernel-log findings (XID, SXid) are never folded: each names a piece of hardware to drain.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpu_triage.diagnosis.collectives import rank_ranges
@@ -40,9 +42,10 @@ def _order(f: Finding) -> tuple[bool, int, str, int]:
     return (f.rank is None, f.rank if f.rank is not None else 0, f.host or "", f.local_rank or 0)
 
 
-def group(members: list[Finding]) -> Finding:
+def group(members: list[Finding], symptom: bool = True) -> Finding:
     """One finding for `members` (same class, in root-cause order)."""
     first = members[0]
+    place = [first] if not symptom else members
     by_place = sorted(members, key=_order)
     ranks = sorted({f.rank for f in members if f.rank is not None})
     where = f"ranks {rank_ranges(ranks)} ({len(ranks)})" if ranks else f"{len(members)} places"
@@ -61,10 +64,10 @@ def group(members: list[Finding]) -> Finding:
         action=first.action,
         title=f"{first.title} on {where}",
         playbook=first.playbook,
-        gpu=_common([f.gpu for f in members]),
-        rank=None,
-        host=_common([f.host for f in members]),
-        local_rank=_common([f.local_rank for f in members]),
+        gpu=_common([f.gpu for f in place]),
+        rank=None if symptom else first.rank,
+        host=_common([f.host for f in place]),
+        local_rank=_common([f.local_rank for f in place]),
         place_inferred=any(f.place_inferred for f in members),
         evidence=evidence,
         count=sum(f.count for f in members),
@@ -75,13 +78,13 @@ def group(members: list[Finding]) -> Finding:
     )
 
 
-def fold(findings: list[Finding]) -> list[Finding]:
+def fold(findings: list[Finding], is_symptom: Callable[[Finding], bool]) -> list[Finding]:
     """`findings` (root cause first) with each class of `FOLD_AT`+ places folded into one."""
     by_class: dict[str, list[Finding]] = {}
     for f in findings:
         if _foldable(f.class_id):
             by_class.setdefault(f.class_id, []).append(f)
-    groups = {c: group(members) for c, members in by_class.items() if len(members) >= FOLD_AT}
+    groups = {c: group(ms, is_symptom(ms[0])) for c, ms in by_class.items() if len(ms) >= FOLD_AT}
     out: list[Finding] = []
     for f in findings:
         if f.class_id not in groups:

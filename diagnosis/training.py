@@ -285,7 +285,7 @@ class _Diagnosis:
         ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)
         ranked += reporter.synthesized()
-        findings = fold([r.finding for r in order(settle(ranked, symptom))])
+        findings = fold([r.finding for r in order(settle(ranked, symptom))], symptom)
         findings = reporter.straggler(findings)
         link_symptoms(findings, symptom)
         events = []
