@@ -107,7 +107,14 @@ def engine_name(prefer: str | None = None) -> str:
 
 
 def finder_for(patterns: Sequence[str], literals: Sequence[str], prefer: str | None = None) -> Finder:
-    """A fresh finder for one reader: Hyperscan over `patterns`, or literal search for `literals`."""
+    """A fresh finder for one reader: Hyperscan over `patterns`, or literal search for `literals`.
+
+    Should Hyperscan refuse to run here (a CPU without the instructions it needs), the literal
+    search gives the same findings, unless Hyperscan was asked for by name."""
     if engine_name(prefer) == "hyperscan":
-        return HyperscanFinder(_database(tuple(patterns)))
+        try:
+            return HyperscanFinder(_database(tuple(patterns)))
+        except Exception:
+            if (prefer or os.environ.get(ENV, "")).strip().lower() == "hyperscan":
+                raise
     return LiteralFinder(literals)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from gpu_triage.diagnosis.block_scan import engine_name, finder_for
+from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
 from gpu_triage.diagnosis.deaths import settle, uncaught
@@ -107,7 +107,9 @@ class _Diagnosis:
     def read(self, name: str | None, chunks: Iterable[bytes]) -> tuple[int, int]:
         src = SourceState(self.identity.add_source(), name)
         self.sources.append(src)
-        reader = InputLines(finder_for(self.patterns, self.literals, self.engine))
+        finder = finder_for(self.patterns, self.literals, self.engine)
+        self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
+        reader = InputLines(finder)
         kernel = KernelLogParser()
         for cand in reader.read(chunks):
             self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
