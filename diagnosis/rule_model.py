@@ -57,6 +57,7 @@ class ContextKind(StrEnum):
     TABLE_END = "table_end"  # the table's borders close an entry
     CONTINUES = "continues"  # the first line of a message printed over two lines
     CONTINUED = "continued"  # ... and its second line
+    IGNORED_EXCEPTION = "ignored_exception"  # Python: `Exception ignored in: …` (the next traceback is harmless)
     TRACEBACK = "traceback"  # Python: `Traceback (most recent call last):`
     EXCEPTION = "exception"  # the `SomeError: message` line that ends a traceback
 

@@ -9,7 +9,8 @@
 * a message its printer splits over two lines by design (PRRTE's `… exited on` / `signal 9
   (Killed).`): the first line waits for the second.
 * Python tracebacks: where each started and the exception line that ended it, so that an uncaught
-  exception can count as a death of the process (diagnosis/deaths.py).
+  exception can count as a death of the process (diagnosis/deaths.py); not one Python printed after
+  `Exception ignored in:`, which it could not raise.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class SourceState:
     entry: TableEntry | None = None
     continues: tuple[int, LogLine] | None = None
     open_traceback: tuple[int, LogLine] | None = None
+    ignored: int = -10  # the line of the last `Exception ignored in: …`
     tracebacks: list[Traceback] = field(default_factory=list)
     exit_reported: bool = False  # a launcher reported a process's end in this input
     lines: int = 0  # set when the input ends
@@ -94,7 +96,9 @@ class SourceState:
     # -- tracebacks -----------------------------------------------------------------------------
 
     def traceback(self, number: int, line: LogLine) -> None:
-        self.open_traceback = (number, line)
+        # Python prints an exception it cannot raise (in __del__, at exit) after `Exception ignored in`:
+        # that traceback kills nothing.
+        self.open_traceback = None if number - self.ignored <= 2 else (number, line)
 
     def exception(self, number: int, line: LogLine) -> None:
         if self.open_traceback is None:

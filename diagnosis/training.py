@@ -200,6 +200,8 @@ class _Diagnosis:
             src.table_end()
         elif kind is ContextKind.PROGRESS:
             self._progress(src, number, line, fields)
+        elif kind is ContextKind.IGNORED_EXCEPTION:
+            src.ignored = number
         elif kind is ContextKind.TRACEBACK:
             src.traceback(number, line)
         elif kind is ContextKind.EXCEPTION:

@@ -433,3 +433,25 @@ def test_the_event_that_fills_the_list_is_judged_too(monkeypatch: pytest.MonkeyP
     state.read(None, [xid.encode() * 3])
     assert len(state.kernel.events) == 2 and state.kernel.dropped == 1
     assert len(state.kernel.occurrences[(0, "0000:3b:00.0")]) == 2
+
+
+def test_an_uncaught_exception_at_the_end_of_a_log_is_a_death_a_handled_one_is_not() -> None:
+    traceback = [
+        "Traceback (most recent call last):",
+        '  File "train.py", line 3, in <module>',
+        "ValueError: bad shape",
+    ]
+    died = _text("step 1 | loss 2.0", *traceback)
+    [finding] = died.findings
+    assert finding.class_id == "job_failed_unclassified"
+    assert finding.evidence[0].text == "ValueError: bad shape"
+    handled = _text("step 1 | loss 2.0", *traceback, *[f"step {i} | loss 1.9" for i in range(2, 12)])
+    assert handled.findings == []
+    ignored = _text("step 1", "Exception ignored in: <function X.__del__ at 0x7f00>", *traceback)
+    assert ignored.findings == []
+
+
+def test_a_dead_job_with_only_a_launcher_report_is_not_healthy() -> None:
+    report = _text("srun: error: gpu07: task 3: Exited with exit code 2")
+    [finding] = report.findings
+    assert (finding.class_id, finding.host, finding.rank) == ("job_failed_unclassified", "gpu07", 3)
