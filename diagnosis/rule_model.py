@@ -53,7 +53,6 @@ class ContextKind(StrEnum):
     PROGRESS = "progress"  # last enqueued / completed NCCL work of a rank
     FAILURE_HOST = "failure_host"  # torchrun's failure table: one entry per failed worker
     FAILURE_RANK = "failure_rank"
-    TABLE_MESSAGE = "table_message"
     TABLE_END = "table_end"  # the table's borders close an entry
     CONTINUES = "continues"  # the first line of a message printed over two lines
     CONTINUED = "continued"  # ... and its second line
