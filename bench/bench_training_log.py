@@ -1,7 +1,7 @@
 """Throughput and memory of `diagnosis.training.diagnose` on a big multi-rank training log, next to grep.
 
-    .venv/bin/python bench/bench_training_log.py              # 1 GB, generated once under bench/out/
-    .venv/bin/python bench/bench_training_log.py --size-mb 64
+    .venv/bin/python bench/bench_training_log.py                   # 1 GB, generated once under bench/out/
+    .venv/bin/python bench/bench_training_log.py --size-mb 64 --fallback-mb 64
 
 Prints figures only; there is no pass/fail. The log imitates 16 ranks on 2 nodes writing to one
 stream: each "job attempt" starts with the real start-up output of the healthy fixtures
@@ -10,13 +10,13 @@ for a while: NCCL INFO collective traces (NCCL_DEBUG_SUBSYS=COLL), per-step trai
 progress bars, with rank prefixes. Every 64 MB one failure fixture of tests/fixtures/training/classes
 is spliced in, so the diagnosis has real work to do.
 
-Figures printed:
-* `diagnose`: MB/s over the file read in 1 MiB chunks (what the CLI does), in a child process whose
-  peak RSS (resource.getrusage) is reported too;
-* `grep -c -E` with the same trigger words as the prefilter (LC_ALL=C, best of two runs so both see a
-  warm page cache), and the ratio of the two;
-* prefilter strategies on the first 256 MB: one `bytes.find` pass per trigger word, the scanner's
-  rare-byte hopping (diagnosis.line_scan.trigger_lines), and one compiled alternation per chunk.
+Figures printed, each `diagnose` in a fresh child process reading the file in 1 MiB chunks (what
+the CLI does), with every signature over every line:
+* `grep -c -F 'NVRM: Xid'` on the same file (LC_ALL=C, best of three, warm page cache): the yardstick;
+* `diagnose` with the Hyperscan block scan over the whole file: MB/s, the ratio to grep, the child's
+  peak RSS, and the same for a 64 MB prefix (memory stays flat: the two peaks are close);
+* `diagnose` with the pure-Python scan (the fallback where no Hyperscan wheel exists) over the first
+  `--fallback-mb` MB: MB/s and the ratio to grep.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import resource
 import shutil
 import subprocess
@@ -32,10 +31,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_triage.diagnosis.line_scan import trigger_lines
 from gpu_triage.diagnosis.training_rules import load_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,26 +123,31 @@ def ensure_log(size_mb: int) -> Path:
     return path
 
 
-def _child(path: str) -> None:
-    """Run in a fresh interpreter: diagnose the file, print figures as JSON."""
+def _child(path: str, engine: str, limit_mb: int) -> None:
+    """Run in a fresh interpreter: diagnose (up to `limit_mb` MB of) the file, print figures as JSON."""
     from gpu_triage.diagnosis.training import diagnose
 
+    limit = limit_mb << 20
+
     def chunks() -> Iterator[bytes]:
+        done = 0
         with open(path, "rb") as f:  # noqa: PTH123 - the child only gets a string path
-            while chunk := f.read(CHUNK):
+            while done < limit and (chunk := f.read(min(CHUNK, limit - done))):
+                done += len(chunk)
                 yield chunk
 
-    diagnose([(None, [b"warm-up\n"])])  # load rules and catalog outside the timed part
+    diagnose([(None, [b"warm-up\n"])], engine=engine)  # load rules, catalog and scan database untimed
     start = time.perf_counter()
-    report = diagnose([(path, chunks())])
+    report = diagnose([(path, chunks())], engine=engine)
     took = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(
         json.dumps(
             {
                 "seconds": took,
+                "bytes": min(limit, Path(path).stat().st_size),
+                "engine": report.engine,
                 "lines": report.lines_read,
-                "skipped": report.lines_skipped,
                 "findings": len(report.findings),
                 "classes": sorted({f.class_id for f in report.findings}),
                 "peak_rss_mib": peak_kib / 1024,
@@ -152,84 +156,61 @@ def _child(path: str) -> None:
     )
 
 
-def _grep(path: Path, triggers: tuple[str, ...]) -> tuple[float, int]:
+def _grep(path: Path) -> float:
+    """Seconds of `grep -c -F 'NVRM: Xid'` over the file, best of three."""
     grep = shutil.which("grep")
     if grep is None:
-        return float("nan"), -1
-    pattern = "|".join(re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", t) for t in triggers)
-    best, count = float("inf"), -1
-    for _ in range(2):
+        return float("nan")
+    best = float("inf")
+    for _ in range(3):
         start = time.perf_counter()
-        done = subprocess.run(
-            [grep, "-c", "-E", pattern, str(path)], capture_output=True, text=True, env={"LC_ALL": "C"}, check=False
+        subprocess.run(
+            [grep, "-c", "-F", "NVRM: Xid", str(path)], capture_output=True, env={"LC_ALL": "C"}, check=False
         )
         best = min(best, time.perf_counter() - start)
-        count = int(done.stdout.strip() or -1)
-    return best, count
+    return best
 
 
-def _strategies(path: Path, triggers: tuple[str, ...], limit: int = 256 << 20) -> dict[str, float]:
-    """MB/s of finding the lines holding a trigger word, three ways, over the first `limit` bytes."""
-    needles = [t.encode() for t in triggers]
-    alternation = re.compile(b"|".join(re.escape(n) for n in needles))
-
-    def plain(chunk: bytes, end: int) -> None:
-        for needle in needles:
-            pos = chunk.find(needle, 0, end)
-            while pos >= 0:
-                pos = chunk.find(needle, chunk.find(b"\n", pos, end) + 1, end)
-
-    def regex(chunk: bytes, end: int) -> None:
-        for _ in alternation.finditer(chunk, 0, end):
-            pass
-
-    def hopping(chunk: bytes, end: int) -> None:
-        trigger_lines(chunk, 0, end, needles)
-
-    ways = {"bytes.find per word": plain, "rare-byte hops (the scanner)": hopping, "one compiled alternation": regex}
-    seconds = dict.fromkeys(ways, 0.0)
-    done = 0
-    with path.open("rb") as f:
-        while done < limit and (chunk := f.read(4 << 20)):
-            end = chunk.rfind(b"\n") + 1
-            for name, way in ways.items():
-                start = time.perf_counter()
-                way(chunk, end)
-                seconds[name] += time.perf_counter() - start
-            done += len(chunk)
-    return {name: done / 1e6 / s for name, s in seconds.items()}
+def _run(path: Path, engine: str, limit_mb: int) -> dict[str, Any]:
+    child = subprocess.run(
+        [sys.executable, __file__, "--child", str(path), "--engine", engine, "--limit-mb", str(limit_mb)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    figures: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="size of the generated log (default 1024)")
+    parser.add_argument("--fallback-mb", type=int, default=256, help="MB the pure-Python scan reads (default 256)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--engine", default="hyperscan", help=argparse.SUPPRESS)
+    parser.add_argument("--limit-mb", type=int, default=1 << 20, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        _child(args.child)
+        _child(args.child, args.engine, args.limit_mb)
         return 0
 
     path = ensure_log(args.size_mb)
     size_mb = path.stat().st_size / 1e6
-    triggers = load_rules().triggers
-    print(f"log: {path} ({size_mb:.0f} MB)")
-    print(f"trigger words: {', '.join(repr(t) for t in triggers)}")
-
-    grep_s, grep_lines = _grep(path, triggers)
-    child = subprocess.run(
-        [sys.executable, __file__, "--child", str(path)], capture_output=True, text=True, check=True, cwd=ROOT
-    )
-    figures = json.loads(child.stdout.strip().splitlines()[-1])
-    ours = figures["seconds"]
-    print(
-        f"diagnose: {ours:.2f} s, {size_mb / ours:.0f} MB/s, {figures['lines']:,} lines "
-        f"({figures['skipped']} skipped), {figures['findings']} findings in {len(figures['classes'])} classes"
-    )
-    print(f"peak RSS of the diagnosing process: {figures['peak_rss_mib']:.1f} MiB")
-    print(f"grep -c -E (same trigger words): {grep_s:.2f} s, {size_mb / grep_s:.0f} MB/s, {grep_lines:,} lines")
-    print(f"ratio diagnose / grep: {ours / grep_s:.2f}x")
-    rates = _strategies(path, triggers)
-    print("prefilter strategies (first 256 MB): " + ", ".join(f"{k} {v:.0f} MB/s" for k, v in rates.items()))
+    print(f"log: {path} ({size_mb:.0f} MB), {len(load_rules().signatures())} signatures on every line")
+    grep_s = _grep(path)
+    grep_rate = size_mb / grep_s
+    print(f"grep -c -F 'NVRM: Xid': {grep_s:.2f} s, {grep_rate:.0f} MB/s")
+    runs = [("hyperscan", 1 << 20), ("hyperscan", 64), ("python", args.fallback_mb)]
+    for engine, limit in runs:
+        figures = _run(path, engine, limit)
+        mb = figures["bytes"] / 1e6
+        rate = mb / figures["seconds"]
+        print(
+            f"diagnose [{figures['engine']} scan] {mb:.0f} MB: {figures['seconds']:.2f} s, {rate:.0f} MB/s, "
+            f"{rate / grep_rate:.2f}x grep; {figures['lines']:,} lines, {figures['findings']} findings in "
+            f"{len(figures['classes'])} classes; peak RSS {figures['peak_rss_mib']:.0f} MiB"
+        )
     return 0
 
 

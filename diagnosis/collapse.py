@@ -3,7 +3,9 @@
 While the input streams by, one `Tally` is kept per (class, what the lines said about where);
 memory grows with the number of distinct places, never with the number of lines. At the end,
 tallies that turn out to name the same place once identity is resolved are merged, and each becomes
-a `Finding` ranked for root-cause ordering.
+a `Finding` ranked for root-cause ordering. A tally keeps, besides its first and last line, the first
+line of each other kind (another signature, or another input) that reported the same thing: the
+kernel's OOM-killer line next to torchrun's report of the same kill, up to a few.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from gpu_triage.diagnosis.log_lines import Stamp
 from gpu_triage.diagnosis.root_cause import Ranked, Timing
 
 MAX_KEYS = 10_000  # distinct (class, where) pairs before new places fold into one per class
+MAX_OTHER = 4  # first lines of other kinds kept as evidence
 
-Where = tuple[str, str | None, int | None, str | None]  # (class, host, rank, gpu)
+# (class, host, global rank, local rank (only when the global one is unknown), gpu)
+Where = tuple[str, str | None, int | None, int | None, str | None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +48,7 @@ class Seen:
     line: int
     text: str
     stamp: Stamp | None
+    kind: int = 0  # which signature printed it: lines of another kind are kept as evidence too
 
 
 @dataclass(slots=True)
@@ -53,15 +58,29 @@ class Tally:
     last: Seen
     count: int = 1
     details: dict[str, str | int] = field(default_factory=dict)
+    others: list[Seen] = field(default_factory=list)  # first lines of other kinds
+    inferred: bool = False
+
+    def note(self, seen: Seen) -> None:
+        """`seen` is another line of this tally."""
+        self.count += 1
+        if (seen.source, seen.line) > (self.last.source, self.last.line):
+            self.last = seen
+        if (seen.source, seen.line) < (self.first.source, self.first.line):
+            self.first, seen = seen, self.first
+        kind = (seen.source, seen.kind)
+        known = {(self.first.source, self.first.kind)} | {(o.source, o.kind) for o in self.others}
+        if kind not in known and len(self.others) < MAX_OTHER:
+            self.others.append(seen)
 
     def absorb(self, other: Tally) -> None:
-        self.count += other.count
-        if (other.first.source, other.first.line) < (self.first.source, self.first.line):
-            self.first = other.first
-        if (other.last.source, other.last.line) > (self.last.source, self.last.line):
-            self.last = other.last
+        count = self.count + other.count
+        for seen in (other.first, *other.others, other.last):
+            self.note(seen)
+        self.count = count
         for name, value in other.details.items():
             self.details.setdefault(name, value)
+        self.inferred = self.inferred or other.inferred
 
 
 class Collapser:
@@ -78,8 +97,7 @@ class Collapser:
         if tally is None:
             self._tallies[key] = Tally(spec, seen, seen, 1, details)
             return
-        tally.count += 1
-        tally.last = seen
+        tally.note(seen)
         for name, value in details.items():
             tally.details.setdefault(name, value)
 
@@ -96,28 +114,43 @@ class Collapser:
         out: dict[Where, Tally] = {}
         for (class_id, who), tally in self._tallies.items():
             where = place(who)
-            if where.rank_is_local and where.rank is not None:
-                tally.details.setdefault("local_rank", where.rank)
-            key = (class_id, where.host, where.rank, where.gpu)
+            key = (class_id, where.host, where.rank, where.local_rank if where.rank is None else None, where.gpu)
+            copy = Tally(tally.spec, tally.first, tally.last, tally.count, dict(tally.details), list(tally.others))
+            copy.inferred = where.inferred
+            if where.rank is not None and where.local_rank is not None:
+                copy.details.setdefault("local_rank", where.local_rank)
             into = out.get(key)
             if into is None:
-                out[key] = Tally(tally.spec, tally.first, tally.last, tally.count, dict(tally.details))
+                out[key] = copy
             else:
-                into.absorb(tally)
-        return out.items()
+                into.absorb(copy)
+        return _settled(out).items()
+
+
+def _settled(out: dict[Where, Tally]) -> dict[Where, Tally]:
+    """A tally that knows only the host joins the one tally of its class there that knows more: a
+    launcher's bare `Killed` is the kill its exit report names."""
+    for key in [k for k in out if k[1] is not None and k[2:] == (None, None, None)]:
+        richer = [k for k in out if k[:2] == key[:2] and k != key]
+        if len(richer) == 1:
+            out[richer[0]].absorb(out.pop(key))
+    return out
 
 
 def build(where: Where, tally: Tally, label: Callable[[int], str | None], name: str | None = None) -> Ranked:
     """The finding for `tally` at `where`; its id is `<class>:<host>/rank<N>/<gpu>` (known parts)."""
-    class_id, host, rank, gpu = where
+    class_id, host, rank, local, gpu = where
     spec = tally.spec
+    local_rank = local if local is not None else tally.details.get("local_rank")
     if name is None:
-        parts = [host, None if rank is None else f"rank{rank}", gpu]
+        local_part = f"local{local}" if local is not None else None
+        parts = [host, None if rank is None else f"rank{rank}", local_part, gpu]
         name = "/".join(p for p in parts if p) or "-"
     first, last = tally.first, tally.last
-    evidence = [Evidence(first.line, first.text, label(first.source))]
-    if tally.count > 1 and (last.source, last.line) != (first.source, first.line):
-        evidence.append(Evidence(last.line, last.text, label(last.source)))
+    lines = [first, *sorted(tally.others, key=lambda s: (s.source, s.line))]
+    if tally.count > 1 and (last.source, last.line) not in {(s.source, s.line) for s in lines}:
+        lines.append(last)
+    details = {k: v for k, v in tally.details.items() if k != "local_rank"}
     finding = Finding(
         id=f"{class_id}:{name}",
         class_id=class_id,
@@ -128,9 +161,11 @@ def build(where: Where, tally: Tally, label: Callable[[int], str | None], name: 
         gpu=gpu,
         rank=rank,
         host=host,
-        evidence=evidence,
+        local_rank=local_rank if isinstance(local_rank, int) else None,
+        place_inferred=tally.inferred,
+        evidence=[Evidence(s.line, s.text, label(s.source)) for s in lines],
         count=tally.count,
         steps=list(spec.steps),
-        details=dict(tally.details),
+        details=details,
     )
     return Ranked(finding, spec.tier, Timing(first.stamp, first.source, first.line))

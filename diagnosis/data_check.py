@@ -18,6 +18,7 @@ from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.conditions import Condition, load_conditions
 from gpu_triage.diagnosis.data_files import DataError, Problems
 from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, action_playbook, load_playbooks
+from gpu_triage.diagnosis.training_kernel import SXID_PLAYBOOK
 from gpu_triage.diagnosis.training_rules import RuleSet, load_rules
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID, XidCatalog
 from gpu_triage.diagnosis.xid_data import load_catalog
@@ -49,6 +50,7 @@ def references(catalog: XidCatalog, conditions: Mapping[str, Condition], rules: 
         add(condition.playbook, f"condition {cid}", cid)
     for rule in rules.rules:
         add(rule.playbook, f"training-log class {rule.class_id}", rule.class_id)
+    add(SXID_PLAYBOOK, "NVSwitch SXid findings of diagnose", "sxid")
     return refs
 
 

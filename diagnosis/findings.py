@@ -38,7 +38,7 @@ class Evidence:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"line": self.line, "text": self.text}
         if self.source is not None:
-            out["source"] = self.source
+            out["file"] = self.source
         return out
 
 
@@ -46,9 +46,11 @@ class Evidence:
 class Finding:
     """A diagnosed problem: what it is, where, how bad, what to do, and the lines that show it.
 
-    `class_id` is `xid_<code>` for XID findings and a class id of the training-log rules otherwise.
-    Repeated lines of the same problem collapse into one finding: `count` says how many, `evidence`
-    keeps the first and the last.
+    `class_id` is `xid_<code>` for XID findings, `sxid_<code>` for NVSwitch ones and a class id of the
+    training-log rules otherwise. Repeated lines of the same problem collapse into one finding: `count`
+    says how many, `evidence` keeps the first and the last (and the first of each other kind). `rank` is
+    the global rank. A symptom shared by many ranks is one finding for them all: `ranks` lists them and
+    `members` keeps each one's place, count and first line.
     """
 
     id: str
@@ -64,9 +66,13 @@ class Finding:
     count: int = 1
     steps: list[str] = field(default_factory=list)  # the immediate next steps, in order
     details: dict[str, str | int] = field(default_factory=dict)  # fields extracted from the lines
+    local_rank: int | None = None
+    place_inferred: bool = False  # host, rank or GPU came from other lines than the finding's own
+    ranks: list[int] = field(default_factory=list)  # the ranks a folded finding covers
+    members: list[dict[str, Any]] = field(default_factory=list)  # per place of a folded finding
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "class": self.class_id,
             "severity": self.severity.value,
@@ -75,9 +81,15 @@ class Finding:
             "playbook": self.playbook,
             "gpu": self.gpu,
             "rank": self.rank,
+            "local_rank": self.local_rank,
             "host": self.host,
+            "place_inferred": self.place_inferred,
+            "ranks": list(self.ranks),
             "count": self.count,
             "evidence": [e.to_json() for e in self.evidence],
             "steps": list(self.steps),
             "details": dict(self.details),
         }
+        if self.members:
+            out["members"] = [dict(m) for m in self.members]
+        return out

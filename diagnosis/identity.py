@@ -3,9 +3,13 @@
 No single line says everything. NCCL's header gives host, pid and the process's CUDA device; the
 `[rankN]:` and `[PG … Rank N]` tags give the global rank but no host; NCCL's communicator-init line
 (`comm … rank R nranks N cudaDev D busId B - Init COMPLETE`) ties a host:pid to a rank and a GPU bus
-id; torchrun's failure summary pairs a host with a rank; an input may hold a single host or rank.
-`IdentityBook` collects these facts while the input streams by (bounded, a few entries per process)
-and `place` fills in what a finding's own lines did not say, once everything is known.
+id; torchrun's failure table ties a worker's pid to its host, global rank and local rank; an input may
+hold a single host or rank. `IdentityBook` collects these facts while the input streams by (bounded, a
+few entries per process) and `place` fills in what a finding's own lines did not say, once everything
+is known, and says when it did (`Place.inferred`).
+
+`rank` is always the global rank; torchrun's local rank is kept apart. Host names are compared and
+shown in their short form (`node07`, not `node07.cluster.local`), as NCCL prints them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,13 @@ from gpu_triage.diagnosis.log_lines import LogLine
 MAX_ENTRIES = 200_000  # per table; a real job has a few entries per process
 
 
+def short_host(host: str | None) -> str | None:
+    """`node07.cluster.local` -> `node07`; addresses stay whole."""
+    if not host:
+        return None
+    return host.split(".", 1)[0] if host[0].isalpha() else host
+
+
 @dataclass(frozen=True, slots=True)
 class Who:
     """What the lines of a finding said about where it happened; None where they were silent."""
@@ -24,18 +35,19 @@ class Who:
     source: int
     host: str | None = None
     pid: int | None = None  # the process that printed the line
-    rank: int | None = None
+    rank: int | None = None  # global
     local_rank: int | None = None
     gpu: str | None = None
-    subject_pid: int | None = None  # a worker pid named in the message (torchrun's exit report)
+    subject_pid: int | None = None  # a worker pid named in the message (an exit report, the OOM killer)
 
 
 @dataclass(frozen=True, slots=True)
 class Place:
     host: str | None
-    rank: int | None
+    rank: int | None  # global
     gpu: str | None
-    rank_is_local: bool = False  # only torchrun's local rank was known
+    local_rank: int | None = None
+    inferred: bool = False  # something here came from other lines than the finding's own
 
 
 @dataclass(slots=True)
@@ -56,9 +68,19 @@ class _SourceFacts:
 class _Maps:
     rank_host: dict[int, str]
     rank_gpu: dict[int, str] = field(default_factory=dict)
+    rank_local: dict[int, int] = field(default_factory=dict)
     host_gpu_rank: dict[tuple[str, str], int] = field(default_factory=dict)
     gpu_places: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     by_pid: dict[int, list[tuple[int, str, int]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Worker:
+    """A worker as torchrun's failure table describes it."""
+
+    host: str | None
+    rank: int | None
+    local_rank: int | None
 
 
 class IdentityBook:
@@ -66,6 +88,9 @@ class IdentityBook:
         self._sources: list[_SourceFacts] = []
         self._procs: dict[tuple[int, str, int], _Proc] = {}
         self._rank_host: dict[int, str] = {}
+        self._rank_local: dict[int, int] = {}
+        self._workers: dict[int, list[_Worker]] = {}  # by pid
+        self._local: dict[tuple[str | None, int], int] = {}  # (host, local rank) -> global rank
         self._maps: _Maps | None = None
 
     def add_source(self) -> int:
@@ -74,21 +99,42 @@ class IdentityBook:
 
     def learn(self, source: int, line: LogLine) -> None:
         facts = self._sources[source]
-        if line.host is not None and len(facts.hosts) < 2:
-            facts.hosts.add(line.host)
+        host = short_host(line.host)
+        if host is not None and len(facts.hosts) < 2:
+            facts.hosts.add(host)
         if line.rank is not None and len(facts.ranks) < 2:
             facts.ranks.add(line.rank)
-        if line.host is not None and line.rank is not None:
-            self.pair(line.rank, line.host)
+        if host is not None and line.rank is not None:
+            self.pair(line.rank, host)
+        if line.rank is not None and line.local_rank is not None:  # `[default3]:[rank11]:`
+            self.local(host, line.local_rank, line.rank)
 
-    def pair(self, rank: int, host: str) -> None:
-        """`rank` ran on `host` (the first statement wins)."""
-        if len(self._rank_host) < MAX_ENTRIES:
-            self._rank_host.setdefault(rank, host)
+    def local(self, host: str | None, local_rank: int, rank: int) -> None:
+        """Local rank `local_rank` (on `host`, when known) is global rank `rank`."""
+        if len(self._local) < MAX_ENTRIES:
+            self._local.setdefault((short_host(host), local_rank), rank)
+            self._rank_local.setdefault(rank, local_rank)
         self._maps = None
 
+    def pair(self, rank: int, host: str, local_rank: int | None = None) -> None:
+        """`rank` ran on `host` (the first statement wins)."""
+        if len(self._rank_host) < MAX_ENTRIES:
+            self._rank_host.setdefault(rank, short_host(host) or host)
+            if local_rank is not None:
+                self._rank_local.setdefault(rank, local_rank)
+        self._maps = None
+
+    def bind_pid(self, pid: int, host: str | None, rank: int | None, local_rank: int | None) -> None:
+        """torchrun's failure table: worker `pid` was `rank` (local `local_rank`) on `host`."""
+        known = self._workers.setdefault(pid, [])
+        worker = _Worker(short_host(host), rank, local_rank)
+        if worker not in known and len(known) < 8 and len(self._workers) < MAX_ENTRIES:
+            known.append(worker)
+        if host is not None and rank is not None:
+            self.pair(rank, host, local_rank)
+
     def comm_init(self, source: int, host: str, pid: int, *, rank: int, nranks: int, gpu: str | None) -> None:
-        key = (source, host, pid)
+        key = (source, short_host(host) or host, pid)
         old = self._procs.get(key)
         # A process joins several communicators; the largest one numbers it by its global rank.
         if (old is None and len(self._procs) < MAX_ENTRIES) or (old is not None and nranks > old.nranks):
@@ -98,7 +144,7 @@ class IdentityBook:
     def _build(self) -> _Maps:
         if self._maps is not None:
             return self._maps
-        maps = _Maps(rank_host=dict(self._rank_host))
+        maps = _Maps(rank_host=dict(self._rank_host), rank_local=dict(self._rank_local))
         for (source, host, pid), proc in self._procs.items():
             maps.rank_host.setdefault(proc.rank, host)
             if proc.gpu is not None:
@@ -118,30 +164,51 @@ class IdentityBook:
     def gpu_of(self, rank: int) -> str | None:
         return self._build().rank_gpu.get(rank)
 
+    def _worker(self, pid: int, host: str | None) -> _Worker | None:
+        found = [w for w in self._workers.get(pid, ()) if host is None or w.host is None or w.host == host]
+        return found[0] if len(found) == 1 else None
+
+    def _owner(self, pid: int, host: str | None) -> tuple[str, _Proc] | None:
+        owners = [o for o in self._build().by_pid.get(pid, []) if host is None or o[1] == host]
+        return (owners[0][1], self._procs[owners[0]]) if len(owners) == 1 else None
+
     def place(self, who: Who) -> Place:
         """Fill in host, rank and GPU of `who` from everything learnt so far."""
         maps = self._build()
         facts = self._sources[who.source]
-        host, rank, gpu = who.host, who.rank, who.gpu
+        host, rank, gpu, local = short_host(who.host), who.rank, who.gpu, who.local_rank
+        given = (host, rank, gpu, local)
         proc = self._procs.get((who.source, host, who.pid)) if host is not None and who.pid is not None else None
         if rank is None and proc is not None:
             rank = proc.rank
-        owners = maps.by_pid.get(who.subject_pid, []) if who.subject_pid is not None else []
-        if rank is None and len(owners) == 1:
-            proc = self._procs[owners[0]]
-            rank, host = proc.rank, host or owners[0][1]
-        if rank is None and len(facts.ranks) == 1:
-            rank = next(iter(facts.ranks))
+        subject = who.subject_pid
+        if subject is not None and (worker := self._worker(subject, host)) is not None:
+            host, rank = host or worker.host, rank if rank is not None else worker.rank
+            local = local if local is not None else worker.local_rank
+        if rank is None and subject is not None and (owned := self._owner(subject, host)) is not None:
+            host, proc = host or owned[0], owned[1]
+            rank = proc.rank
+        if rank is None and who.pid is not None and (worker := self._worker(who.pid, host)) is not None:
+            host, rank = host or worker.host, worker.rank
+        if rank is None and local is not None:
+            rank = self._local.get((host, local))
+            if rank is None and host is None:
+                rank = self._local.get((None, local))
+        if rank is None and local is None and len(facts.ranks) == 1 and len(facts.hosts) <= 1:
+            # One rank's output (a per-rank file): its lines are that rank's. Not when several hosts
+            # write to the input: then other ranks print there too, only not a line that matched.
+            only = next(iter(facts.ranks))
+            if host is None or maps.rank_host.get(only) in (None, host):
+                rank = only
         if host is None and len(facts.hosts) == 1:
             host = next(iter(facts.hosts))
-        local = False
-        if rank is None and who.local_rank is not None:
-            rank, local = who.local_rank, True
-        elif rank is not None and host is None:
+        if rank is not None and host is None:
             host = maps.rank_host.get(rank)
+        if rank is not None and local is None:
+            local = maps.rank_local.get(rank)
         if gpu is None and proc is not None:
             gpu = proc.gpu
-        if gpu is None and rank is not None and not local:
+        if gpu is None and rank is not None:
             gpu = maps.rank_gpu.get(rank)
         if rank is None and gpu is not None:
             if host is not None:
@@ -149,4 +216,6 @@ class IdentityBook:
             elif len(places := maps.gpu_places.get(gpu, set())) == 1:
                 # Only one rank of the whole job sat on that bus id: the kernel line is about it.
                 host, rank = next(iter(places))
-        return Place(host, rank, gpu, local)
+        found = (host, rank, gpu, local)
+        inferred = any(g is None and f is not None for g, f in zip(given, found, strict=True))
+        return Place(host, rank, gpu, local, inferred)

@@ -1,10 +1,12 @@
 """Find the few interesting lines in a byte stream without looking at every line.
 
 A multi-gigabyte training log is almost all healthy INFO output. Splitting it into lines and running
-regexes on each would cost microseconds per line; instead each block of input is searched for the
-prefilter's trigger literals, the lines holding a hit are cut out, and only those are decoded and
-classified. Line numbers come from counting newlines between hits (one `bytes.count` pass), so every
-line still gets its true number.
+regexes on each would cost microseconds per line; instead each block of input is searched whole by a
+*finder* (diagnosis/block_scan.py: Hyperscan with every signature, or literal search), the lines
+holding a hit are cut out, and only those are decoded and classified. Line numbers come from counting
+newlines between hits (one `bytes.count` pass), so every line still gets its true number.
+
+`trigger_lines` is the literal finder: the lines holding one of a few literals.
 
 Searching: `bytes.find` for a one-byte needle is memchr and runs several times faster than for a
 longer one. So for each trigger the scanner picks the byte of the trigger that is rarest in a sample
@@ -16,18 +18,25 @@ the block (bench/bench_training_log.py), which is the slowest of the three.
 
 Memory stays flat whatever the input: the scanner holds at most one block plus the unfinished last
 line of the previous one. A line longer than `max_line` is not kept. Like a binary line, it is counted
-as skipped when it would have been a candidate (it holds a trigger, or a follow trigger owed it), and
-only then, wherever the input happened to be cut.
+as skipped when it would have been a candidate (the finder flags it), and only then, wherever the input
+happened to be cut.
+
+Colour codes (ANSI escapes) can be removed from every complete line before the finder sees it
+(`strip_ansi`), so that a signature matches a coloured line as it matches the plain one.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-DEFAULT_BLOCK = 4 << 20  # bytes searched per step; small blocks from a socket are gathered first
+# Bytes searched per step; small blocks from a socket are gathered first. A reader's chunk of this
+# size is searched as it is, without a copy into a bigger block.
+DEFAULT_BLOCK = 1 << 20
 DEFAULT_MAX_LINE = 64 << 10
+# CSI sequences (colours, cursor moves) and two-byte escapes, as log_lines.clean removes them from text.
+ANSI = re.compile(rb"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b[@-Z\\-_]")
 _SAMPLE = 16 << 10  # bytes of a block whose byte counts choose the probes
 # Bytes per probe hit at which hopping and a plain find cost the same: a hop that finds nothing costs
 # a Python loop turn, about what `bytes.find` of a short needle spends on a few hundred bytes.
@@ -103,37 +112,51 @@ class Candidate:
     data: bytes  # the line, without its newline
 
 
-class LineScanner:
-    """Feed byte chunks of one input; get back the candidate lines in order.
+# A finder gets a buffer and a range of complete lines in it (`end` just after a newline) and answers
+# the lines worth a closer look as {offset of the line's start: offset of its newline}.
+Finder = Callable[[bytes, int, int], dict[int, int]]
 
-    `follow` maps a trigger (found on a candidate line) to the number of lines after it that are
-    candidates too, whatever they contain.
+
+def literal_finder(triggers: Sequence[bytes]) -> Finder:
+    if not triggers or any(not t or b"\n" in t for t in triggers):
+        raise ValueError("triggers must be non-empty literals without newlines")
+    needles = tuple(triggers)
+    return lambda data, start, end: trigger_lines(data, start, end, needles)
+
+
+class LineScanner:
+    """Feed byte chunks of one input; get back the candidate lines (those `finder` flags) in order.
+
+    `finder` is a `Finder` or a list of trigger literals. `carry` is how many bytes of an over-long
+    line's end are kept to see a hit cut in two by a chunk boundary (the longest trigger for literals).
     """
 
     def __init__(
         self,
-        triggers: Sequence[bytes],
-        follow: Sequence[tuple[bytes, int]] = (),
+        finder: Finder | Sequence[bytes],
         *,
         block: int = DEFAULT_BLOCK,
         max_line: int = DEFAULT_MAX_LINE,
         keep_binary: bool = False,
+        strip_ansi: bool = False,
+        carry: int | None = None,
     ) -> None:
-        if not triggers or any(not t or b"\n" in t for t in triggers):
-            raise ValueError("triggers must be non-empty literals without newlines")
-        self._triggers = tuple(triggers)
-        self._longest = max(len(t) for t in self._triggers)
-        self._follow = tuple(follow)
+        if callable(finder):
+            self._find: Finder = finder
+            self._carry = carry if carry is not None else 4096
+        else:
+            self._find = literal_finder(finder)
+            self._carry = carry if carry is not None else max(len(t) for t in finder)
         self._block = block
         self._max_line = max_line
         self._keep_binary = keep_binary  # the caller wants lines with NUL bytes too (and counts them itself)
+        self._strip_ansi = strip_ansi
         self._parts: list[bytes] = []
         self._parts_len = 0
         self._pending = b""  # the unfinished last line
         self._overlong = False  # the unfinished line already exceeded max_line and was dropped
-        self._overlong_hit = False  # ... and what was dropped of it held a trigger
-        self._overlong_tail = b""  # its last bytes, for a trigger cut in two by a chunk boundary
-        self._forced = 0  # lines still to be taken because of a follow trigger
+        self._overlong_hit = False  # ... and what was dropped of it held a hit
+        self._overlong_tail = b""  # its last bytes, for a hit cut in two by a chunk boundary
         self.lines = 0  # complete lines seen so far (a final unterminated line counts at finish)
         self.skipped = 0  # lines not examined: over max_line or binary
 
@@ -151,14 +174,17 @@ class LineScanner:
         if self._overlong:
             self._end_overlong()
         elif self._pending:
-            line = self._pending
+            line = self._clean(self._pending)
             self.lines += 1
-            if (self._forced > 0 or self._has_trigger(line)) and self._examinable(line):
+            if self._has_hit(line) and self._examinable(line):
                 yield Candidate(self.lines, line)
-        self._pending, self._forced = b"", 0
+        self._pending = b""
 
-    def _has_trigger(self, line: bytes) -> bool:
-        return any(t in line for t in self._triggers)
+    def _clean(self, data: bytes) -> bytes:
+        return ANSI.sub(b"", data) if self._strip_ansi and b"\x1b" in data else data
+
+    def _has_hit(self, line: bytes) -> bool:
+        return bool(self._find(line + b"\n", 0, len(line) + 1))
 
     def _drain(self) -> Iterator[Candidate]:
         if not self._parts:
@@ -176,7 +202,7 @@ class LineScanner:
                 self._extend_pending(data[:nl])
                 self._end_overlong()
             else:
-                line = self._pending + data[:nl]
+                line = self._clean(self._pending + data[:nl])
                 yield from self._scan(line + b"\n", 0, len(line) + 1)
             self._pending = b""
             start = nl + 1
@@ -184,6 +210,10 @@ class LineScanner:
         if last < 0:
             self._extend_pending(data[start:])
             return
+        tail = data[last + 1 :]
+        if self._strip_ansi and b"\x1b" in data:
+            data = ANSI.sub(b"", data[start : last + 1])
+            start, last = 0, len(data) - 1
         # Search in windows so that the per-window candidate table stays small on huge blocks.
         pos = start
         while pos <= last:
@@ -192,7 +222,7 @@ class LineScanner:
                 end = data.find(b"\n", pos) + 1
             yield from self._scan(data, pos, end)
             pos = end
-        self._extend_pending(data[last + 1 :])
+        self._extend_pending(tail)
 
     def _extend_pending(self, tail: bytes) -> None:
         if self._overlong:
@@ -203,57 +233,28 @@ class LineScanner:
         else:
             self._pending += tail
             return
-        self._overlong_hit = self._overlong_hit or self._has_trigger(seen)
-        self._overlong_tail = seen[max(0, len(seen) - self._longest + 1) :]
+        self._overlong_hit = self._overlong_hit or self._has_hit(self._clean(seen))
+        self._overlong_tail = seen[max(0, len(seen) - self._carry + 1) :]
 
     def _end_overlong(self) -> None:
         """The dropped line ended: count it as `_scan` counts a long line that lay within one block."""
         self.lines += 1
-        if self._overlong_hit or self._forced > 0:
+        if self._overlong_hit:
             self.skipped += 1
-        self._forced = max(0, self._forced - 1)
         self._overlong, self._overlong_hit, self._overlong_tail = False, False, b""
 
     def _scan(self, data: bytes, start: int, end: int) -> Iterator[Candidate]:
         """Candidates among the complete lines data[start:end] (end is just after a newline)."""
-        spans = trigger_lines(data, start, end, self._triggers)
-        find = data.find
-        pos = start
-        while self._forced and pos < end:  # lines owed to a follow trigger in the previous block
-            spans.setdefault(pos, find(b"\n", pos, end))
-            pos = spans[pos] + 1
-            self._forced -= 1
-        starts = sorted(spans)
-        number, counted_to, i = self.lines, start, 0
-        while i < len(starts):
-            line_start = starts[i]
+        spans = self._find(data, start, end)
+        number, counted_to = self.lines, start
+        for line_start in sorted(spans):
             line_end = spans[line_start]
             number += data.count(b"\n", counted_to, line_start) + 1
             counted_to = line_end + 1
             line = data[line_start:line_end]
-            i += 1
-            if not self._examinable(line):
-                continue
-            yield Candidate(number, line)
-            for trigger, count in self._follow:
-                if trigger in line:
-                    self._take_following(data, (line_end + 1, end), count, spans, starts)
-                    break
+            if self._examinable(line):
+                yield Candidate(number, line)
         self.lines = number + data.count(b"\n", counted_to, end)
-
-    def _take_following(
-        self, data: bytes, window: tuple[int, int], count: int, spans: dict[int, int], starts: list[int]
-    ) -> None:
-        pos, end = window
-        for taken in range(count):
-            if pos >= end:
-                self._forced = max(self._forced, count - taken)
-                return
-            line_end = data.find(b"\n", pos, end)
-            if pos not in spans:
-                spans[pos] = line_end
-                bisect.insort(starts, pos)
-            pos = line_end + 1
 
     def _examinable(self, line: bytes) -> bool:
         if len(line) > self._max_line or (not self._keep_binary and b"\x00" in line):

@@ -2,12 +2,15 @@
 
 Training logs reach us wrapped in up to four layers of prefixes, outermost first:
 
-* a container runtime's timestamp (`2024-05-01T12:00:00.123456789Z stdout F …`), a syslog or
-  `dmesg` stamp for kernel lines;
-* a launcher's tag: Slurm `srun --label` (`3: …`), torchrun (`[default3]:` = role + local rank,
-  `[rank3]:` = global rank; both may be stacked);
+* a container runtime's or `kubectl --timestamps` stamp (`2024-05-01T12:00:00.123456789Z stdout F …`),
+  a syslog / journald or `dmesg` stamp for kernel lines;
+* a launcher's or aggregator's tag: `kubectl logs --prefix` (`[pod/trainer-0/pytorch] `), pdsh and
+  DeepSpeed's multi-node runner (`node07: `), Open MPI `--tag-output` (`[1,3]<stdout>:`, the MPI rank),
+  Slurm `srun --label` (`3: …`), torchrun (`[default3]:` = role + local rank, `[rank3]:` = global
+  rank; both may be stacked), Lightning (`[rank: 3] `), Ray (`(RayWorker pid=4242, ip=10.0.0.3) `);
 * the printer's own header: PyTorch/glog (`[E501 12:00:00.123456 4242 ProcessGroupNCCL.cpp:1595]`,
-  or without brackets), Python logging timestamps, NCCL's `host:pid:tid [cudaDev]`;
+  or without brackets, also torch._logging's `W0314 12:34:56.789000 1234 torch/…/api.py:858]`),
+  Python logging (`ERROR:torch.distributed…:`, `[INFO] `, timestamps), NCCL's `host:pid:tid [cudaDev]`;
 * PyTorch's process-group tag inside the message (`[PG ID 0 PG GUID 0(default_pg) Rank 3]`).
 
 `normalise` peels them off in a loop and keeps what they say about the line: rank, local rank,
@@ -48,10 +51,25 @@ _DMESG_T = re.compile(
 )
 _DMESG = re.compile(r"\[ {0,12}(?P<uptime>\d{1,10}\.\d{1,9})\] ?")
 _SLURM = re.compile(r" {0,6}(?P<task>\d{1,6}): ")
-_TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][\w-]{0,30}?)(?P<n>\d{1,6})\]: ?")
+_TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][\w-]{0,30}?)(?P<n>\d{1,6})\]: ?|\[rank: (?P<lightning>\d{1,6})\] ")
+_OMPI = re.compile(r"\[(?:\d{1,10},)?(?P<vpid>\d{1,7})\](?:\[[^\]:\s]{1,255}:\d{1,10}\])?<std(?:out|err)>: ?")
+_KUBECTL = re.compile(r"\[pod/(?P<pod>[a-z0-9.-]{1,253})/[a-z0-9-]{1,63}\] ")
+_RAY = re.compile(r"\([\w.<>]{1,128} pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\d.]{7,15}))?\) ")
+# pdsh and DeepSpeed's runner put `host: ` first. A word before `: ` is taken for a host only when it
+# looks like one (lower case with a digit or a dash, or an IPv4 address), so that `RuntimeError: ` or
+# `srun: ` stay part of the message.
+_PDSH = re.compile(r"(?P<host>[a-z][a-z0-9-]{0,62}(?:\.[a-z0-9-]{1,63}){0,8}|\d{1,3}(?:\.\d{1,3}){3}): ")
+_NOT_HOSTS = re.compile(r"python[\d.]{0,5}|[\w.-]{1,200}\.(?:sh|py|log|txt|out)|line|error|warning")
+_PY_LEVEL = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]{1,128}:|\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] "
+    r"|[\w.]{1,128}: \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] "
+)
+_DS_WHERE = re.compile(r"\[[\w.-]{1,64}:\d{1,6}:\w{1,64}\] ")  # DeepSpeed's logger: [file:line:function]
+# glog / c10 (`[E0501 12:00:00.123 4242 file.cpp:12] `, month not zero-padded: `E709`) and
+# torch._logging 2.3+ (`W0314 12:34:56.789000 139981234567808 torch/distributed/…/api.py:858] `).
 _GLOG = re.compile(
-    r"\[?(?P<lvl>[IWEF])(?P<md>\d{4})? ?(?P<hms>\d{2}:\d{2}:\d{2}\.\d{1,9})? {0,4}(?:\d{1,12} )?"
-    r"[\w./-]{1,160}:\d{1,6}\] ?"
+    r"\[?(?P<lvl>[IWEFCVD])(?P<md>\d{3,4})? ?(?P<hms>\d{2}:\d{2}:\d{2}\.\d{1,9})? {0,4}(?:\d{1,20} )?"
+    r"[\w./-]{1,200}:\d{1,6}\] ?"
 )
 _NCCL = re.compile(r"(?P<host>[\w.-]{1,253}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>-?\d{1,4})\] ")
 _PG_TAG = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d{1,6})[^\]\[]{0,80}? )?Rank (?P<rank>\d{1,6})\]")
@@ -82,6 +100,7 @@ class LogLine:
     cuda_dev: int | None = None  # CUDA device index as the process saw it (NCCL's `[N]`)
     pg: str | None = None  # PyTorch process-group id
     stamp: Stamp | None = None
+    indent: int = 0  # blanks before the message once the prefixes are off (a table's fields are indented)
 
 
 def clean(raw: str) -> str:
@@ -123,7 +142,7 @@ def _glog_stamp(md: str | None, hms: str | None) -> Stamp | None:
     if md is None or hms is None:
         return None
     whole, _, frac = hms.partition(".")
-    return _md_stamp(int(md[:2]), int(md[2:]), whole, frac or None)
+    return _md_stamp(int(md[:-2]), int(md[-2:]), whole, frac or None)
 
 
 @dataclass(slots=True)
@@ -136,14 +155,27 @@ class _Fields:
     cuda_dev: int | None = None
     pg: str | None = None
     stamp: Stamp | None = None
+    indent: int = 0
 
     def stamp_once(self, stamp: Stamp | None) -> None:
         if self.stamp is None:
             self.stamp = stamp
 
 
+def _looks_like_host(word: str) -> bool:
+    if _NOT_HOSTS.fullmatch(word):
+        return False
+    return word[0].isdigit() or any(c.isdigit() or c == "-" for c in word)
+
+
 def _strip_one(text: str, f: _Fields, seen: set[str]) -> str | None:
     """Remove one prefix from `text`, recording what it says; None when no prefix is left."""
+    rest = _strip_outer(text, f, seen)
+    return rest if rest is not None else _strip_inner(text, f, seen)
+
+
+def _strip_outer(text: str, f: _Fields, seen: set[str]) -> str | None:
+    """Runtimes', aggregators' and launchers' prefixes."""
     if "container" not in seen and (m := _CONTAINER.match(text)):
         seen.add("container")
         f.stamp_once(_abs_stamp(m["date"], m["hms"], m["frac"], m["tz"]))
@@ -160,16 +192,49 @@ def _strip_one(text: str, f: _Fields, seen: set[str]) -> str | None:
         else:
             f.stamp_once(_abs_stamp(f"{m['year']}-{_MONTHS[m['mon']]:02d}-{int(m['day']):02d}", m["hms"], None, None))
         return text[m.end() :]
+    if "kubectl" not in seen and (m := _KUBECTL.match(text)):
+        seen.add("kubectl")
+        f.host = f.host or m["pod"]
+        return text[m.end() :]
+    if "ompi" not in seen and (m := _OMPI.match(text)):
+        seen.add("ompi")
+        f.rank = int(m["vpid"])  # the MPI rank
+        return text[m.end() :]
+    if "ray" not in seen and (m := _RAY.match(text)):
+        seen.add("ray")
+        f.pid = int(m["pid"])
+        f.host = f.host or m["ip"]
+        return text[m.end() :]
     if "slurm" not in seen and (m := _SLURM.match(text)):
         seen.add("slurm")
         f.task = int(m["task"])
         return text[m.end() :]
+    return None
+
+
+def _strip_inner(text: str, f: _Fields, seen: set[str]) -> str | None:
+    """torchrun's tags, and the printers' own headers."""
     if (m := _TORCHRUN.match(text)) is not None:
-        # `[rank3]:` is PyTorch's global rank; any other role name numbers the local rank.
-        if m["role"] == "rank":
+        # `[rank3]:` is PyTorch's global rank (so is Lightning's `[rank: 3]`); any other role name
+        # numbers the local rank.
+        if m["lightning"] is not None:
+            f.rank = int(m["lightning"])
+        elif m["role"] == "rank":
             f.rank = int(m["n"])
         else:
+            # torchrun's tee writes the line right after the tag: a blank there is the line's own.
             f.local_rank = int(m["n"])
+            return text[m.end() :] if text[m.end() - 1] == ":" else text[m.end() - 1 :]
+        return text[m.end() :]
+    if "pdsh" not in seen and (m := _PDSH.match(text)) and _looks_like_host(m["host"]):
+        seen.add("pdsh")
+        f.host = f.host or m["host"]
+        return text[m.end() :]
+    if "level" not in seen and (m := _PY_LEVEL.match(text)):
+        seen.add("level")
+        return text[m.end() :]
+    if "where" not in seen and (m := _DS_WHERE.match(text)):
+        seen.add("where")
         return text[m.end() :]
     if "glog" not in seen and (m := _GLOG.match(text)):
         seen.add("glog")
@@ -189,6 +254,12 @@ def _strip_one(text: str, f: _Fields, seen: set[str]) -> str | None:
     return None
 
 
+def has_prefix(raw: str) -> bool:
+    """Whether `raw` starts with a prefix `normalise` would take off (a launcher's, a runtime's, a logger's)."""
+    text = clean(raw).lstrip()
+    return _strip_one(text, _Fields(), set()) is not None
+
+
 def normalise(raw: str) -> LogLine:
     """Split `raw` into the bare message and the identity its prefixes carry."""
     cleaned = clean(raw)
@@ -196,15 +267,19 @@ def normalise(raw: str) -> LogLine:
     seen: set[str] = set()
     text = cleaned.lstrip()
     # Each prefix kind is taken once (torchrun tags may stack), so the loop is bounded.
-    for _ in range(12):
+    for _ in range(16):
         rest = _strip_one(text, f, seen)
         if rest is None:
             break
         text = rest.lstrip()
+        f.indent = len(rest) - len(text)
+    if not seen and f.rank is None and f.local_rank is None:
+        f.indent = len(cleaned) - len(cleaned.lstrip())
     tag = _PG_TAG.search(text, 0, _TAG_WINDOW)
     if tag is not None:
         f.pg = tag["pg"]
-        if f.rank is None:
+        # `[Rank N]` numbers the rank in its process group: the global rank only in the default one.
+        if f.rank is None and tag["pg"] in (None, "0"):
             f.rank = int(tag["rank"])
     if f.rank is None and f.task is not None:
         # srun --label numbers tasks; with one task per GPU that is the global rank.
@@ -219,4 +294,5 @@ def normalise(raw: str) -> LogLine:
         cuda_dev=f.cuda_dev,
         pg=f.pg,
         stamp=f.stamp,
+        indent=f.indent,
     )

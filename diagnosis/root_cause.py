@@ -14,11 +14,7 @@ is decided by *what* a signal is before *when* it was seen:
 2. Within a tier, the earliest signal first: by timestamp when every finding of the tier carries one
    of the same kind (ISO date-time, or glog/syslog month-day-time), otherwise by input and line.
 
-For collective timeouts the straggler is named from the per-rank progress PyTorch prints (SeqNum of
-the timed-out work, "last enqueued/completed NCCL work"): within the process group with the most
-reporting ranks, the rank whose (last completed, last enqueued) pair is strictly lowest. A rank
-stuck on the GPU completed less than the others; a rank stuck outside NCCL (data loading,
-checkpoint) enqueued less. A tie names nobody.
+Which rank a collective timeout waited for is worked out in diagnosis/collectives.py.
 """
 
 from __future__ import annotations
@@ -68,71 +64,16 @@ def order(items: Iterable[Ranked]) -> list[Ranked]:
     return out
 
 
-def link_symptoms(findings: list[Finding], is_symptom: Callable[[str], bool]) -> None:
-    """Point each symptom at the root cause (`details.likely_caused_by`), unless it is a symptom too."""
-    if not findings or is_symptom(findings[0].class_id):
+def link_symptoms(findings: list[Finding], is_symptom: Callable[[Finding], bool]) -> None:
+    """Point each symptom at the root cause (`details.likely_caused_by`), unless it is a symptom too.
+
+    When the root cause is an XID, whatever else went wrong on that GPU (a CUDA error of its rank) is
+    its consequence too.
+    """
+    if not findings or is_symptom(findings[0]):
         return
-    root = findings[0].id
+    root = findings[0]
+    gpu = root.gpu if root.class_id.startswith("xid_") else None
     for finding in findings[1:]:
-        if is_symptom(finding.class_id):
-            finding.details["likely_caused_by"] = root
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    """How far one rank got in one process group, as its first report after the failure says."""
-
-    completed: int
-    enqueued: int
-    source: int
-    line: int
-    text: str
-    stamp: Stamp | None
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.completed, self.enqueued)
-
-
-@dataclass(frozen=True, slots=True)
-class Straggler:
-    rank: int
-    pg: str
-    progress: Progress
-    others_completed: int  # the highest last-completed SeqNum among the other ranks
-    reporting_ranks: int
-
-
-class ProgressTracker:
-    """Keeps the lowest progress reported per (process group, rank); bounded by the job's size."""
-
-    MAX_ENTRIES = 65536
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[str, int], Progress] = {}
-
-    def report(self, pg: str | None, rank: int, progress: Progress) -> None:
-        # Lines without a PG tag come from PyTorch versions that only had the default group.
-        key = (pg or "0", rank)
-        old = self._seen.get(key)
-        if old is None:
-            if len(self._seen) < self.MAX_ENTRIES:
-                self._seen[key] = progress
-        elif progress.key < old.key:
-            self._seen[key] = progress
-
-    def straggler(self) -> Straggler | None:
-        groups: dict[str, dict[int, Progress]] = {}
-        for (pg, rank), progress in self._seen.items():
-            groups.setdefault(pg, {})[rank] = progress
-        if not groups:
-            return None
-        pg, ranks = max(groups.items(), key=lambda item: (len(item[1]), item[0] == "0"))
-        if len(ranks) < 2:
-            return None
-        ordered = sorted(ranks.items(), key=lambda item: item[1].key)
-        (rank, lowest), (_, runner_up) = ordered[0], ordered[1]
-        if lowest.key == runner_up.key:
-            return None
-        others = max(p.completed for r, p in ranks.items() if r != rank)
-        return Straggler(rank, pg, lowest, others, len(ranks))
+        if is_symptom(finding) or (gpu is not None and finding.gpu == gpu):
+            finding.details["likely_caused_by"] = root.id

@@ -8,7 +8,7 @@ result code for a named one, and a hint when a peer address shows NCCL chose the
 from __future__ import annotations
 
 from gpu_triage.diagnosis.pci import canonical_bus_id
-from gpu_triage.diagnosis.training_rules import FIELDS, FieldKind
+from gpu_triage.diagnosis.rule_model import FIELDS, FieldKind
 
 MAX_TEXT = 200
 
@@ -54,8 +54,8 @@ def convert(fields: dict[str, str]) -> tuple[dict[str, str | int], str | None]:
             gpu = canonical_bus_id(value) or gpu
         elif kind is FieldKind.NCCL_BUS_ID:
             gpu = nccl_bus_id(value) or gpu
-        else:
-            out[name] = value[:MAX_TEXT]
+        elif value.strip():
+            out[name] = value.strip()[:MAX_TEXT]
     for key in ("nccl_error", "reason"):
         code = _NCCL_CODES.get(str(out.get(key, "")))
         if code is not None and "nccl_code" not in out:

@@ -124,7 +124,7 @@ PROGRESS_MIN_BYTES = 64 << 20
 def diagnose_files(
     paths: list[str], as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr, stdin: BinaryIO | None = None
 ) -> int:
-    """Offline diagnosis of kernel and training logs. Exit 0: nothing found, 1: findings, 2: cannot read."""
+    """Offline diagnosis of kernel and training logs. Exit 0: nothing found, 1: findings, 2: cannot read or empty."""
     from gpu_triage.diagnosis.training import diagnose
     from gpu_triage.exporter.cli.report_text import render
     from gpu_triage.exporter.log_input import decoded, read_chunks
@@ -158,6 +158,10 @@ def diagnose_files(
     finally:
         for f in files:
             f.close()
+    if report["summary"]["lines_read"] == 0:
+        # An empty input is a pipeline that failed upstream (`kubectl logs … |`), never a healthy job.
+        err.write("gpu-triage: no log lines read\n")
+        return 2
     if as_json:
         json.dump(report, out, indent=2)
         out.write("\n")

@@ -1,6 +1,9 @@
 """The readable form of a diagnosis report: root cause first, where, what to do, the evidence.
 
-Colour only when writing to a terminal (and NO_COLOR is unset): a pipe or a file gets plain text.
+One screen whatever the job's size: findings many ranks share come folded (diagnosis/fold.py), the
+root cause gets its steps and evidence, every other finding three lines at most, and past
+`MAX_SHOWN` findings the rest is counted, not printed (`--json` has everything). Colour only when
+writing to a terminal (and NO_COLOR is unset): a pipe or a file gets plain text.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from typing import Any
 
 _COLOURS = {"critical": "\033[1;31m", "unknown": "\033[1;35m", "warning": "\033[33m", "info": "\033[2m"}
 _BOLD, _RESET = "\033[1m", "\033[0m"
+MAX_SHOWN = 12  # findings printed; the rest are counted
+_EVIDENCE_CHARS = 160
 
 
 def _where(finding: dict[str, Any]) -> str:
@@ -17,10 +22,24 @@ def _where(finding: dict[str, Any]) -> str:
     if finding.get("host"):
         parts.append(f"host {finding['host']}")
     if finding.get("rank") is not None:
-        parts.append(f"rank {finding['rank']}")
+        local = finding.get("local_rank")
+        parts.append(f"rank {finding['rank']}" + (f" (local {local})" if local is not None else ""))
+    elif finding.get("local_rank") is not None:
+        parts.append(f"local rank {finding['local_rank']}")
     if finding.get("gpu"):
         parts.append(f"GPU {finding['gpu']}")
-    return ", ".join(parts) or "(not named in the logs)"
+    if finding.get("details", {}).get("switch"):
+        parts.append(f"NVSwitch {finding['details']['switch']}")
+    if not parts and finding.get("ranks"):
+        parts.append(f"{len(finding['ranks'])} ranks")
+    where = ", ".join(parts) or "(not named in the logs)"
+    return where + (" (inferred)" if finding.get("place_inferred") and parts else "")
+
+
+def _evidence(e: dict[str, Any]) -> str:
+    where = f"{e['file']}:{e['line']}" if e.get("file") else f"line {e['line']}"
+    text = e["text"].strip()
+    return f"{where}  {text[:_EVIDENCE_CHARS]}{'…' if len(text) > _EVIDENCE_CHARS else ''}"
 
 
 def render(report: dict[str, Any], colour: bool = False) -> str:
@@ -31,31 +50,36 @@ def render(report: dict[str, Any], colour: bool = False) -> str:
 
     findings = report["findings"]
     summary = report.get("summary", {})
-    lines = []
+    lines: list[str] = []
     if not findings:
         lines.append("No problem found.")
-    for i, f in enumerate(findings):
+    for i, f in enumerate(findings[:MAX_SHOWN]):
         head = "Root cause:" if i == 0 else f"{i + 1}."
         severity = paint(f"[{f['severity']}]", _COLOURS.get(f["severity"], ""))
         count = f"  (x{f['count']})" if f.get("count", 1) > 1 else ""
         lines.append(f"{paint(head, _BOLD)} {f['title']}  {severity}{count}")
-        lines.append(f"    class {f['class']}; where: {_where(f)}")
-        if f["details"].get("note"):
-            lines.append(f"    why: {f['details']['note']}")
-        if f["details"].get("likely_caused_by"):
-            lines.append(f"    likely a symptom of: {f['details']['likely_caused_by']}")
-        if i == 0 or f["severity"] in ("critical", "unknown"):
+        caused = f["details"].get("likely_caused_by")
+        lines.append(f"    {f['class']}; where: {_where(f)}" + (f"; likely a symptom of {caused}" if caused else ""))
+        if i == 0:
+            if f["details"].get("note"):
+                lines.append(f"    why: {f['details']['note']}")
             lines.append(f"    do now: {paint(f['action'], _BOLD)}")
             for n, step in enumerate(f.get("steps", []), 1):
                 lines.extend(textwrap.wrap(step, 96, initial_indent=f"      {n}. ", subsequent_indent="         "))
-        for e in f["evidence"]:
-            where = f"{e['source']}:{e['line']}" if e.get("source") else f"line {e['line']}"
-            lines.append(f"    {paint(where, _COLOURS['info'])}  {e['text'][:300]}")
-        lines.append(f"    runbook: /runbooks/{f['playbook']}")
-        lines.append("")
+            for e in f["evidence"][:4]:
+                lines.append(f"    {paint(_evidence(e), _COLOURS['info'])}")
+            lines.append(f"    runbook: /runbooks/{f['playbook']}")
+            lines.append("")
+        else:
+            if f["evidence"]:
+                lines.append(f"    {paint(_evidence(f['evidence'][0]), _COLOURS['info'])}")
+            if f["severity"] in ("critical", "unknown") and not caused:
+                lines.append(f"    do now: {paint(f['action'], _BOLD)}; runbook: /runbooks/{f['playbook']}")
+    if len(findings) > MAX_SHOWN:
+        lines.append(f"… and {len(findings) - MAX_SHOWN} more findings (gpu-triage diagnose --json lists them all)")
     read = summary.get("lines_read")
     if read is not None:
-        note = f"{read} lines read, {len(report['events'])} XID lines"
+        note = f"{read} lines read, {len(report['events'])} kernel events"
         if summary.get("lines_skipped"):
             note += f", {summary['lines_skipped']} unreadable lines skipped"
         lines.append(paint(note, _COLOURS["info"]))

@@ -172,12 +172,15 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
             return diagnose_logs([(None, decoded(chunks, limit))]).to_json()
 
         try:
-            return await run_in_threadpool(run)
+            report = await run_in_threadpool(run)
         except InputTooLargeError:
             raise HTTPException(
                 413, f"the log decompresses to more than the {mib} limit (--diagnose.max-bytes)"
             ) from None
         except (zlib.error, EOFError) as e:
             raise HTTPException(422, f"the body looks gzip-compressed but does not decompress: {e}") from None
+        if report["summary"]["lines_read"] == 0:
+            raise HTTPException(422, "no log lines read: the body decompresses to nothing")
+        return report
 
     return router

@@ -74,7 +74,7 @@ def test_kubernetes_cri_prefix_and_timestamp() -> None:
 
 def test_python_logging_and_nccl_timestamp_prefixes() -> None:
     line = normalise("[2024-05-01 12:00:00,101] torch.distributed.run: [WARNING] Setting OMP_NUM_THREADS")
-    assert line.text == "torch.distributed.run: [WARNING] Setting OMP_NUM_THREADS"
+    assert line.text == "Setting OMP_NUM_THREADS"  # torch._logging of PyTorch 2.1-2.2
     assert line.stamp is not None and line.stamp.kind == "abs"
     assert line.stamp.value == pytest.approx(_abs("2024-05-01T12:00:00") + 0.101)
     dashed = normalise("2024-05-01 12:05:00,123 - INFO - train.py:212 - step 100")
@@ -132,3 +132,77 @@ def test_normalise_never_raises(text: str) -> None:
     line = normalise(text)
     assert isinstance(line.text, str)
     assert len(line.text) <= len(text)
+
+
+@pytest.mark.parametrize(
+    ("raw", "text", "host", "rank", "local_rank"),
+    [
+        # Open MPI --tag-output (the MPI rank), 4.x without a space, 5.x with one
+        ("[1,3]<stdout>:Traceback (most recent call last):", "Traceback (most recent call last):", None, 3, None),
+        ("[1,3]<stderr>: RuntimeError: x", "RuntimeError: x", None, 3, None),
+        # kubectl logs --prefix: the pod stands for the host
+        ("[pod/trainer-0/pytorch] [rank3]: RuntimeError: x", "RuntimeError: x", "trainer-0", 3, None),
+        # pdsh / DeepSpeed's runner, then DeepSpeed's logger
+        (
+            "node07: [2024-05-01 12:00:00,123] [ERROR] [launch.py:325:sigkill_handler] ['python'] exits with return code = -9",
+            "['python'] exits with return code = -9",
+            "node07",
+            None,
+            None,
+        ),
+        (
+            "10.0.87.143: ip-10-0-87-143:149:298 [5] x.c:1 NCCL WARN y",
+            "x.c:1 NCCL WARN y",
+            "ip-10-0-87-143",
+            None,
+            None,
+        ),
+        # words that are no host stay part of the message
+        ("RuntimeError: CUDA error: x", "RuntimeError: CUDA error: x", None, None, None),
+        ("srun: error: gpu07: task 3: Killed", "srun: error: gpu07: task 3: Killed", None, None, None),
+        ("train.sh: line 12: 26147 Killed python3", "train.sh: line 12: 26147 Killed python3", None, None, None),
+        # Lightning, Ray
+        ("[rank: 2] Child process with PID 13117 terminated", "Child process with PID 13117 terminated", None, 2, None),
+        ("(RayWorkerWrapper pid=270291, ip=10.175.94.190) [rank3]: x", "x", "10.175.94.190", 3, None),
+        # Python logging, basic and torch._logging 2.3+ (thread id of 15 digits)
+        (
+            "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1)",
+            "failed (exitcode: 1)",
+            None,
+            None,
+            None,
+        ),
+        (
+            "E0314 12:34:56.789000 139981234567808 torch/distributed/elastic/multiprocessing/api.py:858] failed",
+            "failed",
+            None,
+            None,
+            None,
+        ),
+        # the table of torchrun's ChildFailedError keeps its fields' indentation
+        ("[default0]:  host      : node2", "host      : node2", None, None, 0),
+    ],
+)
+def test_launcher_and_aggregator_prefixes(
+    raw: str, text: str, host: str | None, rank: int | None, local_rank: int | None
+) -> None:
+    line = normalise(raw)
+    assert (line.text, line.host, line.rank, line.local_rank) == (text, host, rank, local_rank)
+
+
+def test_c10_logging_month_is_not_zero_padded() -> None:
+    july = normalise("[rank1]:[E709 18:37:01.832146912 ProcessGroupNCCL.cpp:607] [Rank 1] x").stamp
+    december = normalise("[rank1]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 1] x").stamp
+    assert july is not None and december is not None and july.value < december.value
+
+
+def test_the_rank_of_a_subgroup_is_not_the_global_rank() -> None:
+    assert normalise("[PG ID 1 PG GUID 1 Rank 2] Watchdog caught collective operation timeout").rank is None
+    assert normalise("[PG ID 0 PG GUID 0(default_pg) Rank 2] Watchdog").rank == 2
+    assert normalise("[rank10]:[E1 ProcessGroupNCCL.cpp:1] [PG ID 1 PG GUID 1 Rank 2] x").rank == 10
+
+
+def test_indentation_of_the_message_is_kept() -> None:
+    assert normalise("  exitcode  : -9 (pid: 1)").indent == 2
+    assert normalise("[default3]:  exitcode  : -9 (pid: 1)").indent == 2
+    assert normalise("[rank3]: x").indent == 0

@@ -23,6 +23,7 @@ from gpu_triage.diagnosis.playbooks import (
     load_playbooks,
     parse_playbook,
 )
+from gpu_triage.diagnosis.training_kernel import SXID_PLAYBOOK
 from gpu_triage.diagnosis.training_rules import load_rules
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID
 from gpu_triage.diagnosis.xid_data import load_catalog
@@ -56,6 +57,10 @@ def referrers() -> dict[str, list[tuple[str, Action | None, Severity]]]:
         out.setdefault(c.playbook, []).append((cid, c.action, c.severity))
     for rule in load_rules().rules:
         out.setdefault(rule.playbook, []).append((rule.class_id, rule.action, rule.severity))
+    # diagnose's NVSwitch findings: fatal ones restart Fabric Manager, non-fatal ones watch the links.
+    out.setdefault(SXID_PLAYBOOK, []).extend(
+        [("sxid", Action.RESTART_FABRIC_MANAGER, Severity.CRITICAL), ("sxid", Action.CHECK_LINKS, Severity.WARNING)]
+    )
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from importlib import resources
 from typing import Any
 
@@ -10,26 +11,27 @@ import pytest
 import yaml
 
 from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.block_scan import LiteralFinder, engine_name, finder_for
 from gpu_triage.diagnosis.data_files import DataError
-from gpu_triage.diagnosis.line_scan import LineScanner
 from gpu_triage.diagnosis.log_lines import normalise
+from gpu_triage.diagnosis.rule_regex import unbounded_repeats
 from gpu_triage.diagnosis.training_rules import (
     FIELDS,
     REQUIRED_CLASSES,
     Example,
-    RuleSet,
     load_rules,
     parse_rules,
     parse_rules_text,
     playbook_id,
-    unbounded_repeats,
 )
 
 RULES = load_rules()
-SIGNATURES = [sig for rule in RULES.rules for sig in rule.signatures] + [
-    sig for ctx in RULES.context for sig in ctx.signatures
-]
+SIGNATURES = [sig.regex for sig in RULES.signatures()]
 EXAMPLES = [(rule.class_id, ex) for rule in RULES.rules for ex in rule.examples]
+CONTEXT_EXAMPLES = [(str(ctx.kind), ex) for ctx in RULES.context for ex in ctx.examples]
+PATTERNS = [s.scan for s in RULES.signatures()]
+LITERALS = [lit for s in RULES.signatures() for lit in s.literals]
+HYPERSCAN = engine_name() == "hyperscan"
 
 
 def _text() -> str:
@@ -42,12 +44,12 @@ def _doc() -> dict[str, Any]:
     return doc
 
 
-def _reaches_prefilter(rules: RuleSet, example: Example) -> bool:
-    """Whether the scanner hands the example line to the classifier, given the line before it."""
-    scanner = LineScanner([t.encode() for t in rules.triggers], [(f.trigger.encode(), f.lines) for f in rules.follow])
-    text = example.line if example.after is None else f"{example.after}\n{example.line}"
-    lines = [c.data.decode() for c in (*scanner.feed(text.encode() + b"\n"), *scanner.finish())]
-    return example.line in lines
+def _flagged(finder_name: str, line: str) -> bool:
+    """Whether the block scan hands `line`, in the middle of other text, to the classifier."""
+    data = f"healthy line one\n{line}\nhealthy line two\n".encode()
+    finder = finder_for(PATTERNS, LITERALS, finder_name)
+    start = data.index(line.encode())
+    return start in finder(data, 0, len(data))
 
 
 def test_every_class_has_exactly_one_rule() -> None:
@@ -86,6 +88,7 @@ def test_specificity_order_follows_the_reference() -> None:
         "socket_connect_error",
         "size_mismatch_truncated",
         "collective_mismatch",
+        "job_failed_unclassified",
         "collective_timeout",
         "watchdog_hang",
         "remote_peer_closed",
@@ -93,7 +96,14 @@ def test_specificity_order_follows_the_reference() -> None:
     ]
     assert all(before(a, b) for a, b in itertools.pairwise(chain))
     symptoms = {r.class_id for r in RULES.rules if r.symptom}
-    assert symptoms == {"collective_timeout", "watchdog_hang", "remote_peer_closed", "nccl_generic_error"}
+    assert symptoms == {
+        "collective_timeout",
+        "watchdog_hang",
+        "remote_peer_closed",
+        "nccl_generic_error",
+        "nccl_comm_aborted",
+    }
+    assert order.index("process_segfault") < order.index("ib_gdr_access_error")
 
 
 @pytest.mark.parametrize(("class_id", "example"), EXAMPLES, ids=[f"{c}-{i}" for i, (c, _) in enumerate(EXAMPLES)])
@@ -107,9 +117,15 @@ def test_example_matches_its_own_rule_and_no_more_specific_one(class_id: str, ex
     assert match is not None and match.rule is own
 
 
-@pytest.mark.parametrize(("class_id", "example"), EXAMPLES, ids=[f"{c}-{i}" for i, (c, _) in enumerate(EXAMPLES)])
-def test_example_reaches_the_classifier_through_the_prefilter(class_id: str, example: Example) -> None:
-    assert _reaches_prefilter(RULES, example)
+ALL_EXAMPLES = EXAMPLES + CONTEXT_EXAMPLES
+
+
+@pytest.mark.parametrize(("kind", "example"), ALL_EXAMPLES, ids=[f"{c}-{i}" for i, (c, _) in enumerate(ALL_EXAMPLES)])
+def test_every_example_reaches_the_classifier_through_both_block_scans(kind: str, example: Example) -> None:
+    """The scan forms and the literals are derived from the signatures: neither may lose a line."""
+    assert _flagged("python", example.line)
+    if HYPERSCAN:
+        assert _flagged("hyperscan", example.line)
 
 
 def test_every_signature_has_an_example() -> None:
@@ -131,7 +147,6 @@ def test_context_examples_match_their_context_only() -> None:
             found = RULES.match_context(text)
             assert found is not None and found.kind is ctx.kind
             assert RULES.match(text) is None
-            assert _reaches_prefilter(RULES, ex)
 
 
 def test_ib_completion_status_chooses_the_class() -> None:
@@ -166,6 +181,11 @@ def test_every_group_name_is_a_known_field() -> None:
         assert set(sig.groupindex) <= set(FIELDS)
 
 
+def test_the_literal_finder_looks_for_few_distinct_words() -> None:
+    finder = LiteralFinder(LITERALS)
+    assert all(len(n) >= 4 for n in finder._needles)
+
+
 def test_no_signature_repeats_without_bound() -> None:
     for sig in SIGNATURES:
         assert unbounded_repeats(sig.pattern) == []
@@ -196,7 +216,7 @@ def test_loader_reports_every_problem_at_once() -> None:
     rules[2]["signatures"].append("(unclosed")
     rules[3]["signatures"].append(r"Cuda failure.*")
     rules[4]["signatures"].append(r"driver (?P<driver>\d{1,4})")
-    rules[5]["playbook"] = "ib-gdr"
+    next(r for r in rules if r["class"] == "ib_gdr_access_error")["playbook"] = "ib-gdr"
     rules[6]["colour"] = "red"
     rules.append(dict(rules[7]))  # a duplicate class
     doc["near_misses"].append("node1:1:1 [0] NCCL WARN NET/IB : Got async event : port error")
@@ -227,10 +247,22 @@ def test_loader_rejects_an_example_stolen_by_a_more_specific_rule() -> None:
         parse_rules(doc)
 
 
-def test_loader_rejects_examples_the_prefilter_cannot_see() -> None:
+@pytest.mark.parametrize(
+    ("signature", "problem"),
+    [
+        (r"(?<![\w.-])mlx5_\d{1,2} port error", "look-ahead/look-behind is not allowed"),
+        (r"port error(?=\s)", "look-ahead/look-behind is not allowed"),
+        (r"(port) error \1", "back-references are not allowed"),
+        (r"(?i)port error", "inline flags are not allowed"),
+        (r"\d{1,4}: \w{1,9}", "no literal text of 4+ characters"),
+        (r"(?:x\d{1,60}){1,60} error", "around a repeat"),
+        (r"caf\u00e9 error", "non-ASCII literal"),
+    ],
+)
+def test_loader_rejects_what_a_block_scan_cannot_run_or_a_line_cannot_be_keyed_on(signature: str, problem: str) -> None:
     doc = _doc()
-    doc["prefilter"]["triggers"] = [t for t in doc["prefilter"]["triggers"] if t != "WARN"]
-    with pytest.raises(DataError, match="contains no prefilter trigger"):
+    doc["rules"][0]["signatures"].append(signature)
+    with pytest.raises(DataError, match=re.escape(problem)):
         parse_rules(doc)
 
 
@@ -257,4 +289,4 @@ def test_loader_rejects_rules_without_a_class_the_code_relies_on(class_id: str) 
 def test_shipped_text_parses_the_same_way() -> None:
     again = parse_rules_text(_text())
     assert [r.class_id for r in again.rules] == [r.class_id for r in RULES.rules]
-    assert again.triggers == RULES.triggers
+    assert [s.scan for s in again.signatures()] == PATTERNS

@@ -1,4 +1,4 @@
-"""The chunk-level prefilter: the same candidate lines, numbered right, however the input is cut."""
+"""The chunk-level scanner: the same candidate lines, numbered right, however the input is cut."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ from hypothesis import strategies as st
 from gpu_triage.diagnosis.line_scan import Candidate, LineScanner, trigger_lines
 
 TRIGGERS = [b"ERR", b"WARN"]
-FOLLOW = [(b"Last:", 2)]
 
 
 def _scan(
-    data: bytes, cuts: list[int], *, block: int = 64, max_line: int = 1000
+    data: bytes, cuts: list[int], *, block: int = 64, max_line: int = 1000, strip_ansi: bool = False
 ) -> tuple[list[Candidate], LineScanner]:
-    scanner = LineScanner(TRIGGERS, FOLLOW, block=block, max_line=max_line)
+    scanner = LineScanner(TRIGGERS, block=block, max_line=max_line, strip_ansi=strip_ansi)
     out: list[Candidate] = []
     start = 0
     for cut in [*sorted(set(cuts)), len(data)]:
@@ -31,18 +30,13 @@ def _reference(data: bytes, max_line: int = 1000) -> tuple[list[tuple[int, bytes
     if lines and lines[-1] == b"":
         lines.pop()
     out: list[tuple[int, bytes]] = []
-    owed = skipped = 0
+    skipped = 0
     for number, line in enumerate(lines, start=1):
-        take = owed > 0 or any(t in line for t in TRIGGERS)
-        owed = max(0, owed - 1)
+        take = any(t in line for t in TRIGGERS)
         if take and (len(line) > max_line or b"\x00" in line):
             skipped += 1
         elif take:
             out.append((number, line))
-            for trigger, count in FOLLOW:
-                if trigger in line:
-                    owed = max(owed, count)
-                    break
     return out, len(lines), skipped
 
 
@@ -53,11 +47,27 @@ def test_candidates_and_line_numbers() -> None:
     assert scanner.lines == 6
 
 
-def test_follow_takes_the_next_lines_across_a_chunk_boundary() -> None:
-    data = b"x\nERR Last:\nfirst\nsecond\nthird\n"
+def test_colour_codes_are_taken_out_before_the_search() -> None:
+    data = b"ok\n\x1b[31mE\x1b[0mRR in red\nplain\n\x1b[1mWARN\n"
     for cut in range(len(data) + 1):
-        got, _ = _scan(data, [cut], block=1)
-        assert [c.line for c in got] == [2, 3, 4], cut
+        got, _ = _scan(data, [cut], block=8, strip_ansi=True)
+        assert [(c.line, c.data) for c in got] == [(2, b"ERR in red"), (4, b"WARN")], cut
+
+
+def test_a_finder_function_picks_the_lines() -> None:
+    def digits(data: bytes, start: int, end: int) -> dict[int, int]:
+        spans: dict[int, int] = {}
+        pos = start
+        while pos < end:
+            nl = data.index(b"\n", pos, end)
+            if data[pos:nl].isdigit():
+                spans[pos] = nl
+            pos = nl + 1
+        return spans
+
+    scanner = LineScanner(digits, block=4)
+    got = [*scanner.feed(b"a\n12\nb\n3"), *scanner.finish()]
+    assert [(c.line, c.data) for c in got] == [(2, b"12"), (4, b"3")]
 
 
 def test_a_line_longer_than_the_limit_is_skipped_and_counted() -> None:
@@ -85,7 +95,7 @@ def test_bad_triggers_are_refused() -> None:
         LineScanner([b"a\nb"])
 
 
-_PIECES = [b"ok", b"ERR", b"WARN", b"Last:", b"x" * 40, b"\x00", b" ", b"\r", b"\n", b"\n", b"\n"]
+_PIECES = [b"ok", b"ERR", b"WARN", b"x" * 40, b"\x00", b" ", b"\r", b"\n", b"\n", b"\n"]
 
 
 @settings(max_examples=400, deadline=None)
@@ -105,19 +115,18 @@ def test_agrees_with_the_line_by_line_reference(data: bytes, cuts: list[int], bl
 @pytest.mark.parametrize("block", [1, 7, 64, 1000, 1 << 20])
 def test_long_lines_are_counted_only_when_they_would_have_been_candidates(block: int) -> None:
     """However the input is cut: a long line of chatter is no skipped candidate, a long one with a
-    trigger is (also when the trigger straddles a chunk boundary), and so is a long line a follow owes."""
+    trigger is (also when the trigger straddles a chunk boundary)."""
     lines_in = [
         b"x" * 3000,  # chatter
         b"y" * 1500 + b"WARN" + b"y" * 1500,  # a trigger in the middle
         b"z" * 2999 + b"ERR",  # a trigger at the very end
-        b"ERR Last:",
-        b"q" * 3000,  # owed by the follow trigger
+        b"ERR short",
         b"after",
         b"w" * 3000,  # chatter, cut off at the end
     ]
     data = b"\n".join(lines_in)
     expected, lines, skipped = _reference(data, 1000)
-    assert skipped == 3
+    assert skipped == 2
     for cuts in ([], [1501], [4502, 4503], list(range(0, len(data), 999)), list(range(0, len(data), 1024))):
         got, scanner = _scan(data, cuts, block=block, max_line=1000)
         assert [(c.line, c.data) for c in got] == expected, cuts

@@ -45,6 +45,17 @@ def test_readable_report_and_exit_codes(tmp_path: Path) -> None:
     assert missing.returncode == 2 and b"cannot read" in missing.stderr
 
 
+def test_empty_input_is_an_error_not_a_healthy_job(tmp_path: Path, client: TestClient) -> None:
+    """`kubectl logs … | gpu-triage diagnose -` after kubectl failed reads nothing: that is exit 2."""
+    for args, stdin in ((["-"], b""), (["--json", "-"], b"")):
+        result = cli(*args, stdin=stdin)
+        assert result.returncode == 2 and b"no log lines read" in result.stderr, args
+    (tmp_path / "empty.log.gz").write_bytes(gzip.compress(b""))
+    assert cli(str(tmp_path / "empty.log.gz")).returncode == 2
+    answer = client.post("/api/v1/diagnose", content=gzip.compress(b""))
+    assert answer.status_code == 422 and "no log lines read" in answer.json()["error"]
+
+
 def test_gzip_and_many_files(tmp_path: Path) -> None:
     ranks = sorted((FIXTURES / "scenarios" / "oom_rank3").iterdir())
     zipped = tmp_path / "rank3.log.gz"
@@ -52,7 +63,7 @@ def test_gzip_and_many_files(tmp_path: Path) -> None:
     result = json.loads(cli("--json", *map(str, ranks[:3]), str(zipped)).stdout)
     root = result["findings"][0]
     assert (root["class"], root["rank"]) == ("cuda_oom", 3)
-    assert root["evidence"][0]["source"] == str(zipped)
+    assert root["evidence"][0]["file"] == str(zipped)
 
 
 def test_api_takes_gzip_encoded_bodies(client: TestClient) -> None:

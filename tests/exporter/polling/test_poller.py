@@ -37,7 +37,7 @@ def sim(clock: FakeClock) -> Iterator[CountingSim]:
     backend.close()
 
 
-def poller(sim: SimBackend, clock: FakeClock, timeout: float = 0.3) -> Poller:
+def poller(sim: SimBackend, clock: FakeClock, timeout: float = 5.0) -> Poller:  # a loaded machine is slow
     p = Poller(sim, interval=5, slow_interval=60, timeout=timeout, clock=clock)
     p.discover()
     return p

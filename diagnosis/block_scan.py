@@ -1,0 +1,120 @@
+"""Which lines of a block deserve a closer look: every signature over every line, at about grep's speed.
+
+Two finders (see `line_scan.Finder`) flag candidate lines; Python then matches each candidate against
+the rules (training_rules.RuleSet.match) and decides. Both flag every line a signature could match,
+so both give the same findings; they differ in speed only:
+
+* `HyperscanFinder` compiles the scan form of every signature (rule_regex.scan_pattern) into one
+  Hyperscan database and runs it over whole blocks: the PyPI `hyperscan` wheel (Vectorscan inside),
+  where one exists for the platform;
+* `LiteralFinder` looks for the literal text each signature requires (rule_regex.required_literals)
+  with plain byte searches. It flags more lines (a literal without the rest of the signature), which
+  Python then turns down, and it is slower on big inputs.
+
+Kernel-log lines (`NVRM:`, `Xid (`) are candidates for both, for the kernel-log parser.
+
+`finder_for` chooses: Hyperscan when it imports and the environment variable GPU_TRIAGE_SCAN is not
+`python` (tests and the bench set it to compare the two).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+from gpu_triage.diagnosis.kernel_log import TRIGGERS as KERNEL_TRIGGERS
+from gpu_triage.diagnosis.line_scan import Finder, trigger_lines
+from gpu_triage.diagnosis.rule_regex import literal_set
+
+ENV = "GPU_TRIAGE_SCAN"  # "python" forces the literal finder; "hyperscan" requires Hyperscan
+_KERNEL_PATTERNS = (r"NVRM:", r"Xid \(")
+
+
+def _hyperscan() -> Any | None:
+    try:
+        import hyperscan
+    except ImportError:  # no wheel for this platform, or not installed
+        return None
+    return hyperscan
+
+
+class HyperscanFinder:
+    """Flags the lines in which any signature's scan form matches. One instance per reader: the
+    Hyperscan scratch space it holds must not be shared between threads."""
+
+    def __init__(self, database: Any) -> None:
+        hs = _hyperscan()
+        assert hs is not None
+        self._db = database
+        self._scratch = hs.Scratch(database)
+        self._ends: list[int] = []
+
+    def _on_match(self, _id: int, _start: int, end: int, _flags: int, _context: object) -> None:
+        self._ends.append(end)
+
+    def __call__(self, data: bytes, start: int, end: int) -> dict[int, int]:
+        block = data if (start, end) == (0, len(data)) else memoryview(data)[start:end]  # no copy
+        ends = self._ends
+        ends.clear()
+        self._db.scan(block, match_event_handler=self._on_match, scratch=self._scratch)
+        spans: dict[int, int] = {}
+        if not ends:
+            return spans
+        # Each pattern ends at the end of its line (`[^\n]*$`), so an end offset names one line.
+        for end_in_block in sorted(set(ends)):
+            line_end = start + end_in_block
+            spans[data.rfind(b"\n", start, line_end) + 1 or start] = line_end
+        return spans
+
+
+class LiteralFinder:
+    """Flags the lines holding any literal a signature requires (a superset of the Hyperscan lines)."""
+
+    def __init__(self, literals: Sequence[str]) -> None:
+        self._needles = tuple(lit.encode() for lit in literal_set([*literals, *(t.decode() for t in KERNEL_TRIGGERS)]))
+
+    def __call__(self, data: bytes, start: int, end: int) -> dict[int, int]:
+        return trigger_lines(data, start, end, self._needles)
+
+
+@cache
+def _database(patterns: tuple[str, ...]) -> Any:
+    hs = _hyperscan()
+    assert hs is not None
+    expressions = [f"(?:{p})[^\\n]*$".encode() for p in (*patterns, *_KERNEL_PATTERNS)]
+    db = hs.Database(mode=hs.HS_MODE_BLOCK)
+    db.compile(
+        expressions=expressions,
+        ids=list(range(len(expressions))),
+        elements=len(expressions),
+        flags=[hs.HS_FLAG_MULTILINE] * len(expressions),
+    )
+    return db
+
+
+def engine_name(prefer: str | None = None) -> str:
+    """ "hyperscan" or "python": what `finder_for` will use, given the preference or the environment."""
+    choice = (prefer or os.environ.get(ENV, "")).strip().lower()
+    if choice == "python":
+        return "python"
+    if _hyperscan() is None:
+        if choice == "hyperscan":
+            raise RuntimeError(f"{ENV}=hyperscan, but the hyperscan module cannot be imported")
+        return "python"
+    return "hyperscan"
+
+
+def finder_for(patterns: Sequence[str], literals: Sequence[str], prefer: str | None = None) -> Finder:
+    """A fresh finder for one reader: Hyperscan over `patterns`, or literal search for `literals`.
+
+    Should Hyperscan refuse to run here (a CPU without the instructions it needs), the literal
+    search gives the same findings, unless Hyperscan was asked for by name."""
+    if engine_name(prefer) == "hyperscan":
+        try:
+            return HyperscanFinder(_database(tuple(patterns)))
+        except Exception:
+            if (prefer or os.environ.get(ENV, "")).strip().lower() == "hyperscan":
+                raise
+    return LiteralFinder(literals)

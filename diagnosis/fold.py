@@ -1,0 +1,94 @@
+"""One screen for any job size: a finding shared by many places becomes one finding for them all.
+
+When `FOLD_AT` or more places (ranks, hosts) report the same training-log class, they are one finding
+at the position of the first of them: its title says which ranks (`on ranks 0-26, 28-63 (63)`), `ranks`
+lists them numerically, and `members` keeps, per place, where it was, how often and its first line,
+so the JSON loses nothing. A folded symptom (timeouts, closed peers) has the host, rank and GPU all
+its members share, and None otherwise: it happened everywhere. A folded fault (every rank out of
+memory) keeps the place of its first member, where it happened first, which is where to look.
+Kernel-log findings (XID, SXid) are never folded: each names a piece of hardware to drain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpu_triage.diagnosis.collectives import rank_ranges
+from gpu_triage.diagnosis.findings import Finding
+
+FOLD_AT = 4
+
+
+def _foldable(class_id: str) -> bool:
+    return not class_id.startswith(("xid_", "sxid_"))
+
+
+def _common(values: list[Any]) -> Any:
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def _member(f: Finding) -> dict[str, Any]:
+    first = f.evidence[0] if f.evidence else None
+    out: dict[str, Any] = {"host": f.host, "rank": f.rank, "local_rank": f.local_rank, "gpu": f.gpu, "count": f.count}
+    if first is not None:
+        out.update(line=first.line, text=first.text[:300])
+        if first.source is not None:
+            out["file"] = first.source
+    return out
+
+
+def _order(f: Finding) -> tuple[bool, int, str, int]:
+    return (f.rank is None, f.rank if f.rank is not None else 0, f.host or "", f.local_rank or 0)
+
+
+def group(members: list[Finding], symptom: bool = True) -> Finding:
+    """One finding for `members` (same class, in root-cause order)."""
+    first = members[0]
+    place = [first] if not symptom else members
+    by_place = sorted(members, key=_order)
+    ranks = sorted({f.rank for f in members if f.rank is not None})
+    where = f"ranks {rank_ranges(ranks)} ({len(ranks)})" if ranks else f"{len(members)} places"
+    if ranks and len(ranks) < len(members):
+        where += f" and {len(members) - len(ranks)} more places"
+    evidence = [first.evidence[0]] if first.evidence else []
+    last = members[-1]
+    if last is not first and last.evidence:
+        evidence.append(last.evidence[0])
+    details = {k: v for k, v in first.details.items() if k not in ("pid", "cuda_dev", "local_rank")}
+    details["places"] = len(members)
+    return Finding(
+        id=f"{first.class_id}:ranks" if ranks else f"{first.class_id}:places",
+        class_id=first.class_id,
+        severity=first.severity,
+        action=first.action,
+        title=f"{first.title} on {where}",
+        playbook=first.playbook,
+        gpu=_common([f.gpu for f in place]),
+        rank=None if symptom else first.rank,
+        host=_common([f.host for f in place]),
+        local_rank=_common([f.local_rank for f in place]),
+        place_inferred=any(f.place_inferred for f in members),
+        evidence=evidence,
+        count=sum(f.count for f in members),
+        steps=list(first.steps),
+        details=details,
+        ranks=ranks,
+        members=[_member(f) for f in by_place],
+    )
+
+
+def fold(findings: list[Finding], is_symptom: Callable[[Finding], bool]) -> list[Finding]:
+    """`findings` (root cause first) with each class of `FOLD_AT`+ places folded into one."""
+    by_class: dict[str, list[Finding]] = {}
+    for f in findings:
+        if _foldable(f.class_id):
+            by_class.setdefault(f.class_id, []).append(f)
+    groups = {c: group(ms, is_symptom(ms[0])) for c, ms in by_class.items() if len(ms) >= FOLD_AT}
+    out: list[Finding] = []
+    for f in findings:
+        if f.class_id not in groups:
+            out.append(f)
+        elif f is by_class[f.class_id][0]:
+            out.append(groups[f.class_id])
+    return out

@@ -1,0 +1,178 @@
+"""The training-log rules (diagnosis/data/training_rules.yaml) as the classifier uses them.
+
+A `Rule` is one class: what to say about it (severity, action, playbook, steps) and the signatures
+that recognise it. A `ContextRule` recognises a line that carries identity, progress or a launcher's
+report structure instead of a fault. Each `Signature` is the regex of the rules file plus the two
+forms the whole-block scan uses (diagnosis/rule_regex.py): the literals every match holds, which also
+gate the regex here (a line without any of them is not searched), and the Hyperscan form.
+
+Order is meaning: `RuleSet.rules` is most specific first, and `RuleSet.match` returns the first rule
+with a matching signature. diagnosis/training_rules.py reads and checks the file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpu_triage.diagnosis.actions import Action, Severity
+
+
+class FieldKind(StrEnum):
+    INT = "int"
+    STR = "str"
+    BUS_ID = "bus_id"  # a PCI bus id in any NVML/kernel spelling
+    NCCL_BUS_ID = "nccl_bus_id"  # NCCL's packed hex busId, e.g. 3b000
+
+
+# The named groups a signature may capture. A closed list, so that a typo in the YAML is an error
+# instead of a field nobody reads.
+_INT_FIELDS = (
+    "rank peer_rank local_rank pid cuda_dev port nccl_code ib_status vendor_err opcode length seq "
+    "last_enqueued last_completed timeout_ms ran_ms seconds count ring found expected size "
+    "expected_size numel_in numel_out hca_index joined family driver_version nranks errno rc exitcode "
+    "gid_index index"
+)
+_STR_FIELDS = (
+    "host peer hca ib_status_name opcode_name op pg reason event element call symbol path "
+    "nccl_error source_file version comm size_text op_id request signal abort tasks ranks process lib "
+    "state net timeout_text time message exc"
+)
+FIELDS: dict[str, FieldKind] = {
+    **dict.fromkeys(_INT_FIELDS.split(" "), FieldKind.INT),
+    **dict.fromkeys(_STR_FIELDS.split(" "), FieldKind.STR),
+    "gpu": FieldKind.BUS_ID,
+    "nccl_bus_id": FieldKind.NCCL_BUS_ID,
+}
+
+
+class ContextKind(StrEnum):
+    COMM_INIT = "comm_init"  # NCCL communicator init: rank, nranks, cudaDev, busId of host:pid
+    NCCL_VERSION = "nccl_version"
+    PROGRESS = "progress"  # last enqueued / completed NCCL work of a rank
+    FAILURE_HOST = "failure_host"  # torchrun's failure table: one entry per failed worker
+    FAILURE_RANK = "failure_rank"
+    TABLE_END = "table_end"  # the table's borders close an entry
+    CONTINUES = "continues"  # the first line of a message printed over two lines
+    CONTINUED = "continued"  # ... and its second line
+    IGNORED_EXCEPTION = "ignored_exception"  # Python: `Exception ignored in: …` (the next traceback is harmless)
+    TRACEBACK = "traceback"  # Python: `Traceback (most recent call last):`
+    EXCEPTION = "exception"  # the `SomeError: message` line that ends a traceback
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    line: str
+    shape: str | None = None  # which versions / launchers print the line this way
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    regex: re.Pattern[str]  # compiled ASCII, matched against the bare message
+    literals: tuple[str, ...]  # every match holds one of these (rule_regex.required_literals)
+    scan: str  # the Hyperscan form (rule_regex.scan_pattern)
+
+    @property
+    def pattern(self) -> str:
+        return self.regex.pattern
+
+    def search(self, text: str) -> re.Match[str] | None:
+        for literal in self.literals:
+            if literal in text:
+                return self.regex.search(text)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    class_id: str
+    severity: Severity
+    action: Action
+    playbook: str
+    title: str
+    steps: tuple[str, ...]
+    signatures: tuple[Signature, ...]
+    examples: tuple[Example, ...]
+    specificity: int  # 0 = most specific; the position in the file
+    symptom: bool = False  # usually caused by another rank's fault
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRule:
+    kind: ContextKind
+    signatures: tuple[Signature, ...]
+    examples: tuple[Example, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    rule: Rule
+    fields: dict[str, str]  # captured groups that matched; converted later by FIELDS kind
+    signature: int = 0  # which of the rule's signatures matched
+
+
+@dataclass(frozen=True, slots=True)
+class ContextMatch:
+    kind: ContextKind
+    fields: dict[str, str]
+
+
+def _groups(m: re.Match[str]) -> dict[str, str]:
+    return {k: v for k, v in m.groupdict().items() if v}
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    rules: tuple[Rule, ...]
+    context: tuple[ContextRule, ...]
+    near_misses: tuple[str, ...]
+
+    def match(self, text: str) -> Match | None:
+        """The most specific rule matching the bare message `text`, with its captured fields."""
+        for rule in self.rules:
+            for i, sig in enumerate(rule.signatures):
+                m = sig.search(text)
+                if m is not None:
+                    return Match(rule, _groups(m), i)
+        return None
+
+    def match_context(self, text: str) -> ContextMatch | None:
+        for ctx in self.context:
+            for sig in ctx.signatures:
+                m = sig.search(text)
+                if m is not None:
+                    return ContextMatch(ctx.kind, _groups(m))
+        return None
+
+    def rule(self, class_id: str) -> Rule:
+        for rule in self.rules:
+            if rule.class_id == class_id:
+                return rule
+        raise KeyError(class_id)
+
+    def signatures(self) -> tuple[Signature, ...]:
+        """Every signature, rules first: what the block scan must flag."""
+        return tuple(s for r in self.rules for s in r.signatures) + tuple(s for c in self.context for s in c.signatures)
+
+
+def playbook_id(class_id: str) -> str:
+    """The runbook id of a training-log class: one playbook per class."""
+    return "nccl-" + class_id.replace("_", "-")
+
+
+# Classes the diagnosis code itself names: a rules file without one of them cannot be used.
+CUDA_ILLEGAL_ADDRESS = "cuda_illegal_address"  # where an application-fault XID ranks
+COLLECTIVE_TIMEOUT = "collective_timeout"  # the class the straggler analysis attaches to
+COLLECTIVE_MISMATCH = "collective_mismatch"  # reported when ranks time out in different collectives
+NCCL_LIB_MISMATCH = "nccl_lib_mismatch"  # reported when ranks print different NCCL versions
+PROCESS_SEGFAULT = "process_segfault"  # a SIGABRT of it ranks after the symptoms
+JOB_FAILED = "job_failed_unclassified"  # a death nothing more specific explains
+REQUIRED_CLASSES = (
+    CUDA_ILLEGAL_ADDRESS,
+    COLLECTIVE_TIMEOUT,
+    COLLECTIVE_MISMATCH,
+    NCCL_LIB_MISMATCH,
+    PROCESS_SEGFAULT,
+    JOB_FAILED,
+)

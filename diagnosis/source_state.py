@@ -1,0 +1,120 @@
+"""What one input has told so far that later lines of the same input depend on.
+
+* torchrun's failure table (torch/distributed/elastic/multiprocessing/errors): each failed worker is
+  an entry of indented fields, `host : node07`, `rank : 27 (local_rank: 3)`, `exitcode : -9 (pid:
+  4242)`, `traceback : …`, closed by the next entry or the table's border. The entry binds host,
+  global rank, local rank and pid together, and gives its place to the indented lines inside it that
+  carry no place of their own (the exit code, the signal, the worker's traceback). A line of another
+  process interleaved there, which names its own host or rank, keeps its own place.
+* a message its printer splits over two lines by design (PRRTE's `… exited on` / `signal 9
+  (Killed).`): the first line waits for the second.
+* Python tracebacks: where each started and the exception line that ended it, so that an uncaught
+  exception can count as a death of the process (diagnosis/deaths.py); not one Python printed after
+  `Exception ignored in:`, which it could not raise.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gpu_triage.diagnosis.identity import short_host
+from gpu_triage.diagnosis.log_lines import LogLine
+
+MAX_TRACEBACKS = 16  # per input: the first ones and the last one are what matter
+CONTINUE_WITHIN = 2  # lines between the two halves of a two-line message
+_HOOKED = re.compile(r"\[rank\d{1,7}\]: Traceback")  # PyTorch 2.3+ prints uncaught exceptions so
+
+
+@dataclass(slots=True)
+class TableEntry:
+    line: int
+    host: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Traceback:
+    start: int  # the `Traceback (most recent call last):` line
+    line: int  # the exception line that ends it
+    text: str  # the exception line as read
+    rank: int | None
+    host: str | None
+    local_rank: int | None
+    hooked: bool  # printed by PyTorch's excepthook (`[rankN]: Traceback`): uncaught for certain
+
+
+@dataclass(slots=True)
+class SourceState:
+    index: int
+    name: str | None
+    entry: TableEntry | None = None
+    continues: tuple[int, LogLine] | None = None
+    open_traceback: tuple[int, LogLine] | None = None
+    ignored: int = -10  # the line of the last `Exception ignored in: …`
+    tracebacks: list[Traceback] = field(default_factory=list)
+    exit_reported: bool = False  # a launcher reported a process's end in this input
+    lines: int = 0  # set when the input ends
+
+    # -- torchrun's failure table --------------------------------------------------------------
+
+    def table_host(self, number: int, host: str) -> None:
+        if self.entry is None or self.entry.host is not None or self.entry.rank is not None:
+            self.entry = TableEntry(number)
+        self.entry.host = short_host(host)
+
+    def table_rank(self, number: int, rank: int, local_rank: int | None) -> None:
+        if self.entry is None or self.entry.rank is not None:
+            self.entry = TableEntry(number)
+        self.entry.rank, self.entry.local_rank = rank, local_rank
+
+    def table_end(self) -> None:
+        self.entry = None
+
+    def table_place(self, line: LogLine) -> TableEntry | None:
+        """The open entry, when `line` is one of its indented lines without a place of its own (a
+        launcher's `node07: ` prefix names the agent's host, which is the table's)."""
+        entry = self.entry
+        if entry is None or line.indent < 2 or line.rank is not None or line.pid is not None:
+            return None
+        if line.host is not None and entry.host is not None and short_host(line.host) != short_host(entry.host):
+            return None
+        return entry if line.local_rank is None else None
+
+    # -- two-line messages ----------------------------------------------------------------------
+
+    def joined(self, number: int, line: LogLine) -> tuple[int, str] | None:
+        """(line, text) of the whole message when `line` is the second half of a waiting first one."""
+        first = self.continues
+        self.continues = None
+        if first is None or not 0 < number - first[0] <= CONTINUE_WITHIN:
+            return None
+        return first[0], f"{first[1].text} {line.text}"
+
+    # -- tracebacks -----------------------------------------------------------------------------
+
+    def traceback(self, number: int, line: LogLine) -> None:
+        # Python prints an exception it cannot raise (in __del__, at exit) after `Exception ignored in`:
+        # that traceback kills nothing.
+        self.open_traceback = None if number - self.ignored <= 2 else (number, line)
+
+    def exception(self, number: int, line: LogLine) -> None:
+        if self.open_traceback is None:
+            return
+        start, head = self.open_traceback
+        self.open_traceback = None
+        trace = Traceback(
+            start,
+            number,
+            line.raw,
+            head.rank if head.rank is not None else line.rank,
+            head.host or line.host,
+            head.local_rank if head.local_rank is not None else line.local_rank,
+            hooked=_HOOKED.search(head.raw) is not None,
+        )
+        if len(self.tracebacks) < MAX_TRACEBACKS:
+            self.tracebacks.append(trace)
+        else:
+            self.tracebacks[-1] = trace  # keep the last one: an uncaught exception ends the output

@@ -1,0 +1,112 @@
+"""The two block scans: Hyperscan and the pure-Python literal scan give the same findings, everywhere.
+
+Where the `hyperscan` wheel is missing (the tests then run the Python scan only) the comparison is
+skipped; CI installs the wheel on x86_64.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_triage.diagnosis.block_scan import ENV, HyperscanFinder, LiteralFinder, engine_name, finder_for
+from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training_rules import load_rules
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TRAINING = FIXTURES / "training"
+JOB_DIRS = ("scenarios", "corpus")  # a folder under one of these is one job: its files go to one call
+RULES = load_rules()
+PATTERNS = [s.scan for s in RULES.signatures()]
+LITERALS = [lit for s in RULES.signatures() for lit in s.literals]
+needs_hyperscan = pytest.mark.skipif(engine_name() != "hyperscan", reason="the hyperscan wheel is not installed")
+
+
+def cases() -> list[list[Path]]:
+    """Every fixture input of the project: training logs, jobs of several files, kernel logs."""
+    out: list[list[Path]] = []
+    for path in sorted(TRAINING.rglob("*")):
+        if path.is_dir() and path.parent.name in JOB_DIRS:
+            out.append(sorted(p for p in path.rglob("*") if p.is_file()))
+        elif path.is_file() and path.suffix == ".log" and path.parent.parent.name not in JOB_DIRS:
+            out.append([path])
+    out += [[p] for p in sorted((FIXTURES / "kmsg").glob("*.log"))]
+    return out
+
+
+CASES = cases()
+
+
+def _run(paths: list[Path], engine: str) -> dict[str, Any]:
+    doc = diagnose([(p.name, [p.read_bytes()]) for p in paths], engine=engine).to_json()
+    return {k: doc[k] for k in ("root_cause", "findings", "events")} | {"lines": doc["summary"]["lines_read"]}
+
+
+def test_the_fixture_walk_sees_every_kind_of_input() -> None:
+    names = {p.parent.name for case in CASES for p in case}
+    assert {"classes", "oom_rank3", "training", "kmsg"} <= names
+    assert len(CASES) >= 40
+
+
+@needs_hyperscan
+@pytest.mark.parametrize("paths", CASES, ids=[str(c[0].relative_to(FIXTURES)) for c in CASES])
+def test_hyperscan_and_the_python_scan_give_the_same_findings(paths: list[Path]) -> None:
+    assert _run(paths, "hyperscan") == _run(paths, "python")
+
+
+def _example_lines() -> list[str]:
+    return [ex.line for r in RULES.rules for ex in r.examples] + [ex.line for c in RULES.context for ex in c.examples]
+
+
+_LINES = _example_lines() + list(RULES.near_misses[:40])
+_NOISE = [
+    "",
+    "step 1 | loss 0.5",
+    "node1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC",
+    "\x1b[31mred\x1b[0m",
+]
+
+
+@needs_hyperscan
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(_LINES + _NOISE), min_size=1, max_size=40), st.randoms(use_true_random=False))
+def test_random_mixtures_give_the_same_findings(lines: list[str], rng: random.Random) -> None:
+    data = "\n".join(lines).encode()
+    cut = rng.randrange(len(data) + 1)
+    chunks = [data[:cut], data[cut:]]
+    one = diagnose([(None, chunks)], engine="hyperscan").to_json()
+    two = diagnose([(None, chunks)], engine="python").to_json()
+    assert (one["findings"], one["events"]) == (two["findings"], two["events"])
+
+
+@needs_hyperscan
+def test_hyperscan_flags_whole_lines_and_nothing_else() -> None:
+    data = b"healthy\n[rank3]: RuntimeError: CUDA error: out of memory\nfine\nNVRM: Xid (PCI:0000:3b:00): 79\n"
+    finder = finder_for(PATTERNS, LITERALS, "hyperscan")
+    assert isinstance(finder, HyperscanFinder)
+    spans = finder(data, 0, len(data))
+    assert [data[a:b] for a, b in sorted(spans.items())] == [
+        b"[rank3]: RuntimeError: CUDA error: out of memory",
+        b"NVRM: Xid (PCI:0000:3b:00): 79",
+    ]
+    middle = data.index(b"fine")
+    assert finder(data, middle, len(data)) == {middle + 5: len(data) - 1}
+
+
+def test_the_python_scan_flags_at_least_what_hyperscan_does() -> None:
+    finder = finder_for(PATTERNS, LITERALS, "python")
+    assert isinstance(finder, LiteralFinder)
+    data = "\n".join(_example_lines()).encode() + b"\n"
+    assert len(finder(data, 0, len(data))) == len(_example_lines())
+
+
+def test_the_engine_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "python")
+    assert engine_name() == "python"
+    assert diagnose([(None, [b"x\n"])]).engine == "python"
+    assert engine_name("python") == "python"
