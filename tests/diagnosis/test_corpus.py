@@ -1,24 +1,27 @@
-"""The training-log corpus: whole jobs as users paste them, each run through the real `gpu-triage diagnose --json`.
+"""The training-log corpus: whole jobs as users paste them, each run through `gpu-triage diagnose --json`.
 
 tests/fixtures/training/corpus/ holds failing and healthy jobs written line by line from the format strings of
 NCCL, PyTorch, the launchers (torchrun, DeepSpeed, mpirun, srun, pdsh, kubectl) and the kernel, across versions,
 without looking at the classifier's rules; expected.yaml says, per case, what a user should be told first. A case
 is a `.log` file or a directory (one job, all its files in one call); the two biggest jobs are generated at test
 time by corpus_jobs.py. Test ids are the case ids, and a failure prints the case's shape and what came back.
+
+Every case goes through the command's own code (`diagnose_files`, what `gpu-triage diagnose --json` runs after
+parsing its arguments) in this process; a few also go through the real command, which must say the same.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import re
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from gpu_triage.exporter.cli.commands import diagnose_files
 from tests.conftest import REPO
 from tests.diagnosis.corpus_jobs import GENERATORS, wrap
 from tests.exporter.cli.test_diagnose import cli
@@ -56,28 +59,30 @@ def inputs(case: str, scratch: Path) -> list[Path]:
     return [path.with_name(f"{case}.log")]
 
 
-def diagnose(case: str, scratch: Path) -> tuple[int, dict[str, Any] | None, str]:
-    done = cli("--json", *map(str, inputs(case, scratch)))
+Outcome = tuple[int, dict[str, Any] | None, str]  # exit status, the JSON report, stderr
+
+
+def _report(stdout: str) -> dict[str, Any] | None:
     try:
-        report = json.loads(done.stdout) if done.stdout.strip() else None
+        return json.loads(stdout) if stdout.strip() else None
     except json.JSONDecodeError:
-        report = None
-    return done.returncode, report, done.stderr.decode(errors="replace")
+        return None
+
+
+def diagnose(case: str, scratch: Path) -> Outcome:
+    out, err = io.StringIO(), io.StringIO()
+    rc = diagnose_files([str(p) for p in inputs(case, scratch)], True, out=out, err=err)
+    return rc, _report(out.getvalue()), err.getvalue()
+
+
+def diagnose_by_command(case: str, scratch: Path) -> Outcome:
+    done = cli("--json", *map(str, inputs(case, scratch)))
+    return done.returncode, _report(done.stdout.decode()), done.stderr.decode(errors="replace")
 
 
 @pytest.fixture(scope="module")
-def reports(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Every selected case diagnosed once, a few at a time (each call is a fresh process)."""
-    selected = [item.callspec.params["case"] for item in request.session.items
-                if getattr(item, "originalname", "") == "test_case" and hasattr(item, "callspec")]  # fmt: skip
-    scratch = tmp_path_factory.mktemp("generated")
-    with ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2))) as pool:
-        futures: dict[str, Future[tuple[int, dict[str, Any] | None, str]]] = {
-            case: pool.submit(diagnose, case, scratch) for case in selected
-        }
-        yield futures
-        for f in futures.values():
-            f.cancel()
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("generated")
 
 
 def place_of(finding: dict[str, Any]) -> str:
@@ -133,14 +138,32 @@ def problems(exp: dict[str, Any], rc: int, report: dict[str, Any] | None, stderr
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED), ids=str)
-def test_case(case: str, reports: dict[str, Future[tuple[int, dict[str, Any] | None, str]]]) -> None:
+def test_case(case: str, scratch: Path) -> None:
     exp = EXPECTED[case]
-    rc, report, stderr = reports[case].result()
+    rc, report, stderr = diagnose(case, scratch)
     found = problems(exp, rc, report, stderr)
     got = [place_of(f) for f in (report or {}).get("findings", [])]
     assert not found, (
         f"{case}: {exp['shape']}\n  problems: {found}\n  findings: {got[:12]}{' …' if len(got) > 12 else ''}"
     )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "empty-input",
+        "healthy-01-nccl278-pt17-launch-clean",
+        "host_oom_killed-01-pt21-interleaved-no-nccl-debug-wrong-place-trap_wrap100",
+        "xid_48-04-big-job-64-rank-files-generated",
+    ],
+    ids=str,
+)
+def test_the_command_says_the_same(case: str, scratch: Path) -> None:
+    """The real `gpu-triage diagnose --json` process: the same exit status and report as its code in-process."""
+    assert case in EXPECTED
+    by_command, in_process = diagnose_by_command(case, scratch), diagnose(case, scratch)
+    assert by_command[:2] == in_process[:2]
+    assert ("no log lines read" in by_command[2]) == ("no log lines read" in in_process[2])
 
 
 def test_the_report_names_its_root_cause() -> None:
