@@ -42,6 +42,40 @@ class Evidence:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Who was using a GPU: a Kubernetes pod's container, or a Slurm job step. The daemon finds them (the
+    kubelet's pod-resources API, the processes' cgroups); diagnosis/ only carries them on findings."""
+
+    kind: str  # "pod" or "slurm_job"
+    name: str  # the pod's name, or the job id (numeric, or Slurm's SLUID)
+    namespace: str = ""  # pod
+    container: str = ""  # pod
+    step: str = ""  # Slurm: 0, 1, batch, extern, interactive...
+    user: str = ""  # Slurm: the user name, or the uid where the name does not resolve
+    mig_uuid: str = ""  # the MIG device it holds, when it holds one rather than the whole GPU
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "pod":
+            out = {"kind": self.kind, "namespace": self.namespace, "pod": self.name, "container": self.container}
+        else:
+            out = {"kind": self.kind, "job_id": self.name, "step": self.step, "user": self.user}
+        if self.mig_uuid:
+            out["mig_uuid"] = self.mig_uuid
+        return out
+
+    def short(self) -> str:
+        """'pod ml/trainer-0' or 'job 1234': for one-line reasons."""
+        return f"pod {self.namespace}/{self.name}" if self.kind == "pod" else f"job {self.name}"
+
+    def describe(self) -> str:
+        """'pod ml/trainer-0 (container main)' or 'Slurm job 1234 step 0 (alice)'."""
+        if self.kind == "pod":
+            return f"pod {self.namespace}/{self.name} (container {self.container})"
+        step = f" step {self.step}" if self.step else ""
+        return f"Slurm job {self.name}{step}" + (f" ({self.user})" if self.user else "")
+
+
 @dataclass(slots=True)
 class Finding:
     """A diagnosed problem: what it is, where, how bad, what to do, and the lines that show it.
@@ -64,6 +98,7 @@ class Finding:
     count: int = 1
     steps: list[str] = field(default_factory=list)  # the immediate next steps, in order
     details: dict[str, str | int] = field(default_factory=dict)  # fields extracted from the lines
+    workloads: tuple[Workload, ...] = ()  # who was on the GPU when the daemon first saw the finding open
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,4 +115,6 @@ class Finding:
             "evidence": [e.to_json() for e in self.evidence],
             "steps": list(self.steps),
             "details": dict(self.details),
+            # Only the daemon knows who used a GPU: offline diagnoses keep the shape they always had.
+            **({"workloads": [w.to_json() for w in self.workloads]} if self.workloads else {}),
         }
