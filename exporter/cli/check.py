@@ -115,7 +115,7 @@ def reason(body: dict[str, Any]) -> str:
         parts.append(f"GPU {gpu['gpu']}" if gpu.get("gpu") is not None else str(gpu.get("pci_bus_id")))
     if finding is not None:
         parts += [_why(finding), _who(finding.get("workloads") or (gpu or {}).get("workloads") or [])]
-    return " ".join(p for p in parts if p)
+    return " ".join(" ".join(parts).split())  # one line, whatever the parts hold
 
 
 def _text(body: dict[str, Any], base: str) -> str:
