@@ -33,6 +33,54 @@ def _daemon_options(p: argparse.ArgumentParser, timeout: float = 5.0) -> None:
     p.add_argument("--password-file", metavar="FILE", help="file holding that user's password")
 
 
+def _node_condition_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "node-condition",
+        help="write the node's verdict to its Kubernetes Node as the condition GpuTriageUnhealthy",
+        description="Ask the daemon for the node's verdict every --interval seconds and write it to this node's "
+        "Node object as the condition GpuTriageUnhealthy (True: unhealthy, the reason is the action; False; "
+        "Unknown: no verdict), with the pod's service-account token. It never cordons, drains or evicts. The "
+        "sidecar of kubernetes/overlays/node-condition.",
+    )
+    _daemon_options(p, timeout=10.0)
+    p.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    p.add_argument("--interval", type=float, default=15.0, help="seconds between looks at the daemon (default 15)")
+    p.add_argument(
+        "--heartbeat", type=float, default=300.0, help="rewrite an unchanged condition this often (default 300)"
+    )
+    p.add_argument("--api-server", help="the Kubernetes API server (default: the in-cluster one)")
+    p.add_argument(
+        "--token-file", type=Path, default=Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        help="the service-account token (default: the pod's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-ca-file", type=Path, default=Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+        help="the API server's CA (default: the pod's)",
+    )  # fmt: skip
+    p.add_argument("--once", action="store_true", help="write the condition once and exit (1: not written)")
+    p.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warn", "error"), default="info")
+    p.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt")
+
+
+def _node_condition(args: argparse.Namespace) -> int:
+    from gpu_triage.exporter.cli.node_condition import Options, in_cluster_api_server, run
+
+    if not args.node:
+        args.usage_parser.error("no node name: give --node or set NODE_NAME (the pod's spec.nodeName)")
+    setup_logging(args.log_level, args.log_format)
+    options = Options(
+        _daemon(args),
+        args.node,
+        args.interval,
+        args.heartbeat,
+        args.api_server or in_cluster_api_server(),
+        args.token_file,
+        args.api_ca_file,
+        args.once,
+    )
+    return run(options)
+
+
 def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(
         "serve",
@@ -87,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="only these GPUs, by NVML index or UUID, comma-separated (0,3): their verdict and exit status",
     )
+    _node_condition_parser(sub)
     diagnose = sub.add_parser(
         "diagnose",
         help="diagnose kernel and training logs offline",
@@ -220,6 +269,8 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         from gpu_triage.exporter.cli.check import check
 
         return check(_daemon(args), "json" if args.json else args.format, args.gpus)
+    if args.command == "node-condition":
+        return _node_condition(args)
     if args.command == "diagnose":
         from gpu_triage.exporter.cli.commands import diagnose_files
 
