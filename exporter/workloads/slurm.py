@@ -139,14 +139,16 @@ class ProcessJobs:
 class UserNames:
     """uid -> user name, looked up off the poll thread: with LDAP behind NSS, a lookup can hang for minutes.
 
-    `name(uid)` answers from what is known, and the uid itself until the name is (normally by the next poll).
+    A new uid's lookup is waited for briefly (`wait` seconds: local files and a working NSS cache answer in
+    far less); one that takes longer answers the uid itself until the name is known.
     """
 
-    def __init__(self, limit: int = 1024) -> None:
+    def __init__(self, limit: int = 1024, wait: float = 0.05) -> None:
         self._names: dict[int, str] = {}
         self._asked: set[int] = set()
-        self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[int, threading.Event]] = queue.SimpleQueue()
         self._limit = limit  # distinct users asked about: bounded, as every input
+        self._wait = wait
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -155,20 +157,25 @@ class UserNames:
             known = self._names.get(uid)
             if known is not None:
                 return known
-            if uid not in self._asked and len(self._asked) < self._limit:
-                self._asked.add(uid)
-                self._queue.put(uid)
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._resolve, name="user-names", daemon=True)
-                    self._thread.start()
-        return str(uid)
+            if uid in self._asked or len(self._asked) >= self._limit:
+                return str(uid)
+            self._asked.add(uid)
+            done = threading.Event()
+            self._queue.put((uid, done))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._resolve, name="user-names", daemon=True)
+                self._thread.start()
+        done.wait(self._wait)
+        with self._lock:
+            return self._names.get(uid, str(uid))
 
     def _resolve(self) -> None:
         while True:
-            uid = self._queue.get()
+            uid, done = self._queue.get()
             try:
                 name = pwd.getpwuid(uid).pw_name
             except (KeyError, OSError):  # no such user here (a container without the cluster's NSS): keep the uid
                 name = str(uid)
             with self._lock:
                 self._names[uid] = name
+            done.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -110,12 +111,24 @@ def test_an_unreadable_or_huge_cgroup_file_is_no_job(tmp_path: Path) -> None:
     assert ProcessJobs(procfs).jobs({1, 2}) == {}
 
 
-def test_user_names_resolve_off_the_caller_s_thread() -> None:
-    names = UserNames()
+def test_user_names_resolve_at_once_when_nss_answers() -> None:
     me = os.getuid()
-    first = names.name(me)
-    assert first in (str(me), pwd.getpwuid(me).pw_name)  # the uid until the name is known
-    wait_for(lambda: names.name(me) == pwd.getpwuid(me).pw_name, what="the user's name")
+    assert UserNames(wait=10).name(me) == pwd.getpwuid(me).pw_name
+
+
+def test_a_hung_user_lookup_answers_the_uid_until_the_name_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+
+    def slow(uid: int) -> pwd.struct_passwd:
+        release.wait(30)  # an LDAP server that does not answer
+        return pwd.struct_passwd(("ldap-user", "x", uid, uid, "", "/home/x", "/bin/sh"))
+
+    monkeypatch.setattr(pwd, "getpwuid", slow)
+    names = UserNames(wait=0.01)
+    assert names.name(5000) == "5000"
+    assert names.name(5000) == "5000"  # asked once, not queued again
+    release.set()
+    wait_for(lambda: names.name(5000) == "ldap-user", what="the name, once the lookup returns")
 
 
 def test_an_unknown_uid_stays_a_number() -> None:
