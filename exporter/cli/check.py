@@ -32,7 +32,7 @@ class NoVerdictError(Exception):
 
 
 @dataclass(frozen=True)
-class Daemon:
+class DaemonClient:
     """How to reach the daemon: `gpu-triage check` and `gpu-triage node-condition` share these options."""
 
     url: str = "http://127.0.0.1:9481"
@@ -150,7 +150,7 @@ def no_verdict(message: str) -> dict[str, Any]:
     }
 
 
-def check(daemon: Daemon, fmt: str = "text", gpus: str | None = None, out: TextIO = sys.stdout) -> int:
+def check(daemon: DaemonClient, fmt: str = "text", gpus: str | None = None, out: TextIO = sys.stdout) -> int:
     """Print the verdict in `fmt` and return the exit status for it."""
     wanted = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else []
     try:

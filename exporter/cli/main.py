@@ -15,7 +15,7 @@ from gpu_triage.exporter.logs import setup_logging
 from gpu_triage.exporter.settings import OPTIONS, SettingsError, load_settings
 
 if TYPE_CHECKING:
-    from gpu_triage.exporter.cli.check import Daemon
+    from gpu_triage.exporter.cli.check import DaemonClient
 
 
 def _daemon_options(p: argparse.ArgumentParser, timeout: float = 5.0) -> None:
@@ -203,10 +203,10 @@ def _serve(args: argparse.Namespace, unknown: list[str]) -> int:
     return 0
 
 
-def _daemon(args: argparse.Namespace) -> Daemon:
-    from gpu_triage.exporter.cli.check import Daemon
+def _daemon(args: argparse.Namespace) -> DaemonClient:
+    from gpu_triage.exporter.cli.check import DaemonClient
 
-    return Daemon(args.url, args.timeout, args.ca_file, args.user, args.password_file)
+    return DaemonClient(args.url, args.timeout, args.ca_file, args.user, args.password_file)
 
 
 def _data_ok() -> bool:

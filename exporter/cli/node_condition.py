@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpu_triage.exporter.cli.check import Daemon, NoVerdictError
+from gpu_triage.exporter.cli.check import DaemonClient, NoVerdictError
 
 log = logging.getLogger(__name__)
 CONDITION = "GpuTriageUnhealthy"
@@ -165,7 +165,7 @@ class Reporter:
 
 @dataclass(frozen=True)
 class Options:
-    daemon: Daemon
+    daemon: DaemonClient
     node: str
     interval: float
     heartbeat: float
