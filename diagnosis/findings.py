@@ -42,6 +42,40 @@ class Evidence:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Who was using a GPU: a Kubernetes pod's container, or a Slurm job step. The daemon finds them (the
+    kubelet's pod-resources API, the processes' cgroups); diagnosis/ only carries them on findings."""
+
+    kind: str  # "pod" or "slurm_job"
+    name: str  # the pod's name, or the job id (numeric, or Slurm's SLUID)
+    namespace: str = ""  # pod
+    container: str = ""  # pod
+    step: str = ""  # Slurm: 0, 1, batch, extern, interactive...
+    user: str = ""  # Slurm: the user name, or the uid where the name does not resolve
+    mig_uuid: str = ""  # the MIG device it holds, when it holds one rather than the whole GPU
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "pod":
+            out = {"kind": self.kind, "namespace": self.namespace, "pod": self.name, "container": self.container}
+        else:
+            out = {"kind": self.kind, "job_id": self.name, "step": self.step, "user": self.user}
+        if self.mig_uuid:
+            out["mig_uuid"] = self.mig_uuid
+        return out
+
+    def short(self) -> str:
+        """'pod ml/trainer-0' or 'job 1234': for one-line reasons."""
+        return f"pod {self.namespace}/{self.name}" if self.kind == "pod" else f"job {self.name}"
+
+    def describe(self) -> str:
+        """'pod ml/trainer-0 (container main)' or 'Slurm job 1234 step 0 (alice)'."""
+        if self.kind == "pod":
+            return f"pod {self.namespace}/{self.name} (container {self.container})"
+        step = f" step {self.step}" if self.step else ""
+        return f"Slurm job {self.name}{step}" + (f" ({self.user})" if self.user else "")
+
+
 @dataclass(slots=True)
 class Finding:
     """A diagnosed problem: what it is, where, how bad, what to do, and the lines that show it.
@@ -70,6 +104,7 @@ class Finding:
     place_inferred: bool = False  # host, rank or GPU came from other lines than the finding's own
     ranks: list[int] = field(default_factory=list)  # the ranks a folded finding covers
     members: list[dict[str, Any]] = field(default_factory=list)  # per place of a folded finding
+    workloads: tuple[Workload, ...] = ()  # who was on the GPU when the daemon first saw the finding open
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -89,6 +124,8 @@ class Finding:
             "evidence": [e.to_json() for e in self.evidence],
             "steps": list(self.steps),
             "details": dict(self.details),
+            # Only the daemon knows who used a GPU: offline diagnoses keep the shape they always had.
+            **({"workloads": [w.to_json() for w in self.workloads]} if self.workloads else {}),
         }
         if self.members:
             out["members"] = [dict(m) for m in self.members]

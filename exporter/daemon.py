@@ -17,10 +17,12 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
 from gpu_triage.diagnosis.data_check import check_data
+from gpu_triage.diagnosis.findings import Workload
 from gpu_triage.diagnosis.health import NodeVerdict
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.metrics.exposition import MetricsCache
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
+from gpu_triage.exporter.metrics.workloads import workload_families
 from gpu_triage.exporter.metrics.xid import journal_families, source_families, xid_families
 from gpu_triage.exporter.polling.poller import Poller
 from gpu_triage.exporter.polling.snapshot import Snapshot
@@ -30,6 +32,7 @@ from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 from gpu_triage.exporter.sources.kmsg import KmsgFollower, boot_time
 from gpu_triage.exporter.sources.pipeline import EventPipeline
 from gpu_triage.exporter.verdicts import Verdicts, diagnosis_json, summary, verdict_families
+from gpu_triage.exporter.workloads.tracker import ByGpu, Workloads
 
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
@@ -38,10 +41,11 @@ PURGE_EVERY_SECONDS = 3600.0
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """What one render of /metrics describes: a snapshot, and the verdict made from it."""
+    """What one render of /metrics describes: a snapshot, who used its GPUs, and the verdict made from them."""
 
     snapshot: Snapshot
     node: NodeVerdict
+    workloads: ByGpu
 
 
 class Families:
@@ -52,6 +56,10 @@ class Families:
 
     def collect(self) -> Iterable[Metric]:
         return self._build()
+
+
+def _workloads(by_gpu: ByGpu) -> dict[str, tuple[Workload, ...]]:
+    return {uuid: tuple(a.workload for a in found) for uuid, found in by_gpu.items()}
 
 
 def read_boot_id() -> str:
@@ -105,11 +113,14 @@ class Daemon:
         self.driver_events: DriverEvents | None = None
         if settings.source_events and isinstance(backend, XidEventSource):
             self.driver_events = DriverEvents(backend, backend.name, self.pipeline.from_driver)
+        # Who uses each GPU (Kubernetes pods, Slurm jobs); a new pod mapping is on /metrics at once.
+        self.workloads = Workloads(settings, on_change=self.refresh, clock=clock)
         # Everything /metrics shows, in page order; a new producer of families registers here.
         self.registry = CollectorRegistry(auto_describe=False)
-        self._frame = Frame(self.snapshot, self.verdicts.node)
+        self._frame = Frame(self.snapshot, self.verdicts.node, {})
         for build in (
             lambda: gpu_families(self._frame.snapshot),
+            lambda: workload_families(self._frame.snapshot, self._frame.workloads, self.workloads),
             lambda: xid_families(self.journal.totals()),
             lambda: verdict_families(self._frame.snapshot, self._frame.node),
             lambda: daemon_families(self._frame.snapshot),
@@ -140,6 +151,7 @@ class Daemon:
             if source is not None:
                 source.start()
         self.poller.start()
+        self.workloads.start()
         gpus = self.snapshot.gpus
         log.info(
             "started",
@@ -154,6 +166,7 @@ class Daemon:
 
     def stop(self) -> None:
         """Stop reading, let the journal finish what is queued, then let go of the driver."""
+        self.workloads.stop()
         for source in (self.kmsg, self.driver_events):
             if source is not None:
                 source.stop()
@@ -182,7 +195,8 @@ class Daemon:
         self.refresh()
 
     def diagnosis(self) -> dict[str, Any]:
-        return diagnosis_json(self.snapshot, self.verdicts.node, self.boot_id, self.clock())
+        using = _workloads(self._frame.workloads)
+        return diagnosis_json(self.snapshot, self.verdicts.node, self.boot_id, self.clock(), using)
 
     def status_line(self) -> str:
         return summary(self.snapshot, self.verdicts.node)
@@ -195,10 +209,18 @@ class Daemon:
             snapshot = self.snapshot
             now = self.clock()
             self._purge_now_and_then(now)
-            node = self.verdicts.update(snapshot, now)
-            self._frame = Frame(snapshot, node)
+            by_gpu = self.workloads.current(snapshot)
+            found = _workloads(by_gpu)
+            by_bus = {g.identity.pci_bus_id: found.get(g.identity.uuid, ()) for g in snapshot.gpus}
+            node = self.verdicts.update(snapshot, now, by_bus, settled=self.workloads.settled)
+            self._frame = Frame(snapshot, node, by_gpu)
             self.metrics.update(list(self.registry.collect()))
             self.verdicts.node = node
+
+    @property
+    def gpu_workloads(self) -> ByGpu:
+        """Who used each GPU (by uuid) at the last render."""
+        return self._frame.workloads
 
     def _source_families(self) -> Iterable[Metric]:
         return source_families(

@@ -100,6 +100,8 @@ class Settings(BaseSettings):
     source_kmsg: bool = True
     source_events: bool = True
     diagnose_max_bytes: Size = 64 * 1024**2
+    kubernetes_pod_resources_socket: str = "auto"
+    path_procfs: Path = Path("/proc")
     log_level: LogLevel = "info"
     log_format: LogFormat = "logfmt"
 
@@ -126,6 +128,13 @@ class Settings(BaseSettings):
 
         if value is not None:
             Address.parse(value)
+        return value
+
+    @field_validator("kubernetes_pod_resources_socket")
+    @classmethod
+    def _socket_setting(cls, value: str) -> str:
+        if value not in ("auto", "off") and not value.startswith("/"):
+            raise ValueError("must be auto, off, or the socket's absolute path")
         return value
 
     @field_validator("web_telemetry_path")
@@ -267,6 +276,19 @@ OPTIONS = (
         "diagnose_max_bytes",
         "largest log POST /api/v1/diagnose accepts, compressed and decompressed (default 64MiB)",
         "SIZE",
+    ),
+    Option(
+        "kubernetes.pod-resources-socket",
+        "kubernetes_pod_resources_socket",
+        "the kubelet's pod-resources socket, to name the pod on each GPU: auto (the kubelet's default path when "
+        "it is there), off, or a path (default auto)",
+        "auto|off|PATH",
+    ),
+    Option(
+        "path.procfs",
+        "path_procfs",
+        "where /proc is, to name the Slurm job of each GPU process from its cgroup (default /proc)",
+        "DIR",
     ),
     Option("log.level", "log_level", "debug, info, warn or error (default info)", "LEVEL"),
     Option("log.format", "log_format", "logfmt or json (default logfmt)", "FORMAT"),

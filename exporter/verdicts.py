@@ -14,13 +14,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpu_triage.diagnosis.actions import Action, GpuStatus, Health
-from gpu_triage.diagnosis.findings import Finding, urgency
+from gpu_triage.diagnosis.findings import Finding, Workload, urgency
 from gpu_triage.diagnosis.health import (
     GpuVerdict,
     NodeVerdict,
@@ -96,6 +96,9 @@ class Verdicts:
         self._acknowledged: dict[str, float] = {}  # uuid -> the latest acknowledgement
         self._resets: dict[str, deque[float]] = {}  # uuid -> when the driver brought the GPU up, latest last
         self._since: dict[str, float] = {}  # finding id -> when we first saw it open
+        # finding id -> who was on its GPU when we first saw it open, and whether that was final (taken once
+        # every workload source had answered; before, an empty answer may only mean "not read yet").
+        self._who: dict[str, tuple[tuple[Workload, ...], bool]] = {}
         # The last verdict logged, per GPU (PCI bus id) and for the node: a change is logged once.
         self._told: dict[str, tuple[Health, Action]] = {}
         self._told_node = _FINE
@@ -149,9 +152,17 @@ class Verdicts:
                     self._recent.popitem(last=False)
         return known is not None
 
-    def update(self, snapshot: Snapshot, now: float) -> NodeVerdict:
+    def update(
+        self,
+        snapshot: Snapshot,
+        now: float,
+        workloads: Mapping[str, tuple[Workload, ...]] | None = None,
+        *,
+        settled: bool = True,
+    ) -> NodeVerdict:
         """Recompute every GPU's verdict. The caller publishes it (`self.node = ...`) once the metrics
-        that show it are rendered too, so the API and /metrics never disagree."""
+        that show it are rendered too, so the API and /metrics never disagree. `workloads` (by PCI bus id)
+        says who uses each GPU now; `settled`, whether every source of that has answered yet."""
         with self._lock:
             self._forget_before(now - HISTORY_SECONDS)
             gpus = []
@@ -170,7 +181,7 @@ class Verdicts:
                 if any(f.class_id.startswith("xid_") for f in orphan.findings):
                     gpus.append(orphan)
             node = assess_node(gpus, sxid_findings(list(self._sxids), boot_id=self._boot_id))
-            self._stamp(node, now)
+            self._stamp(node, now, workloads or {}, settled)
             indexes = {s.identity.pci_bus_id: s.identity for s in snapshot.gpus}
             _fill_steps(node, {bus: g.index for bus, g in indexes.items()})
             self._log_changes(node, indexes, summary(snapshot, node))
@@ -233,15 +244,25 @@ class Verdicts:
             resets=sorted(self._resets.get(uuid, ())),
         )
 
-    def _stamp(self, node: NodeVerdict, now: float) -> None:
-        """Give every open finding a `since`: its first XID, or when we first saw the condition."""
+    def _stamp(
+        self, node: NodeVerdict, now: float, workloads: Mapping[str, tuple[Workload, ...]], settled: bool
+    ) -> None:
+        """Give every open finding a `since` (its first XID, or when we first saw the condition) and the
+        workloads on its GPU then: the job that hit an XID, not whichever job runs on the GPU an hour later."""
         open_ids = set()
         for finding in _all_findings(node):
             open_ids.add(finding.id)
             first = finding.details.get("first_seen")
             finding.details["since"] = int(first) if first is not None else int(self._since.setdefault(finding.id, now))
+            who = self._who.get(finding.id)
+            if finding.gpu is not None and (who is None or not who[1]):
+                who = (workloads.get(finding.gpu, ()), settled)
+                self._who[finding.id] = who
+            finding.workloads = who[0] if who else ()
         for stale in set(self._since) - open_ids:
             del self._since[stale]
+        for stale in set(self._who) - open_ids:
+            del self._who[stale]
 
     def open_findings(self) -> list[Finding]:
         return _all_findings(self.node)
@@ -321,19 +342,35 @@ def verdict_families(snapshot: Snapshot, node: NodeVerdict) -> Iterator[Metric]:
     yield node_health
 
 
-def diagnosis_json(snapshot: Snapshot, node: NodeVerdict, boot_id: str, now: float) -> dict[str, Any]:
+def diagnosis_json(
+    snapshot: Snapshot,
+    node: NodeVerdict,
+    boot_id: str,
+    now: float,
+    workloads: Mapping[str, tuple[Workload, ...]] | None = None,
+) -> dict[str, Any]:
+    """/api/v1/diagnosis. `workloads` (by GPU uuid): who uses each GPU now; each finding carries who did
+    when it opened."""
     by_bus: dict[str, GpuVerdict] = {v.gpu: v for v in node.gpus}
+    using = workloads or {}
     gpus = []
     for state in snapshot.gpus:
         g = state.identity
         verdict = by_bus.pop(g.pci_bus_id, None)
         gpus.append(
-            {"gpu": g.index, "uuid": g.uuid, "status": state.status, **(verdict_json(verdict) if verdict else {})}
+            {
+                "gpu": g.index,
+                "uuid": g.uuid,
+                "status": state.status,
+                **(verdict_json(verdict) if verdict else {}),
+                "workloads": [w.to_json() for w in using.get(g.uuid, ())],
+            }
         )
     for missing in by_bus.values():  # known only from the kernel log
-        gpus.append({"gpu": None, "uuid": None, "status": "missing", **verdict_json(missing)})
+        gpus.append({"gpu": None, "uuid": None, "status": "missing", **verdict_json(missing), "workloads": []})
     findings = [f.to_json() for f in sorted(_all_findings(node), key=urgency)]
     for finding in [*findings, *(f for g in gpus for f in g.get("findings", []))]:
+        finding.setdefault("workloads", [])
         details = finding["details"]
         for key in _TIMES:
             if isinstance(details.get(key), int | float):

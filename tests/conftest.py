@@ -65,7 +65,8 @@ def sim(clock: FakeClock) -> Iterator[SimBackend]:
 
 
 def settings(state_dir: Path, **overrides: object) -> Settings:
-    """Test settings: the simulator, an empty kernel log file, a journal under `state_dir`."""
+    """Test settings: the simulator, an empty kernel log file, a journal under `state_dir`, and nothing of the
+    host's: no kubelet socket, and an empty /proc (the simulator's PIDs are not this machine's)."""
     kmsg = state_dir / "kmsg.log"
     kmsg.touch()
     values: dict[str, object] = {
@@ -74,6 +75,8 @@ def settings(state_dir: Path, **overrides: object) -> Settings:
         "collector_timeout": 0.5,
         "state_dir": state_dir,
         "kmsg_path": kmsg,
+        "kubernetes_pod_resources_socket": "off",
+        "path_procfs": state_dir / "no-proc",
     }
     values.update(overrides)
     return load_settings(values, None)

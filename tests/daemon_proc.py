@@ -141,11 +141,15 @@ def _tail(server: Server) -> str:
 
 
 def state_args(home: Path) -> list[str]:
-    """--state.dir `home` and --kmsg.path an empty file in it: a daemon that touches nothing of the host's."""
+    """--state.dir `home` and --kmsg.path an empty file in it, no kubelet socket and an empty /proc: a daemon
+    that touches nothing of the host's. (A flag given again later on the command line wins.)"""
     home.mkdir(parents=True, exist_ok=True)
     kmsg = home / "kmsg.log"
     kmsg.touch()
-    return ["--state.dir", str(home), "--kmsg.path", str(kmsg)]
+    return [
+        "--state.dir", str(home), "--kmsg.path", str(kmsg),
+        "--kubernetes.pod-resources-socket", "off", "--path.procfs", str(home / "no-proc"),
+    ]  # fmt: skip
 
 
 @contextlib.contextmanager

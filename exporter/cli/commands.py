@@ -1,25 +1,19 @@
-"""The one-shot commands: `gpu-triage xid` (explain a code), `check` (for health-check hooks), `diagnose` (logs)."""
+"""The one-shot commands: `gpu-triage xid` (explain a code), `diagnose` (logs), `alerts`, `export`."""
 
 from __future__ import annotations
 
 import json
 import os
-import ssl
 import sys
 import textwrap
 import time
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import BinaryIO, TextIO
 
-import httpx
 import yaml
 
-from gpu_triage.diagnosis.actions import Action, Health
-from gpu_triage.diagnosis.health import EXIT_CODES
 from gpu_triage.exporter.http.diagnosis import xid_json
-
-_NAGIOS = {Health.HEALTHY: "OK", Health.DEGRADED: "WARNING", Health.UNHEALTHY: "CRITICAL", Health.UNKNOWN: "UNKNOWN"}
 
 
 def explain_xid(code: int, as_json: bool, out: TextIO = sys.stdout) -> int:
@@ -52,47 +46,6 @@ def explain_xid(code: int, as_json: bool, out: TextIO = sys.stdout) -> int:
     lines.append(f"  playbook: {entry['runbook']}  (curl -s localhost:9481{entry['runbook']}.md)")
     out.write("\n".join(lines) + "\n")
     return 0
-
-
-def check(
-    url: str,
-    timeout: float,
-    as_json: bool,
-    out: TextIO = sys.stdout,
-    *,
-    ca_file: str | None = None,
-    user: str | None = None,
-    password_file: str | None = None,
-) -> int:
-    """The node verdict from the local daemon: exit 0 ok, 1 warning, 2 critical, 3 unknown."""
-    if "://" not in url:
-        url = f"http://{url}"  # `--url localhost:9481`, as one would type it for curl
-    try:
-        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
-        auth = None
-        if user is not None:
-            password = Path(password_file).read_text().strip() if password_file else ""
-            auth = (user, password)
-        answer = httpx.get(f"{url.rstrip('/')}/api/v1/diagnosis", timeout=timeout, verify=verify, auth=auth)
-        answer.raise_for_status()
-        body: dict[str, Any] = answer.json()
-        health = Health(body["node"]["health"])
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError, KeyError, OSError) as e:
-        out.write(f"UNKNOWN - cannot get a verdict from gpu-triage at {url}: {e}\n")
-        return EXIT_CODES[Health.UNKNOWN]
-    if as_json:
-        json.dump(body, out, indent=2)
-        out.write("\n")
-        return EXIT_CODES[health]
-    out.write(f"{_NAGIOS[health]} - {body['node']['summary']}\n")
-    for gpu in body["gpus"]:
-        for finding in gpu.get("findings", []):
-            if finding["action"] == Action.IGNORE.value:
-                continue
-            where = f"GPU {gpu['gpu']}" if gpu["gpu"] is not None else gpu.get("pci_bus_id", "?")
-            out.write(f"  {where}: {finding['title']} [{finding['severity']}] -> {finding['action']}")
-            out.write(f" (runbook: {url.rstrip('/')}/runbooks/{finding['playbook']})\n")
-    return EXIT_CODES[health]
 
 
 class _Progress:

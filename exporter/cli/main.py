@@ -7,12 +7,78 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
 from gpu_triage.exporter.cli.export import KINDS, WHAT
 from gpu_triage.exporter.logs import setup_logging
 from gpu_triage.exporter.settings import OPTIONS, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from gpu_triage.exporter.cli.check import DaemonClient
+
+
+def _daemon_options(p: argparse.ArgumentParser, timeout: float = 5.0) -> None:
+    """How to reach the daemon, for the commands that ask it (check, node-condition)."""
+    p.add_argument(
+        "--url",
+        default=os.environ.get("GPU_TRIAGE_URL", "http://127.0.0.1:9481"),
+        help="the daemon, http:// assumed when no scheme is given (env GPU_TRIAGE_URL; default %(default)s)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=timeout, help=f"seconds to wait for the daemon (default {timeout:g})"
+    )
+    p.add_argument("--ca-file", metavar="FILE", help="CA certificate for a daemon served over TLS")
+    p.add_argument("--user", help="basic-auth user, when the daemon's web config asks for one")
+    p.add_argument("--password-file", metavar="FILE", help="file holding that user's password")
+
+
+def _node_condition_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "node-condition",
+        help="write the node's verdict to its Kubernetes Node as the condition GpuTriageUnhealthy",
+        description="Ask the daemon for the node's verdict every --interval seconds and write it to this node's "
+        "Node object as the condition GpuTriageUnhealthy (True: unhealthy, the reason is the action; False; "
+        "Unknown: no verdict), with the pod's service-account token. It never cordons, drains or evicts. The "
+        "sidecar of kubernetes/overlays/node-condition.",
+    )
+    _daemon_options(p, timeout=10.0)
+    p.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    p.add_argument("--interval", type=float, default=15.0, help="seconds between looks at the daemon (default 15)")
+    p.add_argument(
+        "--heartbeat", type=float, default=300.0, help="rewrite an unchanged condition this often (default 300)"
+    )
+    p.add_argument("--api-server", help="the Kubernetes API server (default: the in-cluster one)")
+    p.add_argument(
+        "--token-file", type=Path, default=Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        help="the service-account token (default: the pod's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-ca-file", type=Path, default=Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+        help="the API server's CA (default: the pod's)",
+    )  # fmt: skip
+    p.add_argument("--once", action="store_true", help="write the condition once and exit (1: not written)")
+    p.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warn", "error"), default="info")
+    p.add_argument("--log.format", dest="log_format", choices=("logfmt", "json"), default="logfmt")
+
+
+def _node_condition(args: argparse.Namespace) -> int:
+    from gpu_triage.exporter.cli.node_condition import Options, in_cluster_api_server, run
+
+    if not args.node:
+        args.usage_parser.error("no node name: give --node or set NODE_NAME (the pod's spec.nodeName)")
+    setup_logging(args.log_level, args.log_format)
+    options = Options(
+        _daemon(args),
+        args.node,
+        args.interval,
+        args.heartbeat,
+        args.api_server or in_cluster_api_server(),
+        args.token_file,
+        args.api_ca_file,
+        args.once,
+    )
+    return run(options)
 
 
 def _serve_parser(sub: Any) -> argparse.ArgumentParser:
@@ -55,16 +121,21 @@ def _parser() -> argparse.ArgumentParser:
         description="Ask the local daemon for the node verdict. Exit status: 0 healthy, 1 degraded (warning), "
         "2 unhealthy (critical), 3 unknown (including: the daemon does not answer).",
     )
+    _daemon_options(check)
     check.add_argument(
-        "--url",
-        default=os.environ.get("GPU_TRIAGE_URL", "http://127.0.0.1:9481"),
-        help="the daemon, http:// assumed when no scheme is given (env GPU_TRIAGE_URL; default %(default)s)",
+        "--format",
+        choices=("text", "json", "reason"),
+        default="text",
+        help="text (default); json: the diagnosis, also when there is no verdict; reason: one line such as "
+        "'REBOOT_NODE GPU 3 Xid 79 job 4242', for a drain reason",
     )
-    check.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon (default 5)")
-    check.add_argument("--json", action="store_true", help="print the whole diagnosis as JSON")
-    check.add_argument("--ca-file", metavar="FILE", help="CA certificate for a daemon served over TLS")
-    check.add_argument("--user", help="basic-auth user, when the daemon's web config asks for one")
-    check.add_argument("--password-file", metavar="FILE", help="file holding that user's password")
+    check.add_argument("--json", action="store_true", help="the same as --format json")
+    check.add_argument(
+        "--gpus",
+        metavar="LIST",
+        help="only these GPUs, by NVML index or UUID, comma-separated (0,3): their verdict and exit status",
+    )
+    _node_condition_parser(sub)
     diagnose = sub.add_parser(
         "diagnose",
         help="diagnose kernel and training logs offline",
@@ -141,6 +212,12 @@ def _serve(args: argparse.Namespace, unknown: list[str]) -> int:
     return 0
 
 
+def _daemon(args: argparse.Namespace) -> DaemonClient:
+    from gpu_triage.exporter.cli.check import DaemonClient
+
+    return DaemonClient(args.url, args.timeout, args.ca_file, args.user, args.password_file)
+
+
 def _data_ok() -> bool:
     """Whether the diagnosis data is sound; says what is wrong with it, all at once, when it is not."""
     from gpu_triage.diagnosis.data_check import check_data
@@ -198,11 +275,11 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
         return explain_xid(args.code, args.json)
     if args.command == "check":
-        from gpu_triage.exporter.cli.commands import check
+        from gpu_triage.exporter.cli.check import check
 
-        return check(
-            args.url, args.timeout, args.json, ca_file=args.ca_file, user=args.user, password_file=args.password_file
-        )
+        return check(_daemon(args), "json" if args.json else args.format, args.gpus)
+    if args.command == "node-condition":
+        return _node_condition(args)
     if args.command == "diagnose":
         from gpu_triage.exporter.cli.commands import diagnose_files
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from enum import Enum
 from typing import Annotated, Any
 
@@ -10,6 +11,7 @@ from fastapi import APIRouter, HTTPException, Path
 
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.polling.snapshot import GpuState
+from gpu_triage.exporter.workloads.placement import Assignment
 
 # A bound on what a client may name: beyond it no GPU could match, and SQLite could not even store the
 # number. Checked by the API (422), never left to fail deeper down (500).
@@ -27,7 +29,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def gpu_json(state: GpuState) -> dict[str, Any]:
+def gpu_json(state: GpuState, workloads: Sequence[Assignment] = ()) -> dict[str, Any]:
     identity = state.identity
     out: dict[str, Any] = {
         "gpu": identity.index,
@@ -35,6 +37,7 @@ def gpu_json(state: GpuState) -> dict[str, Any]:
         "pci_bus_id": identity.pci_bus_id,
         "status": state.status,
         "problems": {c.value: p for c, p in state.problems.items()},
+        "workloads": [a.workload.to_json() for a in workloads],  # the pods and Slurm jobs using it
     }
     for collector, reading in sorted(state.readings.items()):
         out[collector.value] = _plain(dataclasses.asdict(reading))
@@ -61,11 +64,13 @@ def gpus_router(daemon: Daemon) -> APIRouter:
             "backend_reason": daemon.backend.why,
             "backend_problem": snapshot.backend_problem,
             "taken_at": snapshot.taken_at or None,
-            "gpus": [gpu_json(g) for g in snapshot.gpus],
+            "workload_sources": daemon.workloads.status(),
+            "gpus": [gpu_json(g, daemon.gpu_workloads.get(g.identity.uuid, ())) for g in snapshot.gpus],
         }
 
     @router.get("/gpus/{gpu}", summary="One GPU by NVML index")
     async def gpu(gpu: GpuIndex) -> dict[str, Any]:
-        return gpu_json(gpu_or_404(daemon, gpu))
+        state = gpu_or_404(daemon, gpu)
+        return gpu_json(state, daemon.gpu_workloads.get(state.identity.uuid, ()))
 
     return router

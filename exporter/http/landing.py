@@ -18,7 +18,7 @@ from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.health import GpuVerdict
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.page import badge, document, esc, utc
-from gpu_triage.exporter.http.runbooks import gpu_name
+from gpu_triage.exporter.http.runbooks import gpu_name, used_by
 from gpu_triage.exporter.sources.journal import Total
 
 
@@ -27,7 +27,9 @@ def _findings(findings: Iterable[Finding], indexes: Mapping[str, int]) -> str:
         f"<li>{badge(f.severity)} {esc(f.title)}"
         + (f" ({f.count} times)" if f.count > 1 else "")
         + (f" on {esc(gpu_name(f.gpu, indexes))}" if f.gpu and f.gpu not in indexes else "")
-        + f' — runbook <a href="/runbooks/{esc(f.playbook)}">{esc(f.playbook)}</a></li>'
+        + f' — runbook <a href="/runbooks/{esc(f.playbook)}">{esc(f.playbook)}</a>'
+        + used_by(f)
+        + "</li>"
         for f in findings
     ]
     return f'<ul class="findings">{"".join(items)}</ul>' if items else '<span class="muted">none</span>'

@@ -67,6 +67,13 @@ def gpu_name(bus: str | None, indexes: Mapping[str, int]) -> str:
     return bus if index is None else f"GPU {index} ({bus})"
 
 
+def used_by(f: Finding) -> str:
+    """'<br>used by pod ml/trainer-0 (container main)': who was on the GPU when the finding opened."""
+    if not f.workloads:
+        return ""
+    return f'<br><span class="muted">used by {esc(", ".join(w.describe() for w in f.workloads))}</span>'
+
+
 def _where(f: Finding, indexes: Mapping[str, int]) -> str:
     where = gpu_name(f.gpu, indexes)
     if f.host:
@@ -83,7 +90,7 @@ def _live_section(found: list[Finding], indexes: Mapping[str, int]) -> str:
             f"<tr><td><code>{esc(_where(f, indexes))}</code></td><td>{utc(f.details.get('first_seen'))}</td>"
             f"<td>{utc(f.details.get('last_seen'))}</td><td>{badge(f.severity)}</td>"
             f"<td><b>{esc(f.action.value)}</b></td><td>{f.count}</td>"
-            f"<td>{esc(f.title)}{_evidence(f)}</td></tr>"
+            f"<td>{esc(f.title)}{used_by(f)}{_evidence(f)}</td></tr>"
         )
     return (
         f'<section class="live"><h2>Live on this node now ({len(found)})</h2>\n'

@@ -150,6 +150,8 @@ def interpolate(expr: str, context: Context, all_value: str = ".+") -> str:
 
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(3) or match.group(4)
+        if name.isdigit():
+            return match.group(0)  # label_replace's $1: no variable of the dashboard's, so Grafana leaves it
         builtin = context.builtin(name)
         if builtin is not None:
             return builtin

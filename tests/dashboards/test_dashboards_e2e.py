@@ -2,7 +2,8 @@
 
 Three simulated nodes are scraped once for the module: one healthy (h100-training), one put through every
 kind of fault the panels show (thermal slowdown, ECC, XIDs, an NVLink link down, a pending row remap, a lost
-GPU), injected at once instead of waiting for the scenario's schedule, and one with MIG devices (h100-mig).
+GPU), injected at once instead of waiting for the scenario's schedule, whose GPUs two Kubernetes pods hold (a
+pod-resources server the test runs), and one with MIG devices (h100-mig) running Slurm jobs (a fake /proc).
 Each query is then run the way Grafana runs it (variables interpolated, instant or over the range) for each
 node and for all of them, and must return series with values whose legends name them apart. The panels that show faults are also
 checked for the fault they must show, so that a panel of zeros cannot pass for one that works.
@@ -22,6 +23,7 @@ import pytest
 
 from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.playbooks import action_playbook, load_playbooks
+from tests.conftest import REPO
 from tests.dashboards.grafana import (
     Context,
     Query,
@@ -37,6 +39,7 @@ from tests.dashboards.grafana import (
     values,
 )
 from tests.e2e.servers import Server, gpu_triage, prometheus, query, wait_for
+from tests.podresources_server import Container, Pod, pod_resources_server
 
 pytestmark = pytest.mark.e2e
 
@@ -60,6 +63,8 @@ FAULTS_SEEN = [
     'nvidia_gpu_row_remap_pending{gpu="6"} == 1',
     "count(nvidia_gpu_xid_errors_total) == 3",
     'nvidia_gpu_up{gpu="3"} == 0',
+    "count(nvidia_gpu_pod_info) == 8",
+    "count(nvidia_gpu_job_info) == 7",  # the MIG node: GPU 0's two MIG devices, GPUs 2 to 7 but 6
 ]
 RATE_INTERVAL = 5  # seconds: Grafana's $__rate_interval is at least 4 scrape intervals (1 s here)
 
@@ -89,9 +94,17 @@ def _instance(server: Server) -> str:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with contextlib.ExitStack() as stack:
-        faulty = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("faulty"), scenario="h100-faults"))
+        kubelet = stack.enter_context(pod_resources_server())
+        pods = ["--kubernetes.pod-resources-socket", str(kubelet.socket)]
+        faulty = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("faulty"), *pods, scenario="h100-faults"))
         healthy = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("healthy")))
-        mig = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("mig"), scenario="h100-mig"))
+        slurm = ["--path.procfs", str(REPO / "tests/fixtures/procfs/cgroup-v2")]
+        mig = stack.enter_context(gpu_triage(tmp_path_factory.mktemp("mig"), *slurm, scenario="h100-mig"))
+        uuids = [g["uuid"] for g in httpx.get(f"{faulty.url}/api/v1/gpus", timeout=5).json()["gpus"]]
+        kubelet.pods = [
+            Pod("ml", "trainer-0", [Container("main", {"nvidia.com/gpu": uuids[:4]})]),
+            Pod("ml", "trainer-1", [Container("main", {"nvidia.com/gpu": uuids[4:]})]),
+        ]
         targets = [_instance(faulty), _instance(healthy), _instance(mig)]
         prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), targets))
         start = time.time()
@@ -243,6 +256,20 @@ def test_healthy_node_shows_zeros_and_none_rather_than_no_data(fleet: Fleet) -> 
     assert {r["link"] for r in rows(63)} == {"all"}
     assert len(rows(7)) == 8 and {r["action"] for r in rows(7)} == {"IGNORE"}
     assert _peak(_series(fleet, "healthy", NODE, 2)) == 0  # node health: healthy
+
+
+def test_the_gpu_table_says_who_uses_each_gpu(fleet: Fleet) -> None:
+    def used_by(who: str) -> list[tuple[str, str]]:
+        return sorted((s["metric"]["gpu"], s["metric"]["used_by"]) for s in _series(fleet, who, NODE, 7, "D"))
+
+    assert used_by("faulty") == [(str(g), f"pod ml/trainer-{g // 4}") for g in range(8)]  # GPU 3 lost: still theirs
+    assert used_by("healthy") == [(str(g), "-") for g in range(8)]
+    assert used_by("mig") == [
+        ("0", "Slurm job 5001.0"), ("0", "Slurm job 5002.0"),  # one job on each MIG device
+        ("1", "-"),
+        ("2", "Slurm job 4242.batch"), ("3", "Slurm job 4243.0"), ("4", "Slurm job 4244.extern"),
+        ("5", "Slurm job 4245.interactive"), ("6", "-"), ("7", "Slurm job sEKNKTV3WPV500.0"),
+    ]  # fmt: skip
 
 
 def test_runbook_and_node_links_resolve(fleet: Fleet) -> None:

@@ -138,7 +138,8 @@ def test_copied_sources_are_in_the_build_context(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_the_build_steps_make_a_working_install(tmp_path: Path) -> None:
     """The build stage's commands, here: the wheel from the build context, a fresh venv with it and its
-    dependencies, the sidecar copied beside; then the daemon from that venv serves its runbooks (package data)."""
+    dependencies; then the node-condition sidecar's command answers, and the daemon from that venv serves its
+    runbooks (package data)."""
     context = build_context(tmp_path / "context")
     wheels, venv = tmp_path / "wheels", tmp_path / "venv"
     pip_env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
@@ -152,14 +153,9 @@ def test_the_build_steps_make_a_working_install(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     (wheel,) = wheels.glob("*.whl")
     subprocess.run([str(venv / "bin/pip"), "install", "-q", str(wheel)], check=True, env=pip_env, capture_output=True)
-    sidecar = venv / "bin/gpu-triage-node-condition"
-    shutil.copy(context / "kubernetes/node_condition.py", sidecar)
-    sidecar.chmod(0o755)
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
-    assert (
-        subprocess.run(["gpu-triage-node-condition", "--help"], env=env, check=False, capture_output=True).returncode
-        == 0
-    )
+    sidecar = subprocess.run(["gpu-triage", "node-condition", "--help"], env=env, check=False, capture_output=True)
+    assert sidecar.returncode == 0, sidecar.stderr
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [str(venv / "bin/gpu-triage"), "serve", "--backend=sim", f"--web.listen-address=127.0.0.1:{port}"]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.daemon_proc import GPU_TRIAGE, free_port, running
+from tests.daemon_proc import GPU_TRIAGE, free_port, running, wait_for
 from tests.kubernetes.manifests import (
     KUSTOMIZATIONS,
     Obj,
@@ -24,6 +24,7 @@ from tests.kubernetes.manifests import (
     pod_spec,
     render,
 )
+from tests.podresources_server import pod_resources_server
 
 STATE_DIR = "/var/lib/gpu-triage"
 
@@ -114,6 +115,20 @@ def test_kernel_log_source_and_mount_agree(objects: list[Obj]) -> None:
     # gets CAP_SYSLOG in Kubernetes.
     assert daemon["securityContext"]["privileged"] is True
     assert daemon["securityContext"]["runAsUser"] == 0
+
+
+def test_pod_resources_socket_and_mount_agree(objects: list[Obj]) -> None:
+    daemon = container(objects)
+    socket = flag(daemon["args"], "kubernetes.pod-resources-socket")
+    if socket == "off":
+        assert "/var/lib/kubelet/pod-resources" not in _mounts(daemon)
+        return
+    assert socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    mount = _mounts(daemon)[str(Path(socket).parent)]
+    assert mount.get("readOnly") is True
+    volume = _volumes(objects)[mount["name"]]
+    assert volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "DirectoryOrCreate"}
+    assert daemon["securityContext"]["runAsUser"] == 0  # the kubelet's socket is root's
 
 
 def test_the_pod_is_placed_on_gpu_nodes_with_nvml(objects: list[Obj]) -> None:
@@ -233,7 +248,7 @@ def test_the_daemon_accepts_the_args_and_serves_the_probes(kustomization: str, t
     """The container's own args, with the node's paths and address swapped for test ones, start the real
     daemon; every probe path answers 200 there."""
     daemon = container(render(kustomization))
-    host_only = {"state.dir", "kmsg.path", "web.listen-address"}
+    host_only = {"state.dir", "kmsg.path", "web.listen-address", "kubernetes.pod-resources-socket"}
     args = [a for a in daemon["args"] if a.lstrip("-").split("=", 1)[0] not in host_only]
     assert args[0] == "serve"
     port = free_port()
@@ -242,13 +257,23 @@ def test_the_daemon_accepts_the_args_and_serves_the_probes(kustomization: str, t
     cmd = [GPU_TRIAGE, *args, "--backend=sim", f"--web.listen-address=127.0.0.1:{port}", f"--state.dir={tmp_path}"]
     if flag(daemon["args"], "kmsg.path"):
         cmd.append(f"--kmsg.path={kmsg}")
+    pods = flag(daemon["args"], "kubernetes.pod-resources-socket") != "off"
     url = f"http://127.0.0.1:{port}"
     probes = {name: daemon[name]["httpGet"] for name in ("startupProbe", "livenessProbe", "readinessProbe")}
-    with running(cmd, url=url, ready=f"{url}/readyz", log=tmp_path / "daemon.log"):
-        for name, probe in probes.items():
-            assert probe["port"] in ("metrics", _port(daemon, "metrics")), name
-            answer = httpx.get(f"{url}{probe['path']}", timeout=5)
-            assert answer.status_code == 200, f"{name} {probe['path']}: {answer.status_code}"
-        metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    with pod_resources_server() as kubelet:
+        cmd.append(f"--kubernetes.pod-resources-socket={kubelet.socket if pods else 'off'}")
+        with running(cmd, url=url, ready=f"{url}/readyz", log=tmp_path / "daemon.log"):
+            for name, probe in probes.items():
+                assert probe["port"] in ("metrics", _port(daemon, "metrics")), name
+                answer = httpx.get(f"{url}{probe['path']}", timeout=5)
+                assert answer.status_code == 200, f"{name} {probe['path']}: {answer.status_code}"
+            kubelet_up = 'gpu_triage_workload_source_up{source="kubelet"} 1'
+
+            def page() -> str | None:
+                text = httpx.get(f"{url}/metrics", timeout=5).text
+                return text if kubelet_up in text or not pods else None
+
+            metrics = wait_for(page, what="the kubelet's pod-resources API read")
     kmsg_up = 'gpu_triage_event_source_up{source="kmsg"} 1' in metrics
     assert kmsg_up is ("--no-source.kmsg" not in args)
+    assert (kubelet_up in metrics) is pods and ("gpu_triage_workload_source_up{" in metrics) is pods

@@ -1,13 +1,12 @@
-"""kubernetes/node_condition.py, the node-condition sidecar: the real script, the real daemon on the
-simulator, and a small stand-in for the API server's /api/v1/nodes/<node>/status that records what it is
-sent and merges conditions by type as a strategic merge patch does."""
+"""`gpu-triage node-condition`, the sidecar of kubernetes/overlays/node-condition: the real command, the real
+daemon on the simulator, and a small stand-in for the API server's /api/v1/nodes/<node>/status that records
+what it is sent and merges conditions by type as a strategic merge patch does."""
 
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,10 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO
-from tests.daemon_proc import Daemon, free_port, serve, wait_for
+from gpu_triage.exporter.cli.node_condition import Condition, condition_from
+from tests.conftest import require_tool
+from tests.daemon_proc import GPU_TRIAGE, Daemon, free_port, serve, wait_for
+from tests.exporter.http.test_web_config import HASH
 
-SIDECAR = REPO / "kubernetes/node_condition.py"
+SIDECAR = [GPU_TRIAGE, "node-condition"]
 NODE = "gpu-node-07"
 TOKEN = "token-abc"
 
@@ -105,8 +106,8 @@ def command(tmp_path: Path, api: FakeNodeStatus, url: str, *extra: str) -> list[
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
     return [
-        sys.executable, str(SIDECAR), f"--url={url}", f"--node={NODE}", f"--api-server={api.url}",
-        f"--token-file={token}", "--timeout=5", *extra,
+        *SIDECAR, f"--url={url}", f"--node={NODE}", f"--api-server={api.url}", f"--token-file={token}",
+        "--timeout=5", *extra,
     ]  # fmt: skip
 
 
@@ -200,3 +201,63 @@ def test_a_node_name_is_required(tmp_path: Path, api: FakeNodeStatus) -> None:
     )
     assert result.returncode == 2
     assert "NODE_NAME" in result.stderr
+
+
+@pytest.fixture
+def cert(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, and its key."""
+    openssl = require_tool("openssl")
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return tmp_path / "cert.pem", tmp_path / "key.pem"
+
+
+def test_it_reaches_a_daemon_behind_tls_and_basic_auth_as_check_does(
+    tmp_path: Path, api: FakeNodeStatus, cert: tuple[Path, Path]
+) -> None:
+    config = tmp_path / "web.yml"
+    config.write_text(
+        f"tls_server_config:\n  cert_file: {cert[0]}\n  key_file: {cert[1]}\n"
+        f"basic_auth_users:\n  prometheus: '{HASH}'\n"
+    )
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    with serve(
+        tmp_path / "daemon", "--web.config.file", str(config), ca_file=cert[0], auth=("prometheus", "s3cret")
+    ) as daemon:
+        secured = ["--ca-file", str(cert[0]), "--user", "prometheus"]
+        denied = subprocess.run(
+            [*command(tmp_path, api, daemon.url, *secured), "--once"], check=False, capture_output=True, text=True
+        )
+        assert denied.returncode == 0 and api.condition()["reason"] == "NoVerdict"
+        assert "401" in api.condition()["message"]
+        cmd = command(tmp_path, api, daemon.url, *secured, "--password-file", str(password), "--once")
+        assert subprocess.run(cmd, check=False, capture_output=True, text=True).returncode == 0
+    assert (api.condition()["status"], api.condition()["reason"]) == ("False", "Healthy")
+
+
+def test_the_message_names_who_was_on_the_gpu() -> None:
+    diagnosis = {
+        "node": {"health": "unhealthy", "action": "REBOOT_NODE", "summary": "8 GPUs, 7 up; node unhealthy"},
+        "findings": [
+            {
+                "action": "REBOOT_NODE",
+                "title": "The GPU fell off the PCIe bus",
+                "playbook": "xid-79",
+                "workloads": [
+                    {"kind": "pod", "namespace": "ml", "pod": "trainer-0", "container": "main"},
+                    {"kind": "slurm_job", "job_id": "4242", "step": "0", "user": "ann"},
+                ],
+            }
+        ],
+    }
+    condition = condition_from(diagnosis)
+    assert condition == Condition(
+        "True",
+        "RebootNode",
+        "REBOOT_NODE: 8 GPUs, 7 up; node unhealthy. Root cause: The GPU fell off the PCIe bus (runbook xid-79), "
+        "on pod ml/trainer-0, Slurm job 4242.",
+    )

@@ -1,10 +1,12 @@
-"""slurm/: the health check, prolog and epilog, run for real against a fake `scontrol` and `gpu-triage`.
+"""slurm/: the health check, prolog and epilog, run for real against a fake `scontrol` and a stand-in daemon.
 
 The fakes are small scripts written into tmp_path/bin (first on PATH). The fake scontrol keeps the node's
 state in a JSON file, answers `show node` in scontrol's own layout and applies `update state=drain|resume`
-to it, so a test can run the health check several times and see what Slurm would. Every call of either
-fake is recorded with its exact argv, which is what catches quoting mistakes. Two tests use the real
-`gpu-triage check` against a real daemon on the simulator.
+to it, so a test can run the health check several times and see what Slurm would. `gpu-triage` on PATH
+records its argv and runs the real `gpu-triage check`, which asks a stand-in daemon for the verdict the test
+sets (a /api/v1/diagnosis body); for what no daemon can answer (a check that hangs, fails to run, or says
+nothing) it prints what the test says and exits as told instead. Every call of either fake is recorded with
+its exact argv, which is what catches quoting mistakes. Two tests use a real daemon on the simulator.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -66,20 +72,56 @@ sys.exit(2)
 FAKE_GPU_TRIAGE = """#!/bin/sh
 printf '%s\\n' "$(printf '"%s",' gpu-triage "$@" | sed 's/,$//; s/^/[/; s/$/]/')" >> "$FAKE_LOG"
 if [ -n "${FAKE_CHECK_SLEEP:-}" ]; then sleep "$FAKE_CHECK_SLEEP"; fi
-cat "$FAKE_CHECK_OUT"
-exit "$FAKE_CHECK_RC"
+if [ -n "${FAKE_CHECK_RC:-}" ]; then
+    cat "$FAKE_CHECK_OUT"
+    exit "$FAKE_CHECK_RC"
+fi
+exec "$REAL_GPU_TRIAGE" "$@"
 """
 
 
+class StandIn:
+    """GET /api/v1/diagnosis answers `body`, as the daemon would."""
+
+    def __init__(self) -> None:
+        self.body: dict[str, Any] = {}
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                data = json.dumps(stand_in.body).encode()
+                self.send_response(200 if self.path == "/api/v1/diagnosis" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def gpu(index: int, health: str = "healthy", action: str = "IGNORE", *classes: str) -> dict[str, Any]:
+    bus = f"0000:{index:02x}:00.0"
     return {
         "gpu": index,
         "uuid": f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
         "status": "up",
-        "pci_bus_id": f"0000:{index:02x}:00.0",
+        "pci_bus_id": bus,
         "health": health,
         "action": action,
-        "findings": [{"class": c, "action": action, "severity": "critical", "title": c} for c in classes],
+        "findings": [
+            {"class": c, "action": action, "severity": "critical", "title": c, "playbook": "x", "gpu": bus}
+            for c in classes
+        ],
+        "workloads": [],
     }
 
 
@@ -100,18 +142,19 @@ XID79_ON_3 = diagnosis(
     "REBOOT_NODE",
     [gpu(0), gpu(1, "degraded", "CHECK_APP", "xid_13"), gpu(2), gpu(3, "unhealthy", "REBOOT_NODE", "xid_79")],
 )
-EXIT = {"healthy": 0, "degraded": 1, "unhealthy": 2, "unknown": 3}
 
 
 class Slurm:
     """A tmp_path with the fakes on PATH, the node's state and the calls log."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, daemon: StandIn) -> None:
+        self.daemon = daemon
         self.bin = tmp_path / "bin"
         self.bin.mkdir()
         self.log = tmp_path / "calls.log"
         self.node = tmp_path / "node.json"
         self.check_out = tmp_path / "check.out"
+        self.rc: int | None = None
         (self.bin / "scontrol").write_text(FAKE_SCONTROL.format(python=sys.executable))
         (self.bin / "gpu-triage").write_text(FAKE_GPU_TRIAGE)
         for fake in self.bin.iterdir():
@@ -123,7 +166,8 @@ class Slurm:
             "FAKE_LOG": str(self.log),
             "FAKE_NODE": str(self.node),
             "FAKE_CHECK_OUT": str(self.check_out),
-            "FAKE_CHECK_RC": "0",
+            "REAL_GPU_TRIAGE": GPU_TRIAGE,
+            "GPU_TRIAGE_URL": daemon.url,
             "SLURMD_NODENAME": NODE,
             "HOME": str(tmp_path),
         }
@@ -136,11 +180,13 @@ class Slurm:
         return result
 
     def answer(self, body: dict[str, Any] | str, rc: int | None = None) -> None:
-        """What the fake `gpu-triage check` prints, and its exit status (by default the body's health)."""
-        self.check_out.write_text(body if isinstance(body, str) else json.dumps(body))
-        if rc is None and isinstance(body, dict):
-            rc = EXIT[body["node"]["health"]]
-        if rc is not None:
+        """A diagnosis body for the real `gpu-triage check` to get from the stand-in daemon; or the text
+        `gpu-triage` prints instead, and its exit status `rc`."""
+        if isinstance(body, dict):
+            self.daemon.body = body
+            self.rc = None
+        else:
+            self.check_out.write_text(body)
             self.rc = rc
 
     def calls(self, tool: str | None = None) -> list[list[str]]:
@@ -153,13 +199,18 @@ class Slurm:
         return [c[1:] for c in self.calls("scontrol") if c[1] == "update"]
 
     def run(self, script: Path = HEALTHCHECK, **env: str) -> subprocess.CompletedProcess[str]:
-        environment = {**self.env, "FAKE_CHECK_RC": str(self.rc), **env}
+        fixed = {"FAKE_CHECK_RC": str(self.rc)} if self.rc is not None else {}
+        environment = {**self.env, **fixed, **env}
         return subprocess.run([str(script)], check=False, env=environment, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
-def slurm(tmp_path: Path) -> Slurm:
-    return Slurm(tmp_path)
+def slurm(tmp_path: Path) -> Iterator[Slurm]:
+    daemon = StandIn()
+    try:
+        yield Slurm(tmp_path, daemon)
+    finally:
+        daemon.close()
 
 
 # --- the health check ------------------------------------------------------------------------------------
@@ -173,9 +224,9 @@ def test_critical_drains_the_node_with_the_verdict_as_one_reason_argument(slurm:
         ["update", f"nodename={NODE}", "state=drain", "reason=gpu-triage: REBOOT_NODE GPU 3 Xid 79"]
     ]
     assert slurm.node_state() == {"state": "IDLE+DRAIN", "reason": "gpu-triage: REBOOT_NODE GPU 3 Xid 79"}
-    # It asked for the machine-readable verdict, with a bounded HTTP wait.
+    # It asked for the one-line verdict, with a bounded HTTP wait.
     (check,) = slurm.calls("gpu-triage")
-    assert check[1:3] == ["check", "--json"] and "--timeout" in check
+    assert check[1:4] == ["check", "--format", "reason"] and "--timeout" in check
 
 
 def test_the_node_name_is_the_one_slurmd_gives(slurm: Slurm) -> None:
@@ -277,10 +328,21 @@ def test_a_hung_check_is_cut_short_and_counts_as_no_verdict(slurm: Slurm) -> Non
     assert "took more than 1s" in result.stderr
 
 
-def test_an_unreadable_verdict_still_drains(slurm: Slurm) -> None:
-    slurm.answer("CRITICAL - something the parser does not know\n", 2)
+def test_a_critical_verdict_without_a_reason_still_drains(slurm: Slurm) -> None:
+    slurm.answer("", 2)
     slurm.run()
     assert slurm.node_state() == {"state": "IDLE+DRAIN", "reason": "gpu-triage: CRITICAL"}
+
+
+def test_the_reason_names_the_job_that_was_on_the_gpu(slurm: Slurm) -> None:
+    verdict = diagnosis("unhealthy", "REBOOT_NODE", [gpu(0), gpu(3, "unhealthy", "REBOOT_NODE", "xid_79")])
+    verdict["gpus"][1]["findings"][0]["workloads"] = [
+        {"kind": "slurm_job", "job_id": "4242", "step": "0", "user": "ann"}
+    ]
+    verdict["findings"] = verdict["gpus"][1]["findings"]
+    slurm.answer(verdict)
+    slurm.run()
+    assert slurm.node_state()["reason"] == "gpu-triage: REBOOT_NODE GPU 3 Xid 79 job 4242"
 
 
 def test_reason_is_sanitised_and_short(slurm: Slurm) -> None:
@@ -317,7 +379,7 @@ def real_check(slurm: Slurm) -> Slurm:
     """The fake gpu-triage replaced by the real one (same interpreter as the tests)."""
     (slurm.bin / "gpu-triage").unlink()
     (slurm.bin / "gpu-triage").symlink_to(GPU_TRIAGE)
-    slurm.rc = 0
+    slurm.rc = None
     return slurm
 
 
@@ -351,8 +413,12 @@ def test_prolog_refuses_a_job_given_an_unhealthy_gpu(slurm: Slurm) -> None:
     slurm.answer(XID79_ON_3)
     result = slurm.run(PROLOG, SLURM_JOB_GPUS="2,3", SLURM_JOB_ID="1234")
     assert result.returncode == 1
-    assert "job 1234 refused" in result.stderr
-    assert "GPU 3 (GPU-00000003-aaaa-bbbb-cccc-dddddddddddd): REBOOT_NODE Xid 79" in result.stderr
+    assert (
+        f"gpu-triage: job 1234 refused on {socket.gethostname().split('.')[0]}: REBOOT_NODE GPU 3 Xid 79"
+        in result.stderr
+    )
+    (check,) = slurm.calls("gpu-triage")
+    assert check[1:6] == ["check", "--gpus", "2,3", "--format", "reason"]
     assert slurm.calls("scontrol") == []  # Slurm itself drains on a failed prolog
 
 
@@ -365,12 +431,21 @@ def test_prolog_matches_cuda_visible_devices_by_uuid(slurm: Slurm) -> None:
     slurm.answer(XID79_ON_3)
     result = slurm.run(PROLOG, CUDA_VISIBLE_DEVICES="GPU-00000003-aaaa-bbbb-cccc-dddddddddddd")
     assert result.returncode == 1
-    assert "GPU 3" in result.stderr
+    assert "REBOOT_NODE GPU 3 Xid 79" in result.stderr
+
+
+def test_prolog_leaves_mig_devices_out(slurm: Slurm) -> None:
+    slurm.answer(XID79_ON_3)
+    assert slurm.run(PROLOG, CUDA_VISIBLE_DEVICES="MIG-5c89852c-d268-c3f3-1b07-005d5ae1dc3f").returncode == 0
+    assert slurm.calls() == []
+    assert slurm.run(PROLOG, CUDA_VISIBLE_DEVICES="MIG-5c89852c-d268-c3f3-1b07-005d5ae1dc3f,3").returncode == 1
+    assert slurm.calls("gpu-triage")[0][1:3] == ["check", "--gpus"] and slurm.calls("gpu-triage")[0][3] == "3"
 
 
 def test_prolog_of_a_job_without_gpus_asks_nothing(slurm: Slurm) -> None:
     slurm.answer(XID79_ON_3)
     assert slurm.run(PROLOG).returncode == 0
+    assert slurm.run(PROLOG, SLURM_JOB_GPUS="NoDevFiles").returncode == 0
     assert slurm.calls() == []
 
 
@@ -378,6 +453,12 @@ def test_prolog_of_a_job_without_gpus_asks_nothing(slurm: Slurm) -> None:
 def test_prolog_without_a_verdict_lets_the_job_run(slurm: Slurm, rc: int) -> None:
     slurm.answer("UNKNOWN - cannot get a verdict\n", rc)
     assert slurm.run(PROLOG, SLURM_JOB_GPUS="3").returncode == 0
+
+
+def test_prolog_with_a_gpu_id_the_node_does_not_have_lets_the_job_run(slurm: Slurm) -> None:
+    slurm.answer(XID79_ON_3)
+    result = slurm.run(PROLOG, SLURM_JOB_GPUS="3,9")  # the real check: "no GPU 9 on this node", UNKNOWN
+    assert result.returncode == 0
 
 
 def test_epilog_runs_the_health_check_and_never_fails(slurm: Slurm) -> None:

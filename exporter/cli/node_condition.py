@@ -1,40 +1,40 @@
-#!/usr/bin/env python3
-"""gpu-triage-node-condition: the node's gpu-triage verdict as the Node condition GpuTriageUnhealthy.
+"""`gpu-triage node-condition`: the node's gpu-triage verdict as the Node condition GpuTriageUnhealthy.
 
-The sidecar of kubernetes/overlays/node-condition. Every --interval seconds it asks the daemon in the same
-pod for /api/v1/diagnosis and writes one condition to its Node's status, the way node-problem-detector
-does:
+The sidecar of kubernetes/overlays/node-condition. Every --interval seconds it asks the daemon (in the same
+pod, with the options `gpu-triage check` has: URL, TLS, basic auth) for its verdict and writes one condition
+to its Node's status, the way node-problem-detector does:
 
     status True     the node is unhealthy; reason = the action in CamelCase (RebootNode, ResetGpu,
-                    ContactSupport...), message = the action, the summary and the root cause's runbook
+                    ContactSupport...), message = the action, the summary, the root cause's runbook and who
+                    was on its GPU
     status False    healthy (reason Healthy) or degraded, which needs a look but no drain (reason Degraded)
     status Unknown  the daemon does not answer, or a GPU does not (reason NoVerdict / GpuNotAnswering)
 
 It writes when the condition changes and otherwise every --heartbeat seconds, so a thousand nodes cost the
-API server a few writes a second at most. It patches the status only: it never cordons, drains, taints or
-evicts. The image installs it as /opt/gpu-triage/bin/gpu-triage-node-condition (kubernetes/Containerfile).
-
-Standard library only: it needs nothing the image does not already have.
+API server a few writes a second at most. It reaches the API server with the pod's service-account token
+(read again for every request: the kubelet rotates a projected token) and patches the status only: it never
+cordons, drains, taints or evicts.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import os
 import signal
 import ssl
-import sys
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpu_triage.exporter.cli.check import DaemonClient, NoVerdictError
+
+log = logging.getLogger(__name__)
 CONDITION = "GpuTriageUnhealthy"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MAX_MESSAGE = 1024
@@ -53,10 +53,17 @@ def camel(action: str) -> str:
 
 
 def _root_cause(diagnosis: dict[str, Any], action: str) -> str:
-    """' Root cause: <title> (runbook <id>)' for the most urgent finding that asks for `action`."""
+    """' Root cause: <title> (runbook <id>), on pod ml/trainer-0.' for the most urgent finding asking `action`."""
     for finding in diagnosis.get("findings", []):
         if finding.get("action") == action:
-            return f" Root cause: {finding.get('title', '?')} (runbook {finding.get('playbook', '?')})."
+            who = [w for w in finding.get("workloads", []) if isinstance(w, dict)]
+            on = ", ".join(
+                f"pod {w.get('namespace')}/{w.get('pod')}" if w.get("kind") == "pod" else f"Slurm job {w.get('job_id')}"
+                for w in who
+            )
+            return f" Root cause: {finding.get('title', '?')} (runbook {finding.get('playbook', '?')})" + (
+                f", on {on}." if on else "."
+            )
     return ""
 
 
@@ -74,18 +81,15 @@ def condition_from(diagnosis: dict[str, Any] | None, error: str = "") -> Conditi
     return Condition("False", "Healthy" if health == "healthy" else "Degraded", summary[:MAX_MESSAGE])
 
 
-def fetch_diagnosis(url: str, timeout: float) -> tuple[dict[str, Any] | None, str]:
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/diagnosis", timeout=timeout) as answer:
-            body: dict[str, Any] = json.load(answer)
-        str(body["node"]["health"])  # a body without a verdict is no answer (KeyError, TypeError)
-        return body, ""
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return None, str(e)
-
-
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def in_cluster_api_server() -> str:
+    """The API server as the kubelet tells every pod (KUBERNETES_SERVICE_HOST and _PORT)."""
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 class NodeStatus:
@@ -159,54 +163,42 @@ class Reporter:
         return True
 
 
-def _log(level: str, msg: str, **fields: str) -> None:
-    extra = "".join(f" {k}={json.dumps(v)}" for k, v in fields.items())
-    print(f"level={level} msg={json.dumps(msg)}{extra}", file=sys.stderr, flush=True)
+@dataclass(frozen=True)
+class Options:
+    daemon: DaemonClient
+    node: str
+    interval: float
+    heartbeat: float
+    api_server: str
+    token_file: Path
+    api_ca_file: Path | None
+    once: bool
 
 
-def _api_server() -> str:
-    host = os.environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
-    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gpu-triage-node-condition", description=__doc__.split("\n\n")[0] if __doc__ else None
-    )
-    parser.add_argument("--url", default="http://127.0.0.1:9481", help="the gpu-triage daemon")
-    parser.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (env NODE_NAME)")
-    parser.add_argument("--interval", type=float, default=15.0, help="seconds between looks at the daemon")
-    parser.add_argument("--heartbeat", type=float, default=300.0, help="rewrite an unchanged condition this often")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon or the API")
-    parser.add_argument("--api-server", default=None, help="default: the in-cluster API server")
-    parser.add_argument("--token-file", type=Path, default=SERVICE_ACCOUNT / "token")
-    parser.add_argument("--ca-file", type=Path, default=SERVICE_ACCOUNT / "ca.crt")
-    parser.add_argument("--once", action="store_true", help="write the condition once and exit (1: not written)")
-    args = parser.parse_args(argv)
-    if not args.node:
-        parser.error("no node name: give --node or set NODE_NAME (the pod's spec.nodeName)")
-    api = NodeStatus(args.api_server or _api_server(), args.node, args.token_file, args.ca_file, args.timeout)
-    reporter = Reporter(api, args.heartbeat)
+def run(options: Options) -> int:
+    """Look, write, repeat until SIGTERM; with `once`, one look (exit 1 if it could not be written)."""
+    api = NodeStatus(options.api_server, options.node, options.token_file, options.api_ca_file, options.daemon.timeout)
+    reporter = Reporter(api, options.heartbeat)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     try:
         reporter.load()
     except (OSError, ValueError) as e:
-        _log("warn", "cannot read the node's conditions; writing ours anew", node=args.node, error=str(e))
+        log.warning(
+            "cannot read the node's conditions; writing ours anew", extra={"node": options.node, "error": str(e)}
+        )
     while True:
-        diagnosis, error = fetch_diagnosis(args.url, args.timeout)
-        condition = condition_from(diagnosis, error)
+        try:
+            condition = condition_from(options.daemon.diagnosis())
+        except NoVerdictError as e:
+            condition = condition_from(None, str(e))
         try:
             if reporter.report(condition):
-                _log("info", "condition written", node=args.node, status=condition.status, reason=condition.reason)
+                extra = {"node": options.node, "status": condition.status, "reason": condition.reason}
+                log.info("condition written", extra=extra)
         except (OSError, ValueError) as e:
-            _log("error", "cannot write the node condition", node=args.node, error=str(e))
-            if args.once:
+            log.error("cannot write the node condition", extra={"node": options.node, "error": str(e)})
+            if options.once:
                 return 1
-        if args.once or stopping.wait(args.interval):
+        if options.once or stopping.wait(options.interval):
             return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

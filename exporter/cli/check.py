@@ -1,0 +1,174 @@
+"""`gpu-triage check`: the verdict of the daemon on this node, for health-check hooks and scripts.
+
+Exit status 0 healthy (OK), 1 degraded (WARNING), 2 unhealthy (CRITICAL), 3 unknown (including: the daemon
+does not answer). `--gpus 0,3` narrows the verdict, the output and the exit status to those GPUs. Formats:
+
+    text    "CRITICAL - 8 GPUs, 8 up; node unhealthy: REBOOT_NODE on GPU 3", then one line per finding
+    json    the /api/v1/diagnosis body (narrowed with --gpus); with no verdict, the same shape saying why
+    reason  one line for a drain reason or a refused job: "REBOOT_NODE GPU 3 Xid 79 job 4242"
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from gpu_triage.diagnosis.actions import Action, Health, most_urgent
+from gpu_triage.diagnosis.health import EXIT_CODES
+
+FORMATS = ("text", "json", "reason")
+NAGIOS = {Health.HEALTHY: "OK", Health.DEGRADED: "WARNING", Health.UNHEALTHY: "CRITICAL", Health.UNKNOWN: "UNKNOWN"}
+_WORST_FIRST = (Health.UNHEALTHY, Health.UNKNOWN, Health.DEGRADED, Health.HEALTHY)
+
+
+class NoVerdictError(Exception):
+    """The daemon could not be asked, or did not say (the message says which, in one line)."""
+
+
+@dataclass(frozen=True)
+class DaemonClient:
+    """How to reach the daemon: `gpu-triage check` and `gpu-triage node-condition` share these options."""
+
+    url: str = "http://127.0.0.1:9481"
+    timeout: float = 5.0
+    ca_file: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+
+    @property
+    def base(self) -> str:
+        url = self.url if "://" in self.url else f"http://{self.url}"  # `localhost:9481`, as typed for curl
+        return url.rstrip("/")
+
+    def diagnosis(self) -> dict[str, Any]:
+        """GET /api/v1/diagnosis; NoVerdictError when there is none to be had."""
+        try:
+            verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
+            auth = None
+            if self.user is not None:
+                password = Path(self.password_file).read_text().strip() if self.password_file else ""
+                auth = (self.user, password)
+            answer = httpx.get(f"{self.base}/api/v1/diagnosis", timeout=self.timeout, verify=verify, auth=auth)
+            answer.raise_for_status()
+            body: dict[str, Any] = answer.json()
+            Health(body["node"]["health"])  # a body without a verdict is no answer
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError, KeyError, TypeError, OSError) as e:
+            raise NoVerdictError(f"cannot get a verdict from gpu-triage at {self.base}: {e}") from None
+        return body
+
+
+def select(body: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
+    """The verdict of the GPUs `wanted` (NVML indexes or GPU UUIDs) alone: the worst of their health, the most
+    urgent of their actions, their findings. NoVerdictError names any that this node does not have."""
+    gpus = [g for g in body["gpus"] if {str(g.get("gpu")), str(g.get("uuid"))} & set(wanted)]
+    known = {str(g.get(k)) for g in gpus for k in ("gpu", "uuid")}
+    if missing := [w for w in wanted if w not in known]:
+        listed = ", ".join(str(g["gpu"]) for g in body["gpus"] if g.get("gpu") is not None)
+        raise NoVerdictError(f"no GPU {', '.join(missing)} on this node (it has GPUs {listed or 'none'})")
+    healths = {Health(g.get("health", Health.UNKNOWN.value)) for g in gpus}
+    health = next(h for h in _WORST_FIRST if h in healths)
+    action = most_urgent([Action(g.get("action", Action.IGNORE.value)) for g in gpus])
+    buses = {g.get("pci_bus_id") for g in gpus}
+    names = ", ".join(str(g["gpu"]) for g in gpus)
+    summary = f"GPU{'s' if len(gpus) > 1 else ''} {names} of {len(body['gpus'])}: {health.value}"
+    if action is not Action.IGNORE:
+        worst = next(g for g in gpus if g.get("action") == action.value)
+        summary += f": {action.value} on GPU {worst['gpu']}"
+    return {
+        **body,
+        "node": {"health": health.value, "action": action.value, "summary": summary},
+        "gpus": gpus,
+        "findings": [f for f in body["findings"] if f.get("gpu") in buses],
+        "selected": wanted,
+    }
+
+
+def _why(finding: dict[str, Any]) -> str:
+    cls = str(finding.get("class", ""))
+    return f"Xid {cls.removeprefix('xid_')}" if cls.startswith("xid_") else cls
+
+
+def _who(workloads: list[dict[str, Any]]) -> str:
+    """'pod ml/trainer-0', 'job 4242', '+2' more: who was on the GPU, short."""
+    if not workloads:
+        return ""
+    w = workloads[0]
+    first = f"pod {w.get('namespace')}/{w.get('pod')}" if w.get("kind") == "pod" else f"job {w.get('job_id')}"
+    return first + (f" +{len(workloads) - 1}" if len(workloads) > 1 else "")
+
+
+def reason(body: dict[str, Any]) -> str:
+    """One line: the action, the GPU that needs it, the root cause and who was on that GPU."""
+    health, action = Health(body["node"]["health"]), Action(body["node"]["action"])
+    if action is Action.IGNORE:
+        return NAGIOS[health]
+    finding = next((f for f in body["findings"] if f.get("action") == action.value), None)
+    gpu = next((g for g in body["gpus"] if finding and g.get("pci_bus_id") == finding.get("gpu")), None)
+    parts = [action.value]
+    if gpu is not None:
+        parts.append(f"GPU {gpu['gpu']}" if gpu.get("gpu") is not None else str(gpu.get("pci_bus_id")))
+    if finding is not None:
+        parts += [_why(finding), _who(finding.get("workloads") or (gpu or {}).get("workloads") or [])]
+    return " ".join(" ".join(parts).split())  # one line, whatever the parts hold
+
+
+def _text(body: dict[str, Any], base: str) -> str:
+    lines = [f"{NAGIOS[Health(body['node']['health'])]} - {body['node']['summary']}"]
+    for gpu in body["gpus"]:
+        for finding in gpu.get("findings", []):
+            if finding["action"] == Action.IGNORE.value:
+                continue
+            where = f"GPU {gpu['gpu']}" if gpu["gpu"] is not None else gpu.get("pci_bus_id", "?")
+            line = f"  {where}: {finding['title']} [{finding['severity']}] -> {finding['action']}"
+            line += f" (runbook: {base}/runbooks/{finding['playbook']})"
+            if who := ", ".join(_describe(w) for w in finding.get("workloads", [])):
+                line += f"; used by {who}"
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _describe(w: dict[str, Any]) -> str:
+    if w.get("kind") == "pod":
+        return f"pod {w.get('namespace')}/{w.get('pod')} (container {w.get('container')})"
+    step = f" step {w['step']}" if w.get("step") else ""
+    return f"Slurm job {w.get('job_id')}{step}" + (f" ({w['user']})" if w.get("user") else "")
+
+
+def no_verdict(message: str) -> dict[str, Any]:
+    """What --format json prints when there is no verdict: the same shape, unknown, and why."""
+    return {
+        "node": {"health": Health.UNKNOWN.value, "action": Action.IGNORE.value, "summary": message},
+        "gpus": [],
+        "findings": [],
+        "error": message,
+    }
+
+
+def check(daemon: DaemonClient, fmt: str = "text", gpus: str | None = None, out: TextIO = sys.stdout) -> int:
+    """Print the verdict in `fmt` and return the exit status for it."""
+    wanted = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else []
+    try:
+        body = daemon.diagnosis()
+        if wanted:
+            body = select(body, wanted)
+    except NoVerdictError as e:
+        message = str(e)
+        if fmt == "json":
+            out.write(json.dumps(no_verdict(message), indent=2) + "\n")
+        else:
+            out.write(f"UNKNOWN - {message}\n")
+        return EXIT_CODES[Health.UNKNOWN]
+    health = Health(body["node"]["health"])
+    if fmt == "json":
+        out.write(json.dumps(body, indent=2) + "\n")
+    elif fmt == "reason":
+        out.write(reason(body) + "\n")
+    else:
+        out.write(_text(body, daemon.base))
+    return EXIT_CODES[health]

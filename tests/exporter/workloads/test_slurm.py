@@ -1,0 +1,140 @@
+"""Slurm job steps from process cgroups: the path shapes of Slurm's cgroup/v1 and cgroup/v2 plugins, read from
+fake /proc trees (tests/fixtures/procfs)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpu_triage.exporter.workloads.slurm import ProcessJobs, SlurmStep, UserNames, real_uid, step_of
+from tests.conftest import REPO
+from tests.daemon_proc import wait_for
+
+PROCFS = REPO / "tests/fixtures/procfs"
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "expected"),
+    [
+        # cgroup/v2, the default slice and scope
+        ("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0", SlurmStep("4242", "0", None)),
+        ("0::/system.slice/slurmstepd.scope/job_7/step_batch/user/task_0", SlurmStep("7", "batch", None)),
+        ("0::/system.slice/slurmstepd.scope/job_7/step_extern/user/task_special", SlurmStep("7", "extern", None)),
+        ("0::/system.slice/slurmstepd.scope/job_7/step_interactive/user/task_0", SlurmStep("7", "interactive", None)),
+        ("0::/system.slice/slurmstepd.scope/job_7/step_2+1/user/task_0", SlurmStep("7", "2+1", None)),  # het job
+        # slurmstepd itself, in the step's slurm/ leaf
+        ("0::/system.slice/slurmstepd.scope/job_7/step_0/slurm", SlurmStep("7", "0", None)),
+        # several slurmd on one host, and another CgroupSlice
+        ("0::/gpu.slice/node3_slurmstepd.scope/job_99/step_1/user/task_3", SlurmStep("99", "1", None)),
+        # Slurm 26.05: the job's directory is its SLUID unless CgroupJobIdPaths=yes
+        ("0::/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0", SlurmStep("sEKNKTV3WPV500", "0", None)),
+        # read from inside a cgroup namespace: the path is relative to the reader's root
+        ("0::/../../system.slice/slurmstepd.scope/job_5/step_0/user/task_0", SlurmStep("5", "0", None)),
+        # cgroup/v1: the uid is in the path; the default CgroupPrepend, and one per node
+        ("4:memory:/slurm/uid_1001/job_12/step_0/task_0", SlurmStep("12", "0", 1001)),
+        ("4:memory:/slurm_node3/uid_1001/job_12/step_batch", SlurmStep("12", "batch", 1001)),
+        ("7:devices:/slurm/uid_1001/job_12", SlurmStep("12", "", 1001)),  # job level only
+    ],
+)
+def test_slurm_cgroup_shapes(cgroup: str, expected: SlurmStep) -> None:
+    assert step_of(cgroup + "\n") == expected
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        "0::/user.slice/user-1000.slice/session-3.scope",
+        "0::/kubepods.slice/kubepods-pod1234.slice/cri-containerd-abc.scope",
+        "0::/system.slice/my-app.service/job_12",  # a job_ directory of someone else's
+        "0::/system.slice/other.scope/sEKNKTV3WPV500/step_0",  # a SLUID-like name outside slurmstepd's scope
+        "0::/",
+        "",
+        "garbage without colons",
+    ],
+)
+def test_other_cgroups_are_no_job(cgroup: str) -> None:
+    assert step_of(cgroup) is None
+
+
+def test_real_uid_from_status() -> None:
+    assert real_uid("Name:\tpython3\nUid:\t1001\t0\t0\t0\nGid:\t100\n") == 1001
+    assert real_uid("Name:\tx\n") is None
+
+
+def test_v2_tree() -> None:
+    jobs = ProcessJobs(PROCFS / "cgroup-v2").jobs({41000, 41034, 41068, 41085, 41102, 41119, 99999})
+    assert jobs == {
+        41000: SlurmStep("4242", "0", 0),  # uid from /proc/<pid>/status
+        41034: SlurmStep("4242", "batch", 0),
+        41068: SlurmStep("4244", "extern", 4711),
+        41085: SlurmStep("4245", "interactive", 4711),
+        41119: SlurmStep("sEKNKTV3WPV500", "0", 4711),
+    }  # 41102 is not in a job; 99999 is no process
+
+
+def test_v1_tree() -> None:
+    jobs = ProcessJobs(PROCFS / "cgroup-v1").jobs({41000, 41051, 41085})
+    assert jobs == {41000: SlurmStep("4242", "0", 0), 41051: SlurmStep("4243", "0", 4711)}
+
+
+def test_each_process_is_read_once_while_it_lives(tmp_path: Path) -> None:
+    procfs = tmp_path / "proc"
+    shutil.copytree(PROCFS / "cgroup-v2", procfs)
+    jobs = ProcessJobs(procfs)
+    assert jobs.jobs({41000})[41000].job_id == "4242"
+    (procfs / "41000/cgroup").write_text("0::/system.slice/slurmstepd.scope/job_1/step_0/user/task_0\n")
+    assert jobs.jobs({41000})[41000].job_id == "4242", "a running process's cgroup is not read again"
+    assert jobs.jobs(set()) == {}  # it ended: forgotten
+    assert jobs.jobs({41000})[41000].job_id == "1", "a new process under the same pid is read afresh"
+
+
+def test_a_process_that_vanished_before_it_was_read_is_asked_about_again(tmp_path: Path) -> None:
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    jobs = ProcessJobs(procfs)
+    assert jobs.jobs({41000}) == {}
+    shutil.copytree(PROCFS / "cgroup-v2/41000", procfs / "41000")
+    assert jobs.jobs({41000})[41000].job_id == "4242"
+
+
+def test_an_unreadable_or_huge_cgroup_file_is_no_job(tmp_path: Path) -> None:
+    procfs = tmp_path / "proc"
+    (procfs / "1").mkdir(parents=True)
+    (procfs / "1/cgroup").write_bytes(b"\xff\xfe" * 40_000 + b"\n0::/system.slice/slurmstepd.scope/job_1/step_0\n")
+    (procfs / "2").mkdir()
+    (procfs / "2/cgroup").mkdir()  # not a file
+    assert ProcessJobs(procfs).jobs({1, 2}) == {}
+
+
+def test_user_names_resolve_at_once_when_nss_answers() -> None:
+    me = os.getuid()
+    assert UserNames(wait=10).name(me) == pwd.getpwuid(me).pw_name
+
+
+def test_a_hung_user_lookup_answers_the_uid_until_the_name_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+
+    def slow(uid: int) -> pwd.struct_passwd:
+        release.wait(30)  # an LDAP server that does not answer
+        return pwd.struct_passwd(("ldap-user", "x", uid, uid, "", "/home/x", "/bin/sh"))
+
+    monkeypatch.setattr(pwd, "getpwuid", slow)
+    names = UserNames(wait=0.01)
+    assert names.name(5000) == "5000"
+    assert names.name(5000) == "5000"  # asked once, not queued again
+    release.set()
+    wait_for(lambda: names.name(5000) == "ldap-user", what="the name, once the lookup returns")
+
+
+def test_an_unknown_uid_stays_a_number() -> None:
+    known = {p.pw_uid for p in pwd.getpwall()}
+    uid = next(u for u in range(4711, 100_000) if u not in known)
+    names = UserNames()
+    names.name(uid)
+    wait_for(lambda: uid in names._names, what="the lookup")
+    assert names.name(uid) == str(uid)
