@@ -168,6 +168,7 @@ COLLECTIVE_MISMATCH = "collective_mismatch"  # reported when ranks time out in d
 NCCL_LIB_MISMATCH = "nccl_lib_mismatch"  # reported when ranks print different NCCL versions
 PROCESS_SEGFAULT = "process_segfault"  # a SIGABRT of it ranks after the symptoms
 JOB_FAILED = "job_failed_unclassified"  # a death nothing more specific explains
+HOST_OOM_KILLED = "host_oom_killed"  # a SIGKILL: reports the end of a process, like the two above
 REQUIRED_CLASSES = (
     CUDA_ILLEGAL_ADDRESS,
     COLLECTIVE_TIMEOUT,
@@ -175,4 +176,5 @@ REQUIRED_CLASSES = (
     NCCL_LIB_MISMATCH,
     PROCESS_SEGFAULT,
     JOB_FAILED,
+    HOST_OOM_KILLED,
 )

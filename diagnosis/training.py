@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
-from gpu_triage.diagnosis.deaths import settle, uncaught
+from gpu_triage.diagnosis.deaths import ENDS, settle, uncaught
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.fold import fold
 from gpu_triage.diagnosis.identity import IdentityBook, Who
@@ -52,7 +52,6 @@ from gpu_triage.diagnosis.training_rules import load_rules
 __all__ = ["CACHE_ENTRIES", "Report", "diagnose"]
 
 CACHE_ENTRIES = 4096  # recent lines and messages whose classification is remembered
-_DEATHS = frozenset({JOB_FAILED, PROCESS_SEGFAULT, "host_oom_killed"})  # classes that report a process's end
 
 
 def _rule_specs(rules: RuleSet) -> dict[str, Spec]:
@@ -264,7 +263,7 @@ class _Diagnosis:
                     place.rank, op, numel if isinstance(numel, int) else None, src.index, number, seen.text, seen.stamp
                 )
                 self.works.report(line.pg, seq, work)
-        if spec.class_id in _DEATHS:
+        if spec.class_id in ENDS:
             src.exit_reported = True
         who = Who(src.index, place.host, line.pid, place.rank, place.local, place.gpu, place.pid)
         self.collapser.add(who, spec, self._seen(src, number, line, match.signature + 1), details)
