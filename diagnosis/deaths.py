@@ -37,8 +37,10 @@ ENDS = frozenset({JOB_FAILED, PROCESS_SEGFAULT, HOST_OOM_KILLED})  # classes tha
 
 def uncaught(state: SourceState, *, exit_reported: bool) -> list[Traceback]:
     """The tracebacks of one input that killed their process."""
-    out = [t for t in state.tracebacks if t.hooked]
-    last = state.tracebacks[-1] if state.tracebacks else None
+    # One whose exception line a rule classified is told by that finding.
+    traces = [t for t in state.tracebacks if not t.classified]
+    out = [t for t in traces if t.hooked]
+    last = traces[-1] if traces else None
     if last is not None and not last.hooked and (exit_reported or state.lines - last.line <= TAIL_LINES):
         out.append(last)
     return out
@@ -67,9 +69,15 @@ def _same_place(death: Finding, other: Finding) -> bool:
     if pid is not None and pid == other.details.get("pid"):
         return True
     # A launcher's report on a whole node names the host alone: what happened on that host explains it.
-    return (death.rank, death.local_rank, pid) == (None, None, None) and death.host is not None and (
-        other.host == death.host
-    )
+    return _host_only(death) and other.host == death.host
+
+
+def _host_only(f: Finding) -> bool:
+    return f.host is not None and (f.rank, f.local_rank, f.details.get("pid")) == (None, None, None)
+
+
+def _generic(r: Ranked) -> bool:
+    return r.finding.class_id == JOB_FAILED
 
 
 def _sources(f: Finding) -> set[str | None]:
@@ -79,7 +87,7 @@ def _sources(f: Finding) -> set[str | None]:
 def _fold_into(cause: Finding, death: Finding) -> None:
     """`death` told as part of `cause`: its first line becomes evidence of how the process ended, unless
     `cause` reports that end itself (a kill, a crash)."""
-    if cause.class_id in ENDS:
+    if cause.class_id in (PROCESS_SEGFAULT, HOST_OOM_KILLED):
         return
     known = {(e.source, e.line) for e in cause.evidence}
     for e in death.evidence[:1]:
@@ -94,12 +102,16 @@ def settle(ranked: Iterable[Ranked], is_symptom: Callable[[Finding], bool]) -> l
     specific = any(not is_symptom(f) for f in causes)
     keep = [r for r in items if not is_death(r.finding)]
     told: list[tuple[Finding, Finding]] = []  # (a death, the finding that tells it: its cause, or itself)
-    # Deaths with a place first: a placeless one may be the same death as one of them.
-    for r in sorted((r for r in items if is_death(r.finding)), key=lambda r: not _has_place(r.finding)):
+    # Deaths with a place first, a crash before a generic death: a later one may be the same death.
+    deaths = sorted((r for r in items if is_death(r.finding)), key=lambda r: (not _has_place(r.finding), _generic(r)))
+    for r in deaths:
         death = r.finding
+        cause = None
         if _has_place(death):
-            cause = next((f for f in causes if _same_place(death, f)), None)
-        else:
+            same = (f for f in (*causes, *(d for d, teller in told if d is teller)) if _same_place(death, f))
+            cause = next(same, None)
+        if cause is None and (not _has_place(death) or (_generic(r) and _host_only(death))):
+            # A death that names no process is the same death as another finding of its input.
             shared = _sources(death)
             known = [*causes, *(teller for d, teller in told if _sources(d) & shared)]
             cause = next((f for f in known if _sources(f) & shared), None)

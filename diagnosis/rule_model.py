@@ -145,6 +145,10 @@ class RuleSet:
                     return ContextMatch(ctx.kind, _groups(m))
         return None
 
+    def is_context(self, kind: ContextKind, text: str) -> bool:
+        """Whether `text` is a line of context `kind` (a line a rule classified may be one too)."""
+        return any(sig.search(text) is not None for ctx in self.context if ctx.kind is kind for sig in ctx.signatures)
+
     def rule(self, class_id: str) -> Rule:
         for rule in self.rules:
             if rule.class_id == class_id:

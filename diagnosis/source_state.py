@@ -44,6 +44,7 @@ class Traceback:
     host: str | None
     local_rank: int | None
     hooked: bool  # printed by PyTorch's excepthook (`[rankN]: Traceback`): uncaught for certain
+    classified: bool = False  # its exception line is a finding of its own
 
 
 @dataclass(slots=True)
@@ -100,7 +101,7 @@ class SourceState:
         # that traceback kills nothing.
         self.open_traceback = None if number - self.ignored <= 2 else (number, line)
 
-    def exception(self, number: int, line: LogLine) -> None:
+    def exception(self, number: int, line: LogLine, *, classified: bool = False) -> None:
         if self.open_traceback is None:
             return
         start, head = self.open_traceback
@@ -113,6 +114,7 @@ class SourceState:
             head.host or line.host,
             head.local_rank if head.local_rank is not None else line.local_rank,
             hooked=_HOOKED.search(head.raw) is not None,
+            classified=classified,
         )
         if len(self.tracebacks) < MAX_TRACEBACKS:
             self.tracebacks.append(trace)

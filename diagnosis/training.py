@@ -48,6 +48,7 @@ from gpu_triage.diagnosis.training_fields import convert
 from gpu_triage.diagnosis.training_kernel import EVIDENCE_CHARS, KernelFindings
 from gpu_triage.diagnosis.training_report import Report, Reporter
 from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.workers import bind_to_failed_worker
 
 __all__ = ["CACHE_ENTRIES", "Report", "diagnose"]
 
@@ -146,6 +147,8 @@ class _Diagnosis:
             src.continues = (number, line)
         if match is not None:
             self.identity.learn(src.index, line)
+            if src.open_traceback is not None and self.rules.is_context(ContextKind.EXCEPTION, line.text):
+                src.exception(number, line, classified=True)  # where the traceback ends (diagnosis/workers.py)
             self._finding(src, number, line, match)
         elif ctx is not None:
             self.identity.learn(src.index, line)
@@ -229,6 +232,9 @@ class _Diagnosis:
             rank = int(tasks)  # srun numbers tasks by global rank
         if isinstance(ranks, str) and ranks.strip().isdigit():
             rank = int(ranks)  # the one rank a report names (the lagging rank), not the reporter
+        if host is not None and line.rank is None and isinstance(rank, int):
+            # A launcher's report names a worker's host and rank together (srun's task, mpirun's rank).
+            self.identity.pair(rank, str(host), local if isinstance(local, int) else None)
         pid = details.get("pid")
         place = _Place(
             str(host) if host is not None else line.host,
@@ -285,6 +291,7 @@ class _Diagnosis:
             return (spec is not None and spec.symptom) or f.class_id in xid_symptoms
 
         self._uncaught()
+        bind_to_failed_worker(self.collapser, self.identity, self.sources, ENDS)
         ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)
         ranked += reporter.synthesized()
