@@ -91,6 +91,7 @@ class IdentityBook:
         self._rank_local: dict[int, int] = {}
         self._workers: dict[int, list[_Worker]] = {}  # by pid
         self._local: dict[tuple[str | None, int], int] = {}  # (host, local rank) -> global rank
+        self._layouts: dict[tuple[int, str, int], tuple[int, int, int]] = {}  # -> (rank, nranks, local rank)
         self._maps: _Maps | None = None
 
     def add_source(self) -> int:
@@ -141,12 +142,23 @@ class IdentityBook:
             self._procs[key] = _Proc(rank, nranks, gpu)
             self._maps = None
 
+    def layout(self, source: int, host: str, pid: int, *, rank: int, nranks: int, local_rank: int) -> None:
+        """NCCL's node layout line: in a communicator of `nranks`, `rank` is local rank `local_rank` on its node."""
+        key = (source, short_host(host) or host, pid)
+        old = self._layouts.get(key)
+        if (old is None and len(self._layouts) < MAX_ENTRIES) or (old is not None and nranks > old[1]):
+            self._layouts[key] = (rank, nranks, local_rank)
+            self._maps = None
+
     def _build(self) -> _Maps:
         if self._maps is not None:
             return self._maps
         maps = _Maps(rank_host=dict(self._rank_host), rank_local=dict(self._rank_local))
         for (source, host, pid), proc in self._procs.items():
             maps.rank_host.setdefault(proc.rank, host)
+            layout = self._layouts.get((source, host, pid))
+            if layout is not None and layout[:2] == (proc.rank, proc.nranks):  # the same communicator
+                maps.rank_local.setdefault(proc.rank, layout[2])
             if proc.gpu is not None:
                 maps.rank_gpu.setdefault(proc.rank, proc.gpu)
             maps.by_pid.setdefault(pid, []).append((source, host, pid))

@@ -190,6 +190,16 @@ class _Diagnosis:
                 self.identity.comm_init(src.index, line.host, line.pid, rank=rank, nranks=nranks, gpu=gpu)
                 if line.local_rank is not None and line.rank is None:  # torchrun's `[default3]:` tag
                     self.identity.local(line.host, line.local_rank, rank)
+        elif kind is ContextKind.NODE_LAYOUT:
+            if line.host is not None and line.pid is not None:
+                self.identity.layout(
+                    src.index,
+                    line.host,
+                    line.pid,
+                    rank=int(fields["rank"]),
+                    nranks=int(fields["nranks"]),
+                    local_rank=int(fields["local_rank"]),
+                )
         elif kind is ContextKind.NCCL_VERSION:
             if len(self.versions) < 32:
                 self.versions.setdefault(str(fields["version"]), self._seen(src, number, line))
