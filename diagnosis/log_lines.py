@@ -101,6 +101,7 @@ class LogLine:
     pg: str | None = None  # PyTorch process-group id
     stamp: Stamp | None = None
     indent: int = 0  # blanks before the message once the prefixes are off (a table's fields are indented)
+    pod: str | None = None  # the pod `kubectl logs --prefix` names (`host` is NCCL's hostname when it says one)
 
 
 def clean(raw: str) -> str:
@@ -156,6 +157,7 @@ class _Fields:
     pg: str | None = None
     stamp: Stamp | None = None
     indent: int = 0
+    pod: str | None = None
 
     def stamp_once(self, stamp: Stamp | None) -> None:
         if self.stamp is None:
@@ -195,6 +197,7 @@ def _strip_outer(text: str, f: _Fields, seen: set[str]) -> str | None:
     if "kubectl" not in seen and (m := _KUBECTL.match(text)):
         seen.add("kubectl")
         f.host = f.host or m["pod"]
+        f.pod = m["pod"]
         return text[m.end() :]
     if "ompi" not in seen and (m := _OMPI.match(text)):
         seen.add("ompi")
@@ -295,4 +298,5 @@ def normalise(raw: str) -> LogLine:
         pg=f.pg,
         stamp=f.stamp,
         indent=f.indent,
+        pod=f.pod,
     )
