@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
@@ -33,7 +34,7 @@ from gpu_triage.diagnosis.identity import IdentityBook, Who
 from gpu_triage.diagnosis.input_lines import InputLines
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
-from gpu_triage.diagnosis.root_cause import link_symptoms, order
+from gpu_triage.diagnosis.root_cause import kernel_first, link_symptoms, order
 from gpu_triage.diagnosis.rule_model import (
     COLLECTIVE_TIMEOUT,
     JOB_FAILED,
@@ -305,7 +306,10 @@ class _Diagnosis:
         ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)
         ranked += reporter.synthesized()
-        findings = fold([r.finding for r in order(settle(ranked, symptom))], symptom)
+        def root_xid(f: Finding) -> bool:
+            return f.class_id.startswith("xid_") and f.class_id not in xid_symptoms and f.action is not Action.IGNORE
+
+        findings = fold([r.finding for r in order(kernel_first(settle(ranked, symptom), root_xid))], symptom)
         findings = reporter.straggler(findings)
         link_symptoms(findings, symptom)
         events = []
