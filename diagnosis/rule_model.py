@@ -146,9 +146,14 @@ class RuleSet:
                     return ContextMatch(ctx.kind, _groups(m))
         return None
 
-    def is_context(self, kind: ContextKind, text: str) -> bool:
-        """Whether `text` is a line of context `kind` (a line a rule classified may be one too)."""
-        return any(sig.search(text) is not None for ctx in self.context if ctx.kind is kind for sig in ctx.signatures)
+    def context_fields(self, kind: ContextKind, text: str) -> dict[str, str] | None:
+        """The fields of `text` as a line of context `kind`, or None (a line a rule classified may be one too)."""
+        for ctx in self.context:
+            if ctx.kind is kind:
+                for sig in ctx.signatures:
+                    if (m := sig.search(text)) is not None:
+                        return _groups(m)
+        return None
 
     def rule(self, class_id: str) -> Rule:
         for rule in self.rules:

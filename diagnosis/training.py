@@ -148,8 +148,12 @@ class _Diagnosis:
             src.continues = (number, line)
         if match is not None:
             self.identity.learn(src.index, line)
-            if src.open_traceback is not None and self.rules.is_context(ContextKind.EXCEPTION, line.text):
+            if src.open_traceback is not None and self.rules.context_fields(ContextKind.EXCEPTION, line.text) is not None:
                 src.exception(number, line, classified=True)  # where the traceback ends (diagnosis/workers.py)
+            if "NCCL version" in line.text:  # PyTorch's NCCL errors end with the version the process runs
+                fields = self.rules.context_fields(ContextKind.NCCL_VERSION, line.text)
+                if fields is not None:
+                    self._version(src, number, line, fields["version"])
             self._finding(src, number, line, match)
         elif ctx is not None:
             self.identity.learn(src.index, line)
@@ -202,8 +206,7 @@ class _Diagnosis:
                     local_rank=int(fields["local_rank"]),
                 )
         elif kind is ContextKind.NCCL_VERSION:
-            if len(self.versions) < 32:
-                self.versions.setdefault(str(fields["version"]), self._seen(src, number, line))
+            self._version(src, number, line, str(fields["version"]))
         elif kind is ContextKind.FAILURE_HOST:
             src.table_host(number, str(fields["host"]))
         elif kind is ContextKind.FAILURE_RANK:
@@ -219,6 +222,10 @@ class _Diagnosis:
             src.traceback(number, line)
         elif kind is ContextKind.EXCEPTION:
             src.exception(number, line)
+
+    def _version(self, src: SourceState, number: int, line: LogLine, version: str) -> None:
+        if len(self.versions) < 32:
+            self.versions.setdefault(version, self._seen(src, number, line))
 
     def _progress(self, src: SourceState, number: int, line: LogLine, fields: dict[str, str | int]) -> None:
         rank = line.rank if line.rank is not None else fields.get("rank")
