@@ -77,7 +77,7 @@ class _Maps:
 
 
 @dataclass(frozen=True, slots=True)
-class _Worker:
+class Worker:
     """A worker as torchrun's failure table describes it."""
 
     host: str | None
@@ -91,7 +91,7 @@ class IdentityBook:
         self._procs: dict[tuple[int, str, int], _Proc] = {}
         self._rank_host: dict[int, str] = {}
         self._rank_local: dict[int, int] = {}
-        self._workers: dict[int, list[_Worker]] = {}  # by pid
+        self._workers: dict[int, list[Worker]] = {}  # by pid
         self._local: dict[tuple[str | None, int], int] = {}  # (host, local rank) -> global rank
         self._alias: dict[str, str] = {}  # a pod's name -> the hostname its processes report
         self._layouts: dict[tuple[int, str, int], tuple[int, int, int]] = {}  # -> (rank, nranks, local rank)
@@ -135,7 +135,7 @@ class IdentityBook:
     def bind_pid(self, pid: int, host: str | None, rank: int | None, local_rank: int | None) -> None:
         """torchrun's failure table: worker `pid` was `rank` (local `local_rank`) on `host`."""
         known = self._workers.setdefault(pid, [])
-        worker = _Worker(short_host(host), rank, local_rank)
+        worker = Worker(short_host(host), rank, local_rank)
         if worker not in known and len(known) < 8 and len(self._workers) < MAX_ENTRIES:
             known.append(worker)
         if host is not None and rank is not None:
@@ -189,7 +189,20 @@ class IdentityBook:
     def gpu_of(self, rank: int) -> str | None:
         return self._build().rank_gpu.get(rank)
 
-    def _worker(self, pid: int, host: str | None) -> _Worker | None:
+    def worker(self, pid: int) -> Worker | None:
+        """The one worker the launchers' reports say `pid` was, with its host in canonical form."""
+        return self._worker(pid, None)
+
+    def workers_on(self, host: str) -> dict[int, Worker]:
+        """The workers the launchers' reports place on `host`, by pid."""
+        out = {}
+        for pid in self._workers:
+            w = self._worker(pid, host)
+            if w is not None and w.host == host:
+                out[pid] = w
+        return out
+
+    def _worker(self, pid: int, host: str | None) -> Worker | None:
         workers = [replace(w, host=self._canon(w.host)) for w in self._workers.get(pid, ())]
         found = [w for w in workers if host is None or w.host is None or w.host == host]
         return found[0] if len(found) == 1 else None

@@ -49,6 +49,7 @@ FIELDS: dict[str, FieldKind] = {
 
 class ContextKind(StrEnum):
     COMM_INIT = "comm_init"  # NCCL communicator init: rank, nranks, cudaDev, busId of host:pid
+    STOPPING = "stopping"  # torchrun's agent stopping a worker: `Sending process P closing signal SIGTERM`
     NODE_LAYOUT = "node_layout"  # NCCL 2.20+: a communicator's rank, nRanks and localRank of host:pid
     NCCL_VERSION = "nccl_version"
     PROGRESS = "progress"  # last enqueued / completed NCCL work of a rank

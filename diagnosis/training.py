@@ -49,7 +49,7 @@ from gpu_triage.diagnosis.training_fields import convert
 from gpu_triage.diagnosis.training_kernel import EVIDENCE_CHARS, KernelFindings
 from gpu_triage.diagnosis.training_report import Report, Reporter
 from gpu_triage.diagnosis.training_rules import load_rules
-from gpu_triage.diagnosis.workers import bind_to_failed_worker
+from gpu_triage.diagnosis.workers import bind_to_failed_worker, name_stopped_workers
 
 __all__ = ["CACHE_ENTRIES", "Report", "diagnose"]
 
@@ -205,6 +205,8 @@ class _Diagnosis:
                     nranks=int(fields["nranks"]),
                     local_rank=int(fields["local_rank"]),
                 )
+        elif kind is ContextKind.STOPPING:
+            src.stop(int(fields["pid"]))
         elif kind is ContextKind.NCCL_VERSION:
             self._version(src, number, line, str(fields["version"]))
         elif kind is ContextKind.FAILURE_HOST:
@@ -289,6 +291,8 @@ class _Diagnosis:
                 self.works.report(line.pg, seq, work)
         if spec.class_id in ENDS:
             src.exit_reported = True
+            if place.pid is not None and isinstance(local := details.get("local_rank"), int):
+                src.failed(place.pid, local)  # torchrun's agent: `failed (exitcode: …) local_rank: N (pid: P)`
         who = Who(src.index, place.host, line.pid, place.rank, place.local, place.gpu, place.pid)
         self.collapser.add(who, spec, self._seen(src, number, line, match.signature + 1), details)
 
@@ -309,6 +313,7 @@ class _Diagnosis:
             return (spec is not None and spec.symptom) or f.class_id in xid_symptoms
 
         self._uncaught()
+        name_stopped_workers(self.identity, self.sources)
         bind_to_failed_worker(self.collapser, self.identity, self.sources, ENDS)
         ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)

@@ -1,6 +1,6 @@
-"""Lines that name no place, in an input where one worker failed, are that worker's.
+"""Which worker a line is about, where the line does not say: what the launchers' reports tell.
 
-A worker's own output often carries no rank: a single node's console under torchrun without
+Lines that name no place, in an input where one worker failed, are that worker's. A worker's own output often carries no rank: a single node's console under torchrun without
 `--tee`, `kubectl logs` of one pod, a DeepSpeed or `torch.distributed.launch` run. What places it is
 the launcher's report of its end, printed right after: torchrun's agent (`failed (exitcode: 1)
 local_rank: 2 (pid: …)`) and its failure table, srun (`srun: error: gpu07: task 3: …`), DeepSpeed
@@ -14,13 +14,22 @@ that names no place (a CUDA error, an OOM, `Fatal Python error: Segmentation fau
 inferred. A symptom (a timeout, a closed peer, a bare NCCL error) is the worker's only when it is
 part of an uncaught exception's traceback there: stopped workers may print symptoms of their own
 before they go. Kernel-log findings are never bound: they name their GPU or switch themselves.
+
+The agent's roll call. When a worker fails, torchrun's agent stops the ones still running, in
+local-rank order (it walks its handlers, made for local ranks 0…N-1, and logs `Sending process P
+closing signal SIGTERM` for each that has not exited), then reports the failed one (`failed
+(exitcode: …) local_rank: L (pid: P)`); its failure table gives that worker's host and global rank,
+and torchrun numbers an agent's workers base + local rank. So the stopped pids are the local ranks
+that had not failed, in order, and a kernel line that names only a pid (`NVRM: Xid …, pid=590341`)
+finds its rank. A roll call is used only when it fits: the failed workers the table lists on that
+host and the stopped ones make a whole 0…N-1, and every stopped pid the table names sits at its place.
 """
 
 from __future__ import annotations
 
 from gpu_triage.diagnosis.collapse import Collapser, Tally
 from gpu_triage.diagnosis.identity import IdentityBook, Place, Who
-from gpu_triage.diagnosis.source_state import SourceState
+from gpu_triage.diagnosis.source_state import RollCall, SourceState
 
 EXCEPTION_TAIL = 3  # lines after an exception line that still belong to its message (NCCL's `Last error:`)
 
@@ -81,3 +90,30 @@ def bind_to_failed_worker(
             return Who(who.source, worker.host, None, worker.rank, worker.local_rank, worker.gpu)
 
         collapser.rebind(change)
+
+
+def _roll_call(identity: IdentityBook, call: RollCall) -> None:
+    failed = identity.worker(call.failed_pid)
+    if failed is None or failed.host is None or failed.rank is None or failed.local_rank != call.failed_local_rank:
+        return
+    known = identity.workers_on(failed.host)
+    stopped = set(call.pids)
+    gone = {w.local_rank for pid, w in known.items() if pid not in stopped} | {call.failed_local_rank}
+    if None in gone or len(stopped) != len(call.pids):
+        return
+    order = [n for n in range(len(call.pids) + len(gone)) if n not in gone]
+    if len(order) != len(call.pids):
+        return  # a failed worker's local rank beyond the agent's: not its whole roll
+    if any(pid in known and known[pid].local_rank != n for pid, n in zip(call.pids, order, strict=True)):
+        return
+    base = failed.rank - call.failed_local_rank
+    for pid, n in zip(call.pids, order, strict=True):
+        if pid not in known:
+            identity.bind_pid(pid, failed.host, base + n, n)
+
+
+def name_stopped_workers(identity: IdentityBook, sources: list[SourceState]) -> None:
+    """Bind the pids of each roll call (see the module docstring) to their host, rank and local rank."""
+    for state in sources:
+        for call in state.roll_calls:
+            _roll_call(identity, call)
