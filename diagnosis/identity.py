@@ -176,10 +176,10 @@ class IdentityBook:
                 maps.rank_gpu.setdefault(proc.rank, proc.gpu)
             maps.by_pid.setdefault(pid, []).append((source, host, pid))
         for rank, gpu in maps.rank_gpu.items():
-            rank_host = maps.rank_host.get(rank)
-            if rank_host is not None:
-                maps.host_gpu_rank.setdefault((rank_host, gpu), rank)
-                maps.gpu_places.setdefault(gpu, set()).add((rank_host, rank))
+            where = maps.rank_host.get(rank)
+            if where is not None:
+                maps.host_gpu_rank.setdefault((where, gpu), rank)
+                maps.gpu_places.setdefault(gpu, set()).add((where, rank))
         self._maps = maps
         return maps
 

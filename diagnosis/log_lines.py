@@ -59,7 +59,9 @@ _RAY = re.compile(r"\([\w.<>]{1,128} pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\d.]{7
 # looks like one (lower case with a digit or a dash, or an IPv4 address), so that `RuntimeError: ` or
 # `srun: ` stay part of the message, and so does the NVSwitch driver's device name (`nvidia-nvswitch2: SXid …`).
 _PDSH = re.compile(r"(?P<host>[a-z][a-z0-9-]{0,62}(?:\.[a-z0-9-]{1,63}){0,8}|\d{1,3}(?:\.\d{1,3}){3}): ")
-_NOT_HOSTS = re.compile(r"python[\d.]{0,5}|[\w.-]{1,200}\.(?:sh|py|log|txt|out)|line|error|warning|nvidia-nvswitch\d{1,4}")
+_NOT_HOSTS = re.compile(
+    r"python[\d.]{0,5}|[\w.-]{1,200}\.(?:sh|py|log|txt|out)|line|error|warning|nvidia-nvswitch\d{1,4}"
+)
 _PY_LEVEL = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]{1,128}:|\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] "
     r"|[\w.]{1,128}: \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] "

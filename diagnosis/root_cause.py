@@ -69,11 +69,8 @@ def kernel_first(items: Iterable[Ranked], is_root_xid: Callable[[Finding], bool]
     logs = [r for r in items if not r.finding.class_id.startswith(("xid_", "sxid_"))]
     out = []
     for r in items:
-        if is_root_xid(r.finding):
-            tiers = [o.tier for o in logs if _on_gpu(r.finding, o.finding)]
-            if tiers and min(tiers) <= r.tier:
-                r = replace(r, tier=min(tiers) - 0.25)
-        out.append(r)
+        tiers = [o.tier for o in logs if _on_gpu(r.finding, o.finding)] if is_root_xid(r.finding) else []
+        out.append(replace(r, tier=min(tiers) - 0.25) if tiers and min(tiers) <= r.tier else r)
     return out
 
 

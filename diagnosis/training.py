@@ -148,7 +148,8 @@ class _Diagnosis:
             src.continues = (number, line)
         if match is not None:
             self.identity.learn(src.index, line)
-            if src.open_traceback is not None and self.rules.context_fields(ContextKind.EXCEPTION, line.text) is not None:
+            ends_traceback = self.rules.context_fields(ContextKind.EXCEPTION, line.text) is not None
+            if src.open_traceback is not None and ends_traceback:
                 src.exception(number, line, classified=True)  # where the traceback ends (diagnosis/workers.py)
             if "NCCL version" in line.text:  # PyTorch's NCCL errors end with the version the process runs
                 fields = self.rules.context_fields(ContextKind.NCCL_VERSION, line.text)
@@ -318,6 +319,7 @@ class _Diagnosis:
         ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)
         ranked += reporter.synthesized()
+
         def root_xid(f: Finding) -> bool:
             return f.class_id.startswith("xid_") and f.class_id not in xid_symptoms and f.action is not Action.IGNORE
 

@@ -1,8 +1,9 @@
 """Which worker a line is about, where the line does not say: what the launchers' reports tell.
 
-Lines that name no place, in an input where one worker failed, are that worker's. A worker's own output often carries no rank: a single node's console under torchrun without
-`--tee`, `kubectl logs` of one pod, a DeepSpeed or `torch.distributed.launch` run. What places it is
-the launcher's report of its end, printed right after: torchrun's agent (`failed (exitcode: 1)
+Lines that name no place, in an input where one worker failed, are that worker's. A worker's own
+output often carries no rank: a single node's console under torchrun without `--tee`, `kubectl logs`
+of one pod, a DeepSpeed or `torch.distributed.launch` run. What places it is the launcher's report of
+its end, printed right after: torchrun's agent (`failed (exitcode: 1)
 local_rank: 2 (pid: …)`) and its failure table, srun (`srun: error: gpu07: task 3: …`), DeepSpeed
 (`… --local_rank=2 … exits with return code = 1`), `subprocess.CalledProcessError` naming
 `--local_rank=3`. On the first failure the launcher stops the other workers (SIGTERM), which then
@@ -26,6 +27,8 @@ host and the stopped ones make a whole 0…N-1, and every stopped pid the table 
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from gpu_triage.diagnosis.collapse import Collapser, Tally
 from gpu_triage.diagnosis.identity import IdentityBook, Place, Who
@@ -70,26 +73,34 @@ def _in_traceback(state: SourceState, tally: Tally) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    """Moves the placeless findings of input `state` to the place of its one failed `worker`."""
+
+    identity: IdentityBook
+    state: SourceState
+    worker: Place
+    ends: frozenset[str]
+
+    def __call__(self, class_id: str, who: Who, tally: Tally) -> Who | None:
+        if who.source != self.state.index or who.pid is not None or class_id.startswith(("xid_", "sxid_")):
+            return None  # a line whose printer's pid is known is that process's, whoever it is
+        place, worker = self.identity.place(who), self.worker
+        if (place.rank, place.local_rank, place.gpu) != (None, None, None) or place.host not in (None, worker.host):
+            return None
+        if tally.spec.symptom and class_id not in self.ends and not _in_traceback(self.state, tally):
+            return None
+        return Who(who.source, worker.host, None, worker.rank, worker.local_rank, worker.gpu)
+
+
 def bind_to_failed_worker(
     collapser: Collapser, identity: IdentityBook, sources: list[SourceState], ends: frozenset[str]
 ) -> None:
     """Give the placeless findings of each input with one failed worker that worker's place."""
     for state in sources:
         worker = failed_worker(collapser, identity, state.index, ends)
-        if worker is None:
-            continue
-
-        def change(class_id: str, who: Who, tally: Tally) -> Who | None:
-            if who.source != state.index or class_id.startswith(("xid_", "sxid_")):
-                return None
-            place = identity.place(who)
-            if (place.rank, place.local_rank, place.gpu) != (None, None, None) or place.host not in (None, worker.host):
-                return None
-            if tally.spec.symptom and class_id not in ends and not _in_traceback(state, tally):
-                return None
-            return Who(who.source, worker.host, None, worker.rank, worker.local_rank, worker.gpu)
-
-        collapser.rebind(change)
+        if worker is not None:
+            collapser.rebind(_Binding(identity, state, worker, ends))
 
 
 def _roll_call(identity: IdentityBook, call: RollCall) -> None:
