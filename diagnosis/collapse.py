@@ -109,6 +109,25 @@ class Collapser:
                 tally.spec = new[0]
                 tally.details.update(new[1])
 
+    def tallies(self) -> Iterable[tuple[str, Who, Tally]]:
+        return ((class_id, who, tally) for (class_id, who), tally in self._tallies.items())
+
+    def rebind(self, change: Callable[[str, Who, Tally], Who | None]) -> None:
+        """Move tallies to the place `change` infers for them (None: leave it), merging where one is held."""
+        moves = []
+        for key, tally in self._tallies.items():
+            new = change(key[0], key[1], tally)
+            if new is not None and new != key[1]:
+                moves.append((key, (key[0], new)))
+        for old, new_key in moves:
+            tally = self._tallies.pop(old)
+            tally.inferred = True
+            held = self._tallies.get(new_key)
+            if held is None:
+                self._tallies[new_key] = tally
+            else:
+                held.absorb(tally)
+
     def merged(self, place: Callable[[Who], Place]) -> Iterable[tuple[Where, Tally]]:
         """Tallies per resolved place, merged where several turned out to be the same."""
         out: dict[Where, Tally] = {}
@@ -116,7 +135,7 @@ class Collapser:
             where = place(who)
             key = (class_id, where.host, where.rank, where.local_rank if where.rank is None else None, where.gpu)
             copy = Tally(tally.spec, tally.first, tally.last, tally.count, dict(tally.details), list(tally.others))
-            copy.inferred = where.inferred
+            copy.inferred = tally.inferred or where.inferred
             if where.rank is not None and where.local_rank is not None:
                 copy.details.setdefault("local_rank", where.local_rank)
             into = out.get(key)

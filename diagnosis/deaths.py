@@ -1,19 +1,24 @@
-"""A dead job never reads "no problem": deaths nothing more specific explains become a finding.
+"""A dead job never reads "no problem"; a process's end is told once, with the failure that caused it.
 
 Signs that a process died are findings of class `job_failed_unclassified` from the rules (a launcher's
 non-zero exit report, ChildFailedError, `terminate called`, Slurm's CANCELLED, …) and, from
 `source_state`, Python tracebacks that were not caught: printed by PyTorch's excepthook
 (`[rank3]: Traceback …`), or followed within a few lines by the end of their input or by a
-launcher's exit report there.
+launcher's exit report there. A SIGABRT (`process_segfault` with an `abort` field) is a death too:
+PyTorch ends a process that way on purpose once its watchdog has seen a timeout or an NCCL or CUDA
+error (TORCH_NCCL_ASYNC_ERROR_HANDLING: `terminate called after throwing … DistBackendError`,
+`Terminating the process after attempting to dump debug info`), as does libstdc++ for any C++
+exception nobody caught.
 
-Such a finding stays only while nothing more specific explains it:
-* any finding of a specific class (an OOM, a CUDA or network error, a hardware XID…) explains every
-  death: the job died of that;
-* a symptom (timeout, closed peer, aborted communicator…) at the same place (rank, local rank, pid or
-  host) explains that place's death; one that names no place is explained by any other finding of
-  its input;
-* what remains is a rank that died of something the logs do not name, and it ranks before the
-  symptoms it causes on the other ranks.
+A death another finding explains is folded into that finding as evidence (the line that tells how the
+process ended), not reported on its own, whose playbook (core dumps, compute-sanitizer for an abort)
+would send the reader the wrong way. A death is explained by a finding at the same place: the same
+rank, local rank or pid; for a death that names only a host (a launcher's `host: tasks 0-7: Aborted`,
+Slurm's `STEP … ON host CANCELLED`), a finding on that host; for one that names no place, another
+finding of its input. Besides, any finding of a specific class (an OOM, a CUDA or network error, a
+hardware XID…) explains every `job_failed_unclassified` death: the job died of that. What remains is
+a process that died of something the logs do not name: a SIGABRT stays a `process_segfault`, and a
+generic death ranks before the symptoms it causes on the other ranks.
 """
 
 from __future__ import annotations
@@ -21,61 +26,99 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from gpu_triage.diagnosis.findings import Finding
-from gpu_triage.diagnosis.root_cause import Ranked
-from gpu_triage.diagnosis.rule_model import JOB_FAILED
+from gpu_triage.diagnosis.root_cause import Ranked, order
+from gpu_triage.diagnosis.rule_model import HOST_OOM_KILLED, JOB_FAILED, PROCESS_SEGFAULT
 from gpu_triage.diagnosis.source_state import SourceState, Traceback
 
 TAIL_LINES = 5  # an exception this close to the end of its input ended the process
+MAX_EVIDENCE = 6  # evidence lines a finding keeps when deaths fold into it
+ENDS = frozenset({JOB_FAILED, PROCESS_SEGFAULT, HOST_OOM_KILLED})  # classes that report a process's end
 
 
 def uncaught(state: SourceState, *, exit_reported: bool) -> list[Traceback]:
     """The tracebacks of one input that killed their process."""
-    out = [t for t in state.tracebacks if t.hooked]
-    last = state.tracebacks[-1] if state.tracebacks else None
+    # One whose exception line a rule classified is told by that finding.
+    traces = [t for t in state.tracebacks if not t.classified]
+    out = [t for t in traces if t.hooked]
+    last = traces[-1] if traces else None
     if last is not None and not last.hooked and (exit_reported or state.lines - last.line <= TAIL_LINES):
         out.append(last)
     return out
 
 
-def _place(f: Finding) -> tuple[str | None, int | None, int | None]:
-    return (f.host, f.rank, f.local_rank)
+def is_death(f: Finding) -> bool:
+    """A finding that only says a process ended: a generic death, or a SIGABRT."""
+    return f.class_id == JOB_FAILED or (f.class_id == PROCESS_SEGFAULT and "abort" in f.details)
+
+
+def _has_place(f: Finding) -> bool:
+    return (f.host, f.rank, f.local_rank) != (None, None, None) or "pid" in f.details
 
 
 def _same_place(death: Finding, other: Finding) -> bool:
-    if death.rank is not None:
-        return other.rank == death.rank or death.rank in other.ranks
-    if death.local_rank is not None:
-        return other.local_rank == death.local_rank and (death.host is None or other.host in (None, death.host))
+    if death.rank is not None and (other.rank == death.rank or death.rank in other.ranks):
+        return True
+    if (
+        death.local_rank is not None
+        and other.local_rank == death.local_rank
+        and None in (death.rank, other.rank)
+        and (death.host is None or other.host in (None, death.host))
+    ):
+        return True
     pid = death.details.get("pid")
-    return pid is not None and pid == other.details.get("pid")
+    if pid is not None and pid == other.details.get("pid"):
+        return True
+    # A launcher's report on a whole node names the host alone: what happened on that host explains it.
+    return _host_only(death) and other.host == death.host
+
+
+def _host_only(f: Finding) -> bool:
+    return f.host is not None and (f.rank, f.local_rank, f.details.get("pid")) == (None, None, None)
+
+
+def _generic(r: Ranked) -> bool:
+    return r.finding.class_id == JOB_FAILED
 
 
 def _sources(f: Finding) -> set[str | None]:
     return {e.source for e in f.evidence}
 
 
+def _fold_into(cause: Finding, death: Finding) -> None:
+    """`death` told as part of `cause`: its first line becomes evidence of how the process ended, unless
+    `cause` reports that end itself (a kill, a crash)."""
+    if cause.class_id in (PROCESS_SEGFAULT, HOST_OOM_KILLED):
+        return
+    known = {(e.source, e.line) for e in cause.evidence}
+    for e in death.evidence[:1]:
+        if (e.source, e.line) not in known and len(cause.evidence) < MAX_EVIDENCE:
+            cause.evidence.append(e)
+
+
 def settle(ranked: Iterable[Ranked], is_symptom: Callable[[Finding], bool]) -> list[Ranked]:
-    """`ranked` without the deaths something more specific explains (see the module docstring)."""
+    """`ranked` with the deaths something else explains folded into it (see the module docstring)."""
     items = list(ranked)
-    others = [r.finding for r in items if r.finding.class_id != JOB_FAILED]
-    if any(not is_symptom(f) for f in others):
-        return [r for r in items if r.finding.class_id != JOB_FAILED]
-    placed = [r.finding for r in items if r.finding.class_id == JOB_FAILED and _has_place(r.finding)]
-    keep: list[Ranked] = []
-    kept_placeless: list[Finding] = []
-    for r in items:
+    causes = [r.finding for r in order(items) if not is_death(r.finding)]  # the most specific first
+    specific = any(not is_symptom(f) for f in causes)
+    keep = [r for r in items if not is_death(r.finding)]
+    told: list[tuple[Finding, Finding]] = []  # (a death, the finding that tells it: its cause, or itself)
+    # Deaths with a place first, a crash before a generic death: a later one may be the same death.
+    deaths = sorted((r for r in items if is_death(r.finding)), key=lambda r: (not _has_place(r.finding), _generic(r)))
+    for r in deaths:
         death = r.finding
-        if death.class_id != JOB_FAILED:
+        cause = None
+        if _has_place(death):
+            same = (f for f in (*causes, *(d for d, teller in told if d is teller)) if _same_place(death, f))
+            cause = next(same, None)
+        if cause is None and (not _has_place(death) or (_generic(r) and _host_only(death))):
+            # A death that names no process is the same death as another finding of its input.
+            shared = _sources(death)
+            known = [*causes, *(teller for d, teller in told if _sources(d) & shared)]
+            cause = next((f for f in known if _sources(f) & shared), None)
+        if cause is not None:
+            _fold_into(cause, death)
+            told.append((death, cause))
+        elif not (death.class_id == JOB_FAILED and specific):
             keep.append(r)
-        elif _has_place(death):
-            if not any(_same_place(death, f) for f in others):
-                keep.append(r)
-        elif not any(_sources(f) & _sources(death) for f in (*others, *placed, *kept_placeless)):
-            # A death that names no place is the same death as another finding of its input.
-            keep.append(r)
-            kept_placeless.append(death)
+            told.append((death, death))
     return keep
-
-
-def _has_place(f: Finding) -> bool:
-    return _place(f) != (None, None, None) or "pid" in f.details

@@ -4,7 +4,8 @@ No single line says everything. NCCL's header gives host, pid and the process's 
 `[rankN]:` and `[PG … Rank N]` tags give the global rank but no host; NCCL's communicator-init line
 (`comm … rank R nranks N cudaDev D busId B - Init COMPLETE`) ties a host:pid to a rank and a GPU bus
 id; torchrun's failure table ties a worker's pid to its host, global rank and local rank; an input may
-hold a single host or rank. `IdentityBook` collects these facts while the input streams by (bounded, a
+hold a single host or rank; a pod's name (`kubectl logs --prefix`) and the hostname NCCL prints on one line
+are two names of one place. `IdentityBook` collects these facts while the input streams by (bounded, a
 few entries per process) and `place` fills in what a finding's own lines did not say, once everything
 is known, and says when it did (`Place.inferred`).
 
@@ -14,7 +15,7 @@ shown in their short form (`node07`, not `node07.cluster.local`), as NCCL prints
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpu_triage.diagnosis.log_lines import LogLine
 
@@ -72,10 +73,11 @@ class _Maps:
     host_gpu_rank: dict[tuple[str, str], int] = field(default_factory=dict)
     gpu_places: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     by_pid: dict[int, list[tuple[int, str, int]]] = field(default_factory=dict)
+    local: dict[tuple[str | None, int], int] = field(default_factory=dict)  # (host, local rank) -> rank
 
 
 @dataclass(frozen=True, slots=True)
-class _Worker:
+class Worker:
     """A worker as torchrun's failure table describes it."""
 
     host: str | None
@@ -89,8 +91,10 @@ class IdentityBook:
         self._procs: dict[tuple[int, str, int], _Proc] = {}
         self._rank_host: dict[int, str] = {}
         self._rank_local: dict[int, int] = {}
-        self._workers: dict[int, list[_Worker]] = {}  # by pid
+        self._workers: dict[int, list[Worker]] = {}  # by pid
         self._local: dict[tuple[str | None, int], int] = {}  # (host, local rank) -> global rank
+        self._alias: dict[str, str] = {}  # a pod's name -> the hostname its processes report
+        self._layouts: dict[tuple[int, str, int], tuple[int, int, int]] = {}  # -> (rank, nranks, local rank)
         self._maps: _Maps | None = None
 
     def add_source(self) -> int:
@@ -100,6 +104,10 @@ class IdentityBook:
     def learn(self, source: int, line: LogLine) -> None:
         facts = self._sources[source]
         host = short_host(line.host)
+        pod = short_host(line.pod)
+        if pod is not None and host is not None and pod != host and len(self._alias) < MAX_ENTRIES:
+            self._alias.setdefault(pod, host)
+            self._maps = None
         if host is not None and len(facts.hosts) < 2:
             facts.hosts.add(host)
         if line.rank is not None and len(facts.ranks) < 2:
@@ -127,7 +135,7 @@ class IdentityBook:
     def bind_pid(self, pid: int, host: str | None, rank: int | None, local_rank: int | None) -> None:
         """torchrun's failure table: worker `pid` was `rank` (local `local_rank`) on `host`."""
         known = self._workers.setdefault(pid, [])
-        worker = _Worker(short_host(host), rank, local_rank)
+        worker = Worker(short_host(host), rank, local_rank)
         if worker not in known and len(known) < 8 and len(self._workers) < MAX_ENTRIES:
             known.append(worker)
         if host is not None and rank is not None:
@@ -141,20 +149,37 @@ class IdentityBook:
             self._procs[key] = _Proc(rank, nranks, gpu)
             self._maps = None
 
+    def layout(self, source: int, host: str, pid: int, *, rank: int, nranks: int, local_rank: int) -> None:
+        """NCCL's node layout line: in a communicator of `nranks`, `rank` is local rank `local_rank` on its node."""
+        key = (source, short_host(host) or host, pid)
+        old = self._layouts.get(key)
+        if (old is None and len(self._layouts) < MAX_ENTRIES) or (old is not None and nranks > old[1]):
+            self._layouts[key] = (rank, nranks, local_rank)
+            self._maps = None
+
+    def _canon(self, host: str | None) -> str | None:
+        """One name per place: a pod's name becomes the hostname its processes report."""
+        return self._alias.get(host, host) if host is not None else None
+
     def _build(self) -> _Maps:
         if self._maps is not None:
             return self._maps
-        maps = _Maps(rank_host=dict(self._rank_host), rank_local=dict(self._rank_local))
+        rank_host = {rank: self._canon(host) or host for rank, host in self._rank_host.items()}
+        maps = _Maps(rank_host=rank_host, rank_local=dict(self._rank_local))
+        maps.local = {(self._canon(host), local): rank for (host, local), rank in self._local.items()}
         for (source, host, pid), proc in self._procs.items():
             maps.rank_host.setdefault(proc.rank, host)
+            layout = self._layouts.get((source, host, pid))
+            if layout is not None and layout[:2] == (proc.rank, proc.nranks):  # the same communicator
+                maps.rank_local.setdefault(proc.rank, layout[2])
             if proc.gpu is not None:
                 maps.rank_gpu.setdefault(proc.rank, proc.gpu)
             maps.by_pid.setdefault(pid, []).append((source, host, pid))
         for rank, gpu in maps.rank_gpu.items():
-            rank_host = maps.rank_host.get(rank)
-            if rank_host is not None:
-                maps.host_gpu_rank.setdefault((rank_host, gpu), rank)
-                maps.gpu_places.setdefault(gpu, set()).add((rank_host, rank))
+            where = maps.rank_host.get(rank)
+            if where is not None:
+                maps.host_gpu_rank.setdefault((where, gpu), rank)
+                maps.gpu_places.setdefault(gpu, set()).add((where, rank))
         self._maps = maps
         return maps
 
@@ -164,8 +189,22 @@ class IdentityBook:
     def gpu_of(self, rank: int) -> str | None:
         return self._build().rank_gpu.get(rank)
 
-    def _worker(self, pid: int, host: str | None) -> _Worker | None:
-        found = [w for w in self._workers.get(pid, ()) if host is None or w.host is None or w.host == host]
+    def worker(self, pid: int) -> Worker | None:
+        """The one worker the launchers' reports say `pid` was, with its host in canonical form."""
+        return self._worker(pid, None)
+
+    def workers_on(self, host: str) -> dict[int, Worker]:
+        """The workers the launchers' reports place on `host`, by pid."""
+        out = {}
+        for pid in self._workers:
+            w = self._worker(pid, host)
+            if w is not None and w.host == host:
+                out[pid] = w
+        return out
+
+    def _worker(self, pid: int, host: str | None) -> Worker | None:
+        workers = [replace(w, host=self._canon(w.host)) for w in self._workers.get(pid, ())]
+        found = [w for w in workers if host is None or w.host is None or w.host == host]
         return found[0] if len(found) == 1 else None
 
     def _owner(self, pid: int, host: str | None) -> tuple[str, _Proc] | None:
@@ -176,7 +215,7 @@ class IdentityBook:
         """Fill in host, rank and GPU of `who` from everything learnt so far."""
         maps = self._build()
         facts = self._sources[who.source]
-        host, rank, gpu, local = short_host(who.host), who.rank, who.gpu, who.local_rank
+        host, rank, gpu, local = self._canon(short_host(who.host)), who.rank, who.gpu, who.local_rank
         given = (host, rank, gpu, local)
         proc = self._procs.get((who.source, host, who.pid)) if host is not None and who.pid is not None else None
         if rank is None and proc is not None:
@@ -191,17 +230,18 @@ class IdentityBook:
         if rank is None and who.pid is not None and (worker := self._worker(who.pid, host)) is not None:
             host, rank = host or worker.host, worker.rank
         if rank is None and local is not None:
-            rank = self._local.get((host, local))
+            rank = maps.local.get((host, local))
             if rank is None and host is None:
-                rank = self._local.get((None, local))
-        if rank is None and local is None and len(facts.ranks) == 1 and len(facts.hosts) <= 1:
+                rank = maps.local.get((None, local))
+        hosts = {self._canon(h) for h in facts.hosts}
+        if rank is None and local is None and len(facts.ranks) == 1 and len(hosts) <= 1:
             # One rank's output (a per-rank file): its lines are that rank's. Not when several hosts
             # write to the input: then other ranks print there too, only not a line that matched.
             only = next(iter(facts.ranks))
             if host is None or maps.rank_host.get(only) in (None, host):
                 rank = only
-        if host is None and len(facts.hosts) == 1:
-            host = next(iter(facts.hosts))
+        if host is None and len(hosts) == 1:
+            host = next(iter(hosts))
         if rank is not None and host is None:
             host = maps.rank_host.get(rank)
         if rank is not None and local is None:
@@ -216,6 +256,8 @@ class IdentityBook:
             elif len(places := maps.gpu_places.get(gpu, set())) == 1:
                 # Only one rank of the whole job sat on that bus id: the kernel line is about it.
                 host, rank = next(iter(places))
+            if rank is not None and local is None:
+                local = maps.rank_local.get(rank)
         found = (host, rank, gpu, local)
         inferred = any(g is None and f is not None for g, f in zip(given, found, strict=True))
         return Place(host, rank, gpu, local, inferred)

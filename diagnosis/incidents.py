@@ -8,8 +8,9 @@ section of xid_policy.yaml); the values in brackets are the shipped ones.
   urgent XID, the earliest among equals. The rest are symptoms: listed, but they drive no action.
 - The recovery XID (154) in the incident, or the recovery action NVML reports now, names the action the
   driver wants: it overrides the catalog's action for the root cause.
-- The row remapper's events (63, 64) beside an uncorrectable error (48) raise its action (to drain, then
-  reset: the remap takes effect at the next reset); 64, a failed remap, is its own root cause: RMA.
+- The row remapper's events (63, 64) beside an uncorrectable error (48; 94 or 95 where the GPU contains
+  errors, A100 and later) keep that error the root cause and raise its action (to drain, then reset: the
+  remap takes effect at the next reset); 64, a failed remap, is its own root cause: RMA.
 - Sympathetic codes (45), and any line that says "caused by previous Xid", are never a root cause while
   a real one is in the incident.
 - Decoded codes (144-150) take their action from NVIDIA's NVLink5 decode of the line's payload.
@@ -129,7 +130,7 @@ def _decide_incident(burst: list[Occurrence], catalog: XidCatalog, recovery_now:
         # The remap events follow the uncorrectable error that caused them: it stays the root cause,
         # and the remap has to take effect before the GPU is used again.
         for o in burst:
-            if o.code == remap.raises:
+            if o.code in remap.raises:
                 own, severity = base[id(o)]
                 base[id(o)] = (most_urgent([own, remap.to]), severity)
                 notes[id(o)] = f"with Xid {'/'.join(map(str, seen))} the row remapper is involved: at least {remap.to}"

@@ -57,9 +57,11 @@ _KUBECTL = re.compile(r"\[pod/(?P<pod>[a-z0-9.-]{1,253})/[a-z0-9-]{1,63}\] ")
 _RAY = re.compile(r"\([\w.<>]{1,128} pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\d.]{7,15}))?\) ")
 # pdsh and DeepSpeed's runner put `host: ` first. A word before `: ` is taken for a host only when it
 # looks like one (lower case with a digit or a dash, or an IPv4 address), so that `RuntimeError: ` or
-# `srun: ` stay part of the message.
+# `srun: ` stay part of the message, and so does the NVSwitch driver's device name (`nvidia-nvswitch2: SXid …`).
 _PDSH = re.compile(r"(?P<host>[a-z][a-z0-9-]{0,62}(?:\.[a-z0-9-]{1,63}){0,8}|\d{1,3}(?:\.\d{1,3}){3}): ")
-_NOT_HOSTS = re.compile(r"python[\d.]{0,5}|[\w.-]{1,200}\.(?:sh|py|log|txt|out)|line|error|warning")
+_NOT_HOSTS = re.compile(
+    r"python[\d.]{0,5}|[\w.-]{1,200}\.(?:sh|py|log|txt|out)|line|error|warning|nvidia-nvswitch\d{1,4}"
+)
 _PY_LEVEL = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]{1,128}:|\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] "
     r"|[\w.]{1,128}: \[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] "
@@ -101,6 +103,7 @@ class LogLine:
     pg: str | None = None  # PyTorch process-group id
     stamp: Stamp | None = None
     indent: int = 0  # blanks before the message once the prefixes are off (a table's fields are indented)
+    pod: str | None = None  # the pod `kubectl logs --prefix` names (`host` is NCCL's hostname when it says one)
 
 
 def clean(raw: str) -> str:
@@ -156,6 +159,7 @@ class _Fields:
     pg: str | None = None
     stamp: Stamp | None = None
     indent: int = 0
+    pod: str | None = None
 
     def stamp_once(self, stamp: Stamp | None) -> None:
         if self.stamp is None:
@@ -195,6 +199,7 @@ def _strip_outer(text: str, f: _Fields, seen: set[str]) -> str | None:
     if "kubectl" not in seen and (m := _KUBECTL.match(text)):
         seen.add("kubectl")
         f.host = f.host or m["pod"]
+        f.pod = m["pod"]
         return text[m.end() :]
     if "ompi" not in seen and (m := _OMPI.match(text)):
         seen.add("ompi")
@@ -295,4 +300,5 @@ def normalise(raw: str) -> LogLine:
         pg=f.pg,
         stamp=f.stamp,
         indent=f.indent,
+        pod=f.pod,
     )

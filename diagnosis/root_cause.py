@@ -11,6 +11,10 @@ is decided by *what* a signal is before *when* it was seen:
    RMA, links, cooling, diagnostics) ranks before every training-log class: it names the failing
    GPU, and it is the root cause of whatever its node's ranks report. An XID that the catalog
    blames on the application ranks with the CUDA illegal-address class; an ignorable one ranks last.
+   An XID that is the root cause of its GPU's burst and calls for an action ranks, besides, before every
+   training-log finding on the same GPU (or rank): the CUDA error a rank prints (`uncorrectable ECC
+   error encountered`, `unspecified launch failure`) is that GPU's fault seen from the application,
+   and the XID names the GPU and what it needs.
 2. Within a tier, the earliest signal first: by timestamp when every finding of the tier carries one
    of the same kind (ISO date-time, or glog/syslog month-day-time), otherwise by input and line.
 
@@ -20,7 +24,7 @@ Which rank a collective timeout waited for is worked out in diagnosis/collective
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.log_lines import Stamp
@@ -53,6 +57,23 @@ def _tier_key(group: Sequence[Ranked]) -> list[Ranked]:
     return sorted(group, key=lambda r: (r.timing.source, r.timing.line))
 
 
+def _on_gpu(xid: Finding, other: Finding) -> bool:
+    if xid.gpu is not None and other.gpu == xid.gpu:
+        return True
+    return xid.rank is not None and other.rank == xid.rank and other.host in (None, xid.host)
+
+
+def kernel_first(items: Iterable[Ranked], is_root_xid: Callable[[Finding], bool]) -> list[Ranked]:
+    """`items` with each root-cause XID's tier just ahead of the training-log findings on its GPU."""
+    items = list(items)
+    logs = [r for r in items if not r.finding.class_id.startswith(("xid_", "sxid_"))]
+    out = []
+    for r in items:
+        tiers = [o.tier for o in logs if _on_gpu(r.finding, o.finding)] if is_root_xid(r.finding) else []
+        out.append(replace(r, tier=min(tiers) - 0.25) if tiers and min(tiers) <= r.tier else r)
+    return out
+
+
 def order(items: Iterable[Ranked]) -> list[Ranked]:
     """`items` root cause first (see the module docstring)."""
     tiers: dict[float, list[Ranked]] = {}
@@ -73,7 +94,7 @@ def link_symptoms(findings: list[Finding], is_symptom: Callable[[Finding], bool]
     if not findings or is_symptom(findings[0]):
         return
     root = findings[0]
-    gpu = root.gpu if root.class_id.startswith("xid_") else None
+    xid = root.class_id.startswith("xid_")
     for finding in findings[1:]:
-        if is_symptom(finding) or (gpu is not None and finding.gpu == gpu):
+        if is_symptom(finding) or (xid and _on_gpu(root, finding)):
             finding.details["likely_caused_by"] = root.id

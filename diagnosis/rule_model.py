@@ -49,6 +49,8 @@ FIELDS: dict[str, FieldKind] = {
 
 class ContextKind(StrEnum):
     COMM_INIT = "comm_init"  # NCCL communicator init: rank, nranks, cudaDev, busId of host:pid
+    STOPPING = "stopping"  # torchrun's agent stopping a worker: `Sending process P closing signal SIGTERM`
+    NODE_LAYOUT = "node_layout"  # NCCL 2.20+: a communicator's rank, nRanks and localRank of host:pid
     NCCL_VERSION = "nccl_version"
     PROGRESS = "progress"  # last enqueued / completed NCCL work of a rank
     FAILURE_HOST = "failure_host"  # torchrun's failure table: one entry per failed worker
@@ -145,6 +147,15 @@ class RuleSet:
                     return ContextMatch(ctx.kind, _groups(m))
         return None
 
+    def context_fields(self, kind: ContextKind, text: str) -> dict[str, str] | None:
+        """The fields of `text` as a line of context `kind`, or None (a line a rule classified may be one too)."""
+        for ctx in self.context:
+            if ctx.kind is kind:
+                for sig in ctx.signatures:
+                    if (m := sig.search(text)) is not None:
+                        return _groups(m)
+        return None
+
     def rule(self, class_id: str) -> Rule:
         for rule in self.rules:
             if rule.class_id == class_id:
@@ -168,6 +179,7 @@ COLLECTIVE_MISMATCH = "collective_mismatch"  # reported when ranks time out in d
 NCCL_LIB_MISMATCH = "nccl_lib_mismatch"  # reported when ranks print different NCCL versions
 PROCESS_SEGFAULT = "process_segfault"  # a SIGABRT of it ranks after the symptoms
 JOB_FAILED = "job_failed_unclassified"  # a death nothing more specific explains
+HOST_OOM_KILLED = "host_oom_killed"  # a SIGKILL: reports the end of a process, like the two above
 REQUIRED_CLASSES = (
     CUDA_ILLEGAL_ADDRESS,
     COLLECTIVE_TIMEOUT,
@@ -175,4 +187,5 @@ REQUIRED_CLASSES = (
     NCCL_LIB_MISMATCH,
     PROCESS_SEGFAULT,
     JOB_FAILED,
+    HOST_OOM_KILLED,
 )

@@ -8,6 +8,9 @@
   process interleaved there, which names its own host or rank, keeps its own place.
 * a message its printer splits over two lines by design (PRRTE's `… exited on` / `signal 9
   (Killed).`): the first line waits for the second.
+* torchrun's agent stopping the workers still running after one failed (`Sending process P closing
+  signal SIGTERM`, in local-rank order), then naming the failed one (`failed (exitcode: …) local_rank:
+  N (pid: P)`): a roll call diagnosis/workers.py turns into pids of local ranks.
 * Python tracebacks: where each started and the exception line that ended it, so that an uncaught
   exception can count as a death of the process (diagnosis/deaths.py); not one Python printed after
   `Exception ignored in:`, which it could not raise.
@@ -22,6 +25,8 @@ from gpu_triage.diagnosis.identity import short_host
 from gpu_triage.diagnosis.log_lines import LogLine
 
 MAX_TRACEBACKS = 16  # per input: the first ones and the last one are what matter
+MAX_ROLL = 1024  # workers one agent stops
+MAX_ROLL_CALLS = 16  # per input
 CONTINUE_WITHIN = 2  # lines between the two halves of a two-line message
 _HOOKED = re.compile(r"\[rank\d{1,7}\]: Traceback")  # PyTorch 2.3+ prints uncaught exceptions so
 
@@ -36,6 +41,15 @@ class TableEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class RollCall:
+    """An agent's stop of its running workers (pids in local-rank order) and the worker that had failed."""
+
+    pids: tuple[int, ...]
+    failed_pid: int
+    failed_local_rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class Traceback:
     start: int  # the `Traceback (most recent call last):` line
     line: int  # the exception line that ends it
@@ -44,6 +58,7 @@ class Traceback:
     host: str | None
     local_rank: int | None
     hooked: bool  # printed by PyTorch's excepthook (`[rankN]: Traceback`): uncaught for certain
+    classified: bool = False  # its exception line is a finding of its own
 
 
 @dataclass(slots=True)
@@ -56,6 +71,8 @@ class SourceState:
     ignored: int = -10  # the line of the last `Exception ignored in: …`
     tracebacks: list[Traceback] = field(default_factory=list)
     exit_reported: bool = False  # a launcher reported a process's end in this input
+    stopping: list[int] = field(default_factory=list)  # pids the agent is stopping now
+    roll_calls: list[RollCall] = field(default_factory=list)
     lines: int = 0  # set when the input ends
 
     # -- torchrun's failure table --------------------------------------------------------------
@@ -83,6 +100,18 @@ class SourceState:
             return None
         return entry if line.local_rank is None else None
 
+    # -- torchrun's agent stopping its workers -------------------------------------------------------
+
+    def stop(self, pid: int) -> None:
+        if len(self.stopping) < MAX_ROLL:
+            self.stopping.append(pid)
+
+    def failed(self, pid: int, local_rank: int) -> None:
+        """The agent's report of the worker that failed: it closes the stop just before it."""
+        if self.stopping and len(self.roll_calls) < MAX_ROLL_CALLS:
+            self.roll_calls.append(RollCall(tuple(self.stopping), pid, local_rank))
+        self.stopping = []
+
     # -- two-line messages ----------------------------------------------------------------------
 
     def joined(self, number: int, line: LogLine) -> tuple[int, str] | None:
@@ -100,7 +129,7 @@ class SourceState:
         # that traceback kills nothing.
         self.open_traceback = None if number - self.ignored <= 2 else (number, line)
 
-    def exception(self, number: int, line: LogLine) -> None:
+    def exception(self, number: int, line: LogLine, *, classified: bool = False) -> None:
         if self.open_traceback is None:
             return
         start, head = self.open_traceback
@@ -113,6 +142,7 @@ class SourceState:
             head.host or line.host,
             head.local_rank if head.local_rank is not None else line.local_rank,
             hooked=_HOOKED.search(head.raw) is not None,
+            classified=classified,
         )
         if len(self.tracebacks) < MAX_TRACEBACKS:
             self.tracebacks.append(trace)

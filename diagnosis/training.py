@@ -23,17 +23,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
-from gpu_triage.diagnosis.deaths import settle, uncaught
+from gpu_triage.diagnosis.deaths import ENDS, settle, uncaught
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.fold import fold
 from gpu_triage.diagnosis.identity import IdentityBook, Who
 from gpu_triage.diagnosis.input_lines import InputLines
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
-from gpu_triage.diagnosis.root_cause import link_symptoms, order
+from gpu_triage.diagnosis.root_cause import kernel_first, link_symptoms, order
 from gpu_triage.diagnosis.rule_model import (
     COLLECTIVE_TIMEOUT,
     JOB_FAILED,
@@ -48,11 +49,11 @@ from gpu_triage.diagnosis.training_fields import convert
 from gpu_triage.diagnosis.training_kernel import EVIDENCE_CHARS, KernelFindings
 from gpu_triage.diagnosis.training_report import Report, Reporter
 from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.workers import bind_to_failed_worker, name_stopped_workers
 
 __all__ = ["CACHE_ENTRIES", "Report", "diagnose"]
 
 CACHE_ENTRIES = 4096  # recent lines and messages whose classification is remembered
-_DEATHS = frozenset({JOB_FAILED, PROCESS_SEGFAULT, "host_oom_killed"})  # classes that report a process's end
 
 
 def _rule_specs(rules: RuleSet) -> dict[str, Spec]:
@@ -147,6 +148,13 @@ class _Diagnosis:
             src.continues = (number, line)
         if match is not None:
             self.identity.learn(src.index, line)
+            ends_traceback = self.rules.context_fields(ContextKind.EXCEPTION, line.text) is not None
+            if src.open_traceback is not None and ends_traceback:
+                src.exception(number, line, classified=True)  # where the traceback ends (diagnosis/workers.py)
+            if "NCCL version" in line.text:  # PyTorch's NCCL errors end with the version the process runs
+                fields = self.rules.context_fields(ContextKind.NCCL_VERSION, line.text)
+                if fields is not None:
+                    self._version(src, number, line, fields["version"])
             self._finding(src, number, line, match)
         elif ctx is not None:
             self.identity.learn(src.index, line)
@@ -188,9 +196,20 @@ class _Diagnosis:
                 self.identity.comm_init(src.index, line.host, line.pid, rank=rank, nranks=nranks, gpu=gpu)
                 if line.local_rank is not None and line.rank is None:  # torchrun's `[default3]:` tag
                     self.identity.local(line.host, line.local_rank, rank)
+        elif kind is ContextKind.NODE_LAYOUT:
+            if line.host is not None and line.pid is not None:
+                self.identity.layout(
+                    src.index,
+                    line.host,
+                    line.pid,
+                    rank=int(fields["rank"]),
+                    nranks=int(fields["nranks"]),
+                    local_rank=int(fields["local_rank"]),
+                )
+        elif kind is ContextKind.STOPPING:
+            src.stop(int(fields["pid"]))
         elif kind is ContextKind.NCCL_VERSION:
-            if len(self.versions) < 32:
-                self.versions.setdefault(str(fields["version"]), self._seen(src, number, line))
+            self._version(src, number, line, str(fields["version"]))
         elif kind is ContextKind.FAILURE_HOST:
             src.table_host(number, str(fields["host"]))
         elif kind is ContextKind.FAILURE_RANK:
@@ -206,6 +225,10 @@ class _Diagnosis:
             src.traceback(number, line)
         elif kind is ContextKind.EXCEPTION:
             src.exception(number, line)
+
+    def _version(self, src: SourceState, number: int, line: LogLine, version: str) -> None:
+        if len(self.versions) < 32:
+            self.versions.setdefault(version, self._seen(src, number, line))
 
     def _progress(self, src: SourceState, number: int, line: LogLine, fields: dict[str, str | int]) -> None:
         rank = line.rank if line.rank is not None else fields.get("rank")
@@ -230,6 +253,9 @@ class _Diagnosis:
             rank = int(tasks)  # srun numbers tasks by global rank
         if isinstance(ranks, str) and ranks.strip().isdigit():
             rank = int(ranks)  # the one rank a report names (the lagging rank), not the reporter
+        if host is not None and line.rank is None and isinstance(rank, int):
+            # A launcher's report names a worker's host and rank together (srun's task, mpirun's rank).
+            self.identity.pair(rank, str(host), local if isinstance(local, int) else None)
         pid = details.get("pid")
         place = _Place(
             str(host) if host is not None else line.host,
@@ -264,8 +290,10 @@ class _Diagnosis:
                     place.rank, op, numel if isinstance(numel, int) else None, src.index, number, seen.text, seen.stamp
                 )
                 self.works.report(line.pg, seq, work)
-        if spec.class_id in _DEATHS:
+        if spec.class_id in ENDS:
             src.exit_reported = True
+            if place.pid is not None and isinstance(local := details.get("local_rank"), int):
+                src.failed(place.pid, local)  # torchrun's agent: `failed (exitcode: …) local_rank: N (pid: P)`
         who = Who(src.index, place.host, line.pid, place.rank, place.local, place.gpu, place.pid)
         self.collapser.add(who, spec, self._seen(src, number, line, match.signature + 1), details)
 
@@ -286,10 +314,16 @@ class _Diagnosis:
             return (spec is not None and spec.symptom) or f.class_id in xid_symptoms
 
         self._uncaught()
+        name_stopped_workers(self.identity, self.sources)
+        bind_to_failed_worker(self.collapser, self.identity, self.sources, ENDS)
         ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)
         ranked += reporter.synthesized()
-        findings = fold([r.finding for r in order(settle(ranked, symptom))], symptom)
+
+        def root_xid(f: Finding) -> bool:
+            return f.class_id.startswith("xid_") and f.class_id not in xid_symptoms and f.action is not Action.IGNORE
+
+        findings = fold([r.finding for r in order(kernel_first(settle(ranked, symptom), root_xid))], symptom)
         findings = reporter.straggler(findings)
         link_symptoms(findings, symptom)
         events = []

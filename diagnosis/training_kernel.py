@@ -12,7 +12,10 @@ driver says whether it is fatal: a fatal one takes the fabric down for every GPU
 Where these rank among the training-log classes: an XID whose catalog action is a hardware action
 (reset, reboot, RMA, links, cooling, diagnostics) and a fatal SXid rank before every training-log
 class, since they name the failing hardware; an XID the catalog blames on the application ranks with
-the CUDA illegal-address class; an ignorable one and a non-fatal SXid rank last.
+the CUDA illegal-address class; a non-fatal SXid (a fabric error the switch corrected or contained,
+which may still stall the traffic through that link) ranks after every specific training-log class but
+before the symptoms (timeouts, closed peers, aborted communicators) it can explain; an ignorable XID
+ranks last.
 """
 
 from __future__ import annotations
@@ -88,8 +91,12 @@ def _sxid_spec(code: int, fatal: bool, rules: RuleSet) -> Spec:
         title=f"NVSwitch SXid {code} ({kind})",
         playbook=SXID_PLAYBOOK,
         steps=steps,
-        tier=-1.0 if fatal else float(len(rules.rules)),
+        tier=-1.0 if fatal else _first_symptom(rules) - 0.5,
     )
+
+
+def _first_symptom(rules: RuleSet) -> float:
+    return float(min((r.specificity for r in rules.rules if r.symptom), default=len(rules.rules)))
 
 
 class KernelFindings:

@@ -247,7 +247,7 @@ def _build_context(doc: Any, entries: dict[int, XidEntry], p: Problems) -> Conte
         sympathetic=ctx.codes("sympathetic", top.get("sympathetic"), "co_occurrence"),
         row_remap=RowRemap(
             codes=ctx.codes("row_remap.codes", remap.get("codes"), "co_occurrence"),
-            raises=ctx.code("row_remap.raises", remap.get("raises"), "co_occurrence"),
+            raises=ctx.codes("row_remap.raises", remap.get("raises"), "co_occurrence"),
             to=p.action(f"{where}: row_remap.to", remap.get("to")) or _INVALID,
         ),
         decoded=ctx.codes("decoded", top.get("decoded"), "decode"),

@@ -43,6 +43,20 @@ CASES = {
     "48 alone: reset": ([occ(48, 0)], 48, Action.RESET_GPU, Severity.CRITICAL),
     "48 with 63: drain and reset": ([occ(48, 0), occ(63, 1)], 48, Action.DRAIN_AND_RESET, Severity.CRITICAL),
     "63 logged first, 48 is still the cause": ([occ(63, 0), occ(48, 1)], 48, Action.DRAIN_AND_RESET, Severity.CRITICAL),
+    "94 with 63: the contained error stays the cause": (
+        [occ(94, 0), occ(63, 1)],
+        94,
+        Action.DRAIN_AND_RESET,
+        Severity.WARNING,
+    ),
+    "95 with 63: the uncontained error, drain and reset": (
+        [occ(63, 0), occ(95, 1)],
+        95,
+        Action.DRAIN_AND_RESET,
+        Severity.CRITICAL,
+    ),
+    "48, 94 and 63: the DBE leads": ([occ(94, 0), occ(48, 0), occ(63, 1)], 48, Action.DRAIN_AND_RESET, None),
+    "94 alone: restart the application": ([occ(94, 0)], 94, Action.RESTART_APP, Severity.WARNING),
     "48 with 64: the failed remap is an RMA": ([occ(48, 0), occ(64, 1)], 64, Action.CONTACT_SUPPORT, Severity.CRITICAL),
     "154 names the action for 48": (
         [occ(48, 0), occ(154, 1, text=XID154_REBOOT)],

@@ -305,7 +305,7 @@ def test_xid154_linked_follows_the_linkage(catalog: XidCatalog) -> None:
 def test_the_classifier_section_names_only_tagged_catalog_codes(catalog: XidCatalog) -> None:
     context = catalog.context
     tagged = {
-        "co_occurrence": context.sympathetic | context.row_remap.codes | {context.row_remap.raises},
+        "co_occurrence": context.sympathetic | context.row_remap.codes | context.row_remap.raises,
         "decode": context.decoded,
         "recovery_text": {context.recovery},
         "history": context.repeats.codes | context.repeats.same_spot,

@@ -1,0 +1,90 @@
+"""Which finding leads when several layers report one failure (diagnosis/root_cause.py, training_kernel.py)."""
+
+from __future__ import annotations
+
+from gpu_triage.diagnosis.training import Report, diagnose
+
+
+def _text(*lines: str) -> Report:
+    return diagnose([(None, ["\n".join(lines).encode() + b"\n"])])
+
+
+def _sources(*inputs: tuple[str, list[str]]) -> Report:
+    return diagnose([(name, ["\n".join(lines).encode() + b"\n"]) for name, lines in inputs])
+
+
+TIMEOUT = (
+    "[rank{0}]:[E ProcessGroupNCCL.cpp:523] [Rank {0}] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=1201, OpType=ALLREDUCE, NumelIn=262144, NumelOut=262144, Timeout(ms)=600000) ran for 600757 "
+    "milliseconds before timing out."
+)
+
+
+def test_an_xid_leads_the_cuda_error_its_gpu_gave_the_rank() -> None:
+    """The rank's 'uncorrectable ECC error encountered' is Xid 94 seen from the application."""
+    report = _text(
+        "h100-c94:3041756:3041756 [4] NCCL INFO comm 0x55aa rank 4 nranks 8 cudaDev 4 busId 9a000 - Init COMPLETE",
+        "[rank4]: RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        "[Tue Nov  5 02:28:12 2024] NVRM: Xid (PCI:0000:9a:00): 94, pid=3041756, name=python3, Contained: SM (0x1). "
+        "RST: No, D-RST: No",
+    )
+    assert [(f.class_id, f.rank) for f in report.findings] == [("xid_94", 4), ("gpu_hw_fault", 4)]
+    assert report.findings[1].details["likely_caused_by"] == report.findings[0].id
+
+
+def test_an_xid_on_another_gpu_does_not_jump_ahead_of_a_cuda_error() -> None:
+    report = _text(
+        "n1:11:11 [4] NCCL INFO comm 0x55aa rank 4 nranks 8 cudaDev 4 busId 9a000 - Init COMPLETE",
+        "n1:12:12 [5] NCCL INFO comm 0x55ab rank 5 nranks 8 cudaDev 5 busId ab000 - Init COMPLETE",
+        "[rank4]: RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        "Nov  5 02:28:12 n1 kernel: NVRM: Xid (PCI:0000:ab:00): 94, pid=12, name=python3, Contained: SM (0x1).",
+    )
+    assert [f.class_id for f in report.findings] == ["gpu_hw_fault", "xid_94"]
+
+
+def test_a_non_fatal_sxid_leads_the_timeouts_and_names_no_host_of_its_own() -> None:
+    """`nvidia-nvswitch2:` is the switch driver's device, not a pdsh host prefix."""
+    report = _text(
+        *(TIMEOUT.format(r) for r in range(2)),
+        "[Tue Mar 12 14:11:58 2024] nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61 egress "
+        "non-posted PRIV error (First)",
+    )
+    assert [f.class_id for f in report.findings] == ["sxid_12028", "collective_timeout", "collective_timeout"]
+    assert all(f.host is None for f in report.findings)
+
+
+def test_a_non_fatal_sxid_follows_a_specific_training_log_fault() -> None:
+    report = _text(
+        "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+        "of 79.10 GiB of which 1.2 GiB is free.",
+        "Mar 12 15:18:41 dgx-sw-7 kernel: nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 20009, Non-fatal, Link 28 RX "
+        "Short Error Rate",
+    )
+    assert [f.class_id for f in report.findings] == ["cuda_oom", "sxid_20009"]
+
+
+def test_the_nccl_version_an_error_names_counts_towards_a_mismatch() -> None:
+    report = _sources(
+        ("node-a.log", ["NCCL version 2.20.5+cuda12.4"]),
+        (
+            "node-b.log",
+            [
+                "[rank2]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+                "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), "
+                "NCCL version 2.19.3"
+            ],
+        ),
+    )
+    lib = next(f for f in report.findings if f.class_id == "nccl_lib_mismatch")
+    assert lib.details["versions"] == "2.19.3, 2.20.5"
+    assert report.findings[0] is lib
+
+
+def test_nccl_tests_names_the_nccl_error_it_got() -> None:
+    """NCCLCHECK's `Test NCCL failure file:line '<ncclGetErrorString> / <last error>'`, then TESTCHECK's line."""
+    report = _text(
+        "[1,1]<stdout>:nt-3: Test NCCL failure common.cu:958 'internal error - please report this issue to the "
+        "NCCL developers / '",
+        "[1,1]<stdout>: .. nt-3 pid 344155: Test failure common.cu:842",
+    )
+    assert [(f.class_id, f.host, f.rank) for f in report.findings] == [("nccl_generic_error", "nt-3", 1)]
