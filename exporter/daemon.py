@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -147,10 +148,12 @@ class Daemon:
         self._purge_now_and_then(self.clock())
         self.verdicts.load(self.clock())
         self.pipeline.start()
+        # The first snapshot before the first XID: a verdict made without one would take every GPU with XID
+        # history for a GPU the driver does not list, and call it lost.
+        self.poller.start()
         for source in (self.kmsg, self.driver_events):
             if source is not None:
                 source.start()
-        self.poller.start()
         self.workloads.start()
         gpus = self.snapshot.gpus
         log.info(
@@ -181,7 +184,10 @@ class Daemon:
         """Retention by age, applied hourly: the daemon runs for months."""
         if now - self._purged_at >= PURGE_EVERY_SECONDS:
             self._purged_at = now
-            self.journal.purge(now - self.settings.journal_retention)
+            try:
+                self.journal.purge(now - self.settings.journal_retention)
+            except sqlite3.Error:  # a full disk: the journal says so (journal_up); try again in an hour
+                log.warning("journal retention could not be applied; trying again later", exc_info=True)
 
     def _on_events(self, events: list[Event]) -> None:
         for event in events:

@@ -49,7 +49,9 @@ from gpu_triage.exporter.sources.journal import Event, Journal, Mark
 
 log = logging.getLogger(__name__)
 HISTORY_SECONDS = 7 * 86400.0  # what the classifier looks back on (repeats, returns after a reboot)
-_HISTORY_PER_GPU = 5000
+# Per GPU and code: a storm of one code (Xid 13 by the thousand) must not push an earlier, rarer one (the
+# Xid 48 that decides the verdict) out of what the classifier sees.
+_HISTORY_PER_CODE = 1000
 MARKS_PER_GPU = 64  # resets kept per GPU: older ones fall outside what the verdict looks back on
 _RECENT_IDS = 4096  # events a second source may still enrich (it reports within seconds)
 _THERMAL = ClockEventReason.HW_THERMAL_SLOWDOWN.bit | ClockEventReason.SW_THERMAL_SLOWDOWN.bit
@@ -89,8 +91,9 @@ class Verdicts:
         self._journal = journal
         self._boot_id = boot_id
         self._lock = threading.Lock()
-        self._xids: dict[str, deque[Occurrence]] = {}  # by uuid, or PCI bus id when the uuid is unknown
-        self._sxids: deque[Occurrence] = deque(maxlen=_HISTORY_PER_GPU)
+        # By uuid (or PCI bus id when the uuid is unknown), then by code.
+        self._xids: dict[str, dict[int, deque[Occurrence]]] = {}
+        self._sxids: deque[Occurrence] = deque(maxlen=_HISTORY_PER_CODE)
         # Recent events by journal id, to replace one in place when the kernel log enriches it.
         self._recent: OrderedDict[int, tuple[deque[Occurrence], Occurrence]] = OrderedDict()
         self._acknowledged: dict[str, float] = {}  # uuid -> the latest acknowledgement
@@ -144,7 +147,7 @@ class Verdicts:
                 history.append(new)
             else:
                 key = event.uuid or event.pci_bus_id or ""
-                history = self._xids.setdefault(key, deque(maxlen=_HISTORY_PER_GPU))
+                history = self._xids.setdefault(key, {}).setdefault(event.code, deque(maxlen=_HISTORY_PER_CODE))
                 history.append(new)
             if event.id:
                 self._recent[event.id] = (history, new)
@@ -170,14 +173,14 @@ class Verdicts:
             for state in snapshot.gpus:
                 g = state.identity
                 seen |= {g.uuid, g.pci_bus_id}
-                history = [*self._xids.get(g.uuid, ()), *self._xids.get(g.pci_bus_id, ())]
+                history = [*self._history(g.uuid), *self._history(g.pci_bus_id)]
                 gpus.append(self._assess(g.pci_bus_id, g.uuid, history, self._telemetry(state), now))
             # XIDs of a GPU the driver no longer lists (it fell off the bus before we started): the
             # kernel log is all we have, and the GPU is as good as lost.
-            for key, xids in self._xids.items():
-                if key in seen or not xids:
+            for key in self._xids:
+                if key in seen or not (xids := self._history(key)):
                     continue
-                orphan = self._assess(key, key, list(xids), Telemetry(status=GpuStatus.LOST), now)
+                orphan = self._assess(key, key, xids, Telemetry(status=GpuStatus.LOST), now)
                 if any(f.class_id.startswith("xid_") for f in orphan.findings):
                     gpus.append(orphan)
             node = assess_node(gpus, sxid_findings(list(self._sxids), boot_id=self._boot_id))
@@ -221,9 +224,12 @@ class Verdicts:
                 },
             )
 
+    def _history(self, key: str) -> list[Occurrence]:
+        return [o for by_code in self._xids.get(key, {}).values() for o in by_code]
+
     def _forget_before(self, cutoff: float) -> None:
         """A daemon up for months decides on the same span of history as one just started."""
-        for history in (*self._xids.values(), self._sxids):
+        for history in (*(d for by_code in self._xids.values() for d in by_code.values()), self._sxids):
             while history and history[0].ts is not None and history[0].ts < cutoff:
                 history.popleft()
 

@@ -234,12 +234,12 @@ class NvmlBackend:
                 pass  # it answered
             self._handles[gpu.index] = handle
             self._stale.discard(gpu.index)
-            self._events.reset()  # registrations belong to the old handle
+            self._events.renew()  # registrations belong to the old handle
             log.info("GPU handle looked up again; the GPU answers", extra={"gpu": gpu.index, "by": by})
 
     def close(self) -> None:
         self.gpm.close()
-        self._events.reset()
+        self._events.close()
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
 

@@ -6,6 +6,10 @@ An event names its GPU by handle. It is matched against the handles we hold, wit
 A lost GPU in the set makes every wait end in GPU_IS_LOST, which would silence the XIDs of all the
 others. So the set is rebuilt without the GPUs that no longer answer (warned about once, not on every
 rebuild); the kernel log still reports their XIDs, and a GPU that answers again is let back in.
+
+Only the thread that waits on the set frees it: another thread (a poll that found a handle stale) only
+asks for a new one, which the waiter builds when its wait returns. Freeing a set another thread is
+waiting on is undefined behaviour in NVML.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class XidEvents:
         self._handles = handles  # NVML index -> handle, as the backend holds them now
         self._lock = threading.Lock()
         self._set: Any = None
+        self._renew = False  # asked for a new set: the waiter frees the old one and builds it
         self._by_address: dict[int, int] = {}  # handle address -> NVML index, for the GPUs in the set
         self._left_out: set[int] = set()  # GPUs that stopped answering: not in the set
 
@@ -57,7 +62,7 @@ class XidEvents:
             except pynvml.NVMLError as err:
                 if err.value == pynvml.NVML_ERROR_TIMEOUT or out:
                     return out  # a persistent error comes back on the next call
-                self.reset()
+                self.renew()
                 if err.value in LOST and self._leave_out_silent_gpus():
                     # Registered again at once, without them: the others' events keep flowing.
                     if (events := self._event_set()) is None:
@@ -71,13 +76,16 @@ class XidEvents:
                 out.append(DriverXid(gpu=index, code=int(data.eventData), timestamp=time.time()))
             wait_ms = 0  # drain whatever else is queued, then return
 
-    def reset(self) -> None:
-        """Build the set afresh on the next wait (the handles changed, or a GPU came back)."""
+    def renew(self) -> None:
+        """Build the set afresh at the next wait (the handles changed, or a GPU came back)."""
+        with self._lock:
+            self._renew = True
+
+    def close(self) -> None:
+        """At shutdown, once the waiting thread has stopped."""
         with self._lock:
             events, self._set = self._set, None
-        if events is not None:
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlEventSetFree(events)
+        _free(events)
 
     def readmit(self, index: int) -> None:
         """GPU `index` answers again: watch its XIDs again."""
@@ -85,10 +93,15 @@ class XidEvents:
             with self._lock:
                 self._left_out.discard(index)
             log.info("watching the GPU's XID events again", extra={"gpu": index})
-            self.reset()
+            self.renew()
 
     def _event_set(self) -> Any:
+        """The set to wait on, built anew if asked for; called only by the waiting thread."""
         with self._lock:
+            if self._renew:
+                self._renew = False
+                _free(self._set)
+                self._set = None
             if self._set is not None:
                 return self._set
             try:
@@ -135,3 +148,9 @@ class XidEvents:
                 extra={"gpus": sorted(new)},
             )
         return bool(new)
+
+
+def _free(events: Any) -> None:
+    if events is not None:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlEventSetFree(events)

@@ -304,11 +304,11 @@ class Journal:
         )
 
     def purge(self, older_than: float) -> int:
-        """Drop events and marks older than `older_than`; totals and cursors stay."""
-        with self._lock:
-            n = self._db.execute("DELETE FROM events_v1 WHERE ts < ?", (older_than,)).rowcount
-            self._db.execute("DELETE FROM marks_v1 WHERE ts < ?", (older_than,))
-            return n
+        """Drop events and marks older than `older_than`; totals and cursors stay. Raises sqlite3.Error."""
+        with self._transaction(None) as db:
+            n = db.execute("DELETE FROM events_v1 WHERE ts < ?", (older_than,)).rowcount
+            db.execute("DELETE FROM marks_v1 WHERE ts < ?", (older_than,))
+        return int(n)
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
+from gpu_triage.diagnosis.kernel_log import SYNTHESIZED, EventKind, KernelEvent
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser, ScanStats
 from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
 from gpu_triage.exporter.sources.journal import Cursor, Event, Journal, Mark
@@ -118,6 +118,8 @@ class EventPipeline:
         self._marks: list[Mark] = []  # this batch's, journaled with it
         # Reports waiting for the other kind of source to report them too, by (kind, gpu, code).
         self._waiting: dict[tuple[str, str, int], tuple[deque[_Slot], deque[_Slot]]] = {}
+        # The latest Xid-less "fallen off the bus" event of each GPU: its Xid 79 line may follow in a later batch.
+        self._fallen: dict[tuple[str, str, int], _Slot] = {}
         self._recall(clock())
         self._thread: threading.Thread | None = None
         self._unfinished = 0  # batches queued and not yet journaled
@@ -311,6 +313,8 @@ class EventPipeline:
         so a storm of XIDs costs constant time per report, not a scan of the window.
         """
         key = (event.kind, event.uuid or event.pci_bus_id or "", event.code)
+        if self._folded_into_fallen(key, event, enriched):
+            return
         queues = self._waiting.setdefault(key, (deque(maxlen=_MAX_WAITING), deque(maxlen=_MAX_WAITING)))
         from_kernel = event.sources == _KERNEL
         # [0]: driver reports, [1]: kernel reports
@@ -327,11 +331,27 @@ class EventPipeline:
             self.stats.merged += 1
             if other.id:  # already journaled in an earlier batch (or before a restart)
                 enriched.append(slot)
-            return
-        slot = _Slot(event)
-        if not event.id:
-            fresh.append(slot)
-        mine.append(slot)
+        else:
+            slot = _Slot(event)
+            if not event.id:
+                fresh.append(slot)
+            mine.append(slot)
+        if event.details.get("synthesized") == SYNTHESIZED:
+            self._fallen[key] = slot
+
+    def _folded_into_fallen(self, key: tuple[str, str, int], event: Event, enriched: list[_Slot]) -> bool:
+        """The kernel's Xid 79 line for a GPU whose Xid-less "fallen off the bus" message came first, in an earlier
+        batch (the parser pairs the two within a batch): the same fault, already counted, now with its Xid line."""
+        if event.sources != _KERNEL or event.code != 79 or event.details.get("synthesized") == SYNTHESIZED:
+            return False
+        slot = self._fallen.pop(key, None)
+        if slot is None or abs(slot.event.ts - event.ts) > MERGE_WINDOW_SECONDS:
+            return False
+        slot.event = replace(event, sources=slot.event.sources, id=slot.event.id, ts=min(event.ts, slot.event.ts))
+        self.stats.merged += 1
+        if slot.event.id:
+            enriched.append(slot)
+        return True
 
 
 def _record_of(ke: KernelEvent, records: Sequence[Record], otherwise: Record) -> Record:

@@ -115,6 +115,22 @@ def test_a_gpu_falling_off_the_bus_is_one_event_whichever_report_comes_first(tmp
         assert [(e.code, e.pid, e.gpu_index) for e in p.journal.events()] == [(79, 77, 1)], name
 
 
+def test_a_gpu_falling_off_the_bus_is_one_event_when_its_two_reports_are_read_apart(tmp_path: Path) -> None:
+    """/dev/kmsg ends a batch whenever the reader catches up with the kernel: the message may be journaled
+    before the Xid 79 line arrives. And NVML's report may have come before either."""
+    for name, driver_first in (("kernel only", False), ("driver first", True)):
+        p, seen = pipeline(tmp_path / name)
+        if driver_first:
+            p.process([driver(1, 79, 10.5)])
+        p.process([KernelBatch("kmsg:b1", [Record(1, 11.0, FALLEN_GPU1)])])
+        p.process([KernelBatch("kmsg:b1", [Record(2, 11.1, XID79_GPU1)])])
+        (stored,) = p.journal.events()
+        assert [t.count for t in p.journal.totals()] == [1], name
+        assert (stored.code, stored.pid, stored.gpu_index) == (79, 77, 1), "the Xid line's richer record is kept"
+        assert stored.sources == ("kmsg,nvml" if driver_first else "kmsg"), name
+        assert seen[-1].id == stored.id and seen[-1].pid == 77, name
+
+
 def test_a_held_back_report_keeps_the_time_of_its_own_line(tmp_path: Path) -> None:
     p, _ = pipeline(tmp_path)
     p.process([KernelBatch("kmsg:b1", [Record(1, 10.0, FALLEN_GPU1), Record(2, 20.0, "usb 1-1: new device")])])
@@ -142,7 +158,16 @@ def start_daemon(tmp_path: Path, boot_id: str, kmsg: Path) -> Daemon:
         boot_id=boot_id,
     )
     d.start()
+    following(d, kmsg)
     return d
+
+
+def following(d: Daemon, kmsg: Path) -> None:
+    """Until the kernel-log reader has looked at the file: a plain line written before would be old to it."""
+    deadline = time.monotonic() + 5
+    while d.journal.cursor(f"file:{kmsg.absolute()}") is None:
+        assert time.monotonic() < deadline, "the kernel-log reader never noted its place"
+        time.sleep(0.01)
 
 
 def kmsg_line(seq: int, code: int, bus: str = "0000:18:00") -> str:
@@ -245,6 +270,7 @@ def test_retention_is_applied_while_the_daemon_runs(tmp_path: Path) -> None:
         boot_id="b1",
     )
     d.start()
+    following(d, kmsg)
     try:
         with kmsg.open("a") as f:  # a plain line, stamped when read
             f.write("NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=python3, details\n")
