@@ -108,11 +108,11 @@ class Daemon:
                 self.pipeline.from_kernel,
                 cursor=self.journal.cursor,
                 boot_id=self.boot_id,
-                boot_time=boot_time(),
+                boot_time=boot_time,
                 clock=clock,
             )
         self.driver_events: DriverEvents | None = None
-        if settings.source_events and isinstance(backend, XidEventSource):
+        if settings.source_events and isinstance(backend, XidEventSource) and backend.reports_xids:
             self.driver_events = DriverEvents(backend, backend.name, self.pipeline.from_driver)
         # Who uses each GPU (Kubernetes pods, Slurm jobs); a new pod mapping is on /metrics at once.
         self.workloads = Workloads(settings, on_change=self.refresh, clock=clock)

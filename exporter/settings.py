@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -136,6 +136,21 @@ class Settings(BaseSettings):
         if value not in ("auto", "off") and not value.startswith("/"):
             raise ValueError("must be auto, off, or the socket's absolute path")
         return value
+
+    @field_validator("collector_interval", "collector_slow_interval")
+    @classmethod
+    def _poll_often_enough_not_too_often(cls, value: float) -> float:
+        # Below this every read would time out (reads get 80 % of the interval), and a GPM sample pair needs
+        # 110 ms: the daemon would only spin.
+        if value < 0.5:
+            raise ValueError("must be at least 0.5s")
+        return value
+
+    @model_validator(mode="after")
+    def _slow_not_faster_than_fast(self) -> Settings:
+        if self.collector_slow_interval < self.collector_interval:
+            raise ValueError("collector.slow-interval must not be shorter than collector.interval")
+        return self
 
     @field_validator("web_telemetry_path")
     @classmethod

@@ -109,6 +109,11 @@ class GpuBackend(Protocol):
 class XidEventSource(Protocol):
     """A backend that reports XIDs as they happen (NVML's event API, the simulator)."""
 
+    @property
+    def reports_xids(self) -> bool:
+        """Whether this instance has an event source at all (DCGM without NVML beside it has none)."""
+        ...
+
     def wait_xids(self, timeout_seconds: float) -> list[DriverXid]:
         """XIDs that arrived since the last call, waiting up to `timeout_seconds` for the first."""
         ...

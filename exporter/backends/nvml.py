@@ -235,6 +235,7 @@ class NvmlBackend:
             self._handles[gpu.index] = handle
             self._stale.discard(gpu.index)
             self._events.renew()  # registrations belong to the old handle
+            self.gpm.forget(gpu.index)
             log.info("GPU handle looked up again; the GPU answers", extra={"gpu": gpu.index, "by": by})
 
     def close(self) -> None:
@@ -242,6 +243,8 @@ class NvmlBackend:
         self._events.close()
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
+
+    reports_xids = True
 
     def wait_xids(self, timeout_seconds: float) -> list[DriverXid]:
         """XIDs from NVML's event API (nvml_events.py)."""

@@ -29,6 +29,7 @@ from gpu_triage.exporter.backends.nvml_query import LOST, STALE, error_name
 
 log = logging.getLogger(__name__)
 _XID = pynvml.nvmlEventTypeXidCriticalError
+_DRAIN_AT_MOST = 1000  # events handed over per call: a stream that never pauses is still delivered
 
 
 def address(handle: Any) -> int | None:
@@ -74,6 +75,8 @@ class XidEvents:
                 key = address(data.device)
                 index = self._by_address.get(key, -1) if key is not None else -1
                 out.append(DriverXid(gpu=index, code=int(data.eventData), timestamp=time.time()))
+            if len(out) >= _DRAIN_AT_MOST:
+                return out
             wait_ms = 0  # drain whatever else is queued, then return
 
     def renew(self) -> None:

@@ -91,6 +91,13 @@ class GpmProfiler:
         self._lock = threading.Lock()
         self.off: str | None = None  # why GPM is off on this node, when it is
 
+    def forget(self, gpu: int) -> None:
+        """The GPU was reset: a sample from before must not be paired with one from after."""
+        with self._lock:
+            gone = [self._kept.pop(k) for k in [k for k in self._kept if k[0] == gpu]]
+        for s in gone:
+            _free(s.sample)
+
     def turn_off(self, reason: str) -> None:
         """No GPM on this node from now on (another profiler is there); keep the reason for the API."""
         self.off = reason

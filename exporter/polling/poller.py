@@ -62,6 +62,7 @@ class Poller:
         self.snapshot = Snapshot(taken_at=0.0, backend=backend.name)
         self.last_poll_monotonic: float | None = None  # for liveness: the loop is turning
         self.gpus: list[GpuIdentity] = []  # found by discover(), fixed for the daemon's life
+        self._failing: dict[tuple[int, Collector], str] = {}  # the error last logged per read, to log a change once
         self._inflight: dict[tuple[int, Collector], Future[_Outcome]] = {}
         self._lock = threading.Lock()
         self._pool: ReadPool | None = None
@@ -217,6 +218,9 @@ class Poller:
         monotonic: float,
     ) -> Snapshot:
         old = self.snapshot
+        # The fast and slow polls publish in the order they finish: a slow one that waited out a hung read
+        # must not move the snapshot's time back.
+        now, monotonic = max(now, old.taken_at), max(monotonic, old.taken_monotonic)
         ok = dict.fromkeys(collectors, True)
         seconds = dict.fromkeys(collectors, 0.0)
         backend_up = True
@@ -235,6 +239,7 @@ class Poller:
                     continue
                 seconds[collector] = max(seconds[collector], outcome.seconds)
                 if outcome.result is not None:
+                    self._failing.pop((gpu.index, collector), None)
                     readings[collector] = outcome.result.reading
                     if outcome.result.failed_fields:
                         ok[collector] = False
@@ -247,10 +252,12 @@ class Poller:
                     backend_problem = backend_problem or str(outcome.error)
                 else:
                     ok[collector] = False
-                    log.error(
-                        "GPU read failed",
-                        extra={"gpu": gpu.index, "collector": collector, "error": repr(outcome.error)},
-                    )
+                    if self._failing.get((gpu.index, collector)) != repr(outcome.error):  # once, not every poll
+                        log.error(
+                            "GPU read failed",
+                            extra={"gpu": gpu.index, "collector": collector, "error": repr(outcome.error)},
+                        )
+                    self._failing[(gpu.index, collector)] = repr(outcome.error)
                 # Inventory is descriptive: keep the last known name/serial for the info series.
                 if collector is not Collector.INVENTORY:
                     readings.pop(collector, None)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_triage.exporter.sources.logfile import Deliver, FileFollower
+from gpu_triage.exporter.sources.logfile import Deliver, FileFollower, booted
 from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_record
 
 if TYPE_CHECKING:
@@ -42,12 +42,13 @@ _ROTATION_GRACE_SECONDS = 5.0  # a followed file may be missing this long while 
 
 
 def boot_time() -> float:
-    """Wall-clock time of boot, to turn kmsg's microseconds-since-boot into timestamps."""
-    try:
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return time.time() - time.monotonic()
-    return time.time() - uptime
+    """Wall-clock time of boot as seen now, to turn kmsg's microseconds-since-boot into timestamps.
+
+    The kernel stamps records with its scheduler clock, which NTP does not adjust; the wall clock it is
+    compared with is. Against the raw monotonic clock (the same undisciplined time source) the offset
+    stays right however long the node has been up, where an offset taken once at start drifts by tens of
+    seconds a month and would keep the kernel's and the driver's report of one XID from being merged."""
+    return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC_RAW)
 
 
 class KmsgFollower:
@@ -65,7 +66,7 @@ class KmsgFollower:
         *,
         cursor: Callable[[str], Cursor | None],
         boot_id: str,
-        boot_time: float,
+        boot_time: float | Callable[[], float],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
@@ -73,7 +74,7 @@ class KmsgFollower:
         self._deliver = deliver
         self._cursor = cursor
         self._boot_id = boot_id
-        self._boot_time = boot_time
+        self._boot_time = boot_time  # a number, or how to find it now (the daemon re-reads it per batch)
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -178,7 +179,7 @@ class KmsgFollower:
                         self.stats.overruns += 1
                         continue
                     raise
-                record = parse_record(raw.decode("utf-8", errors="replace"), self._boot_time)
+                record = parse_record(raw.decode("utf-8", errors="replace"), booted(self._boot_time))
                 if record is None:
                     self.stats.malformed += 1
                     continue

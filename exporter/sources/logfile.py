@@ -48,6 +48,11 @@ class Committed(Protocol):
 Deliver = Callable[[str, list[Record], str, "int | None"], "Committed | None"]
 
 
+def booted(boot_time: float | Callable[[], float]) -> float:
+    """The wall-clock time of boot: given, or found now (see kmsg.boot_time)."""
+    return boot_time() if callable(boot_time) else boot_time
+
+
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
@@ -105,7 +110,7 @@ class FileFollower:
         cursor: Callable[[str], Cursor | None],
         *,
         stats: KmsgStats,
-        boot_time: float,
+        boot_time: float | Callable[[], float],
         clock: Callable[[], float],
         stop: threading.Event,
         on_open: Callable[[], None] = lambda: None,
@@ -216,7 +221,7 @@ class FileFollower:
 
     def _record(self, raw: bytes) -> Record:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
-        record = parse_record(text, self._boot_time)
+        record = parse_record(text, booted(self._boot_time))
         # A kmsg record keeps its own time; a plain line is stamped when read.
         if record is not None:
             return Record(self.line_no, record.ts, record.text)

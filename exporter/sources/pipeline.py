@@ -179,6 +179,7 @@ class EventPipeline:
                 # them costs their XIDs; not moving it would stop the kernel-log source for good.
                 log.exception("event pipeline batch failed; skipping it")
                 self.stats.failed_batches += 1
+                self._forget_unstored()
                 stored = self._skip(batches)
             for batch in batches:
                 if isinstance(batch, KernelBatch):
@@ -233,6 +234,17 @@ class EventPipeline:
                     raise
                 self._stopping.wait(_RETRY_SECONDS[min(attempt, len(_RETRY_SECONDS) - 1)])
         raise AssertionError("unreachable")  # for the type checker: count() never ends
+
+    def _forget_unstored(self) -> None:
+        """Reports of a skipped batch were never journaled: their twins must not merge into them and vanish."""
+        for key, queues in list(self._waiting.items()):
+            for queue_ in queues:
+                kept = [slot for slot in queue_ if slot.event.id]
+                queue_.clear()
+                queue_.extend(kept)
+            if not any(queues):
+                del self._waiting[key]
+        self._fallen = {key: slot for key, slot in self._fallen.items() if slot.event.id}
 
     def _skip(self, batches: Sequence[Batch]) -> bool:
         cursors = [b.cursor for b in batches if isinstance(b, KernelBatch) and b.cursor is not None]

@@ -81,6 +81,10 @@ class DcgmBackend:
             raise BackendError(f"DCGM: {self.b.describe(e)}") from e
         return Result(reading, tuple(r.failed))
 
+    @property
+    def reports_xids(self) -> bool:
+        return self.companion is not None
+
     def wait_xids(self, timeout_seconds: float) -> list[DriverXid]:
         """XIDs from NVML's event API beside DCGM (the kernel log has them too)."""
         if self.companion is None:

@@ -131,6 +131,9 @@ class Connection:
         except self.b.structs.DCGMError as e:
             session.close()
             raise BackendError(f"the DCGM host engine at {self.address} refused the setup: {self.b.describe(e)}") from e
+        except Exception as e:  # bindings of another DCGM version: close, and back off like any failure
+            session.close()
+            raise BackendError(f"setting up DCGM watches at {self.address} failed: {e!r}") from e
         self.connects += 1
         return session
 

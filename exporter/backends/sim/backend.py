@@ -113,6 +113,8 @@ class SimBackend:
     def close(self) -> None:
         self._book.clear()  # releases any simulated hung call
 
+    reports_xids = True
+
     def wait_xids(self, timeout_seconds: float) -> list[DriverXid]:
         self._advance(self._clock())
         out: list[DriverXid] = []

@@ -127,9 +127,11 @@ class FaultBook:
         self.changed = threading.Condition(self._lock)
 
     def add(self, spec: FaultSpec, started_at: float, source: str) -> ActiveFault:
+        """The fault, with its id; kept while in effect, which an instantaneous one never is after now."""
         with self._lock:
             fault = ActiveFault(f"f{next(self._ids)}", spec, started_at, source)
-            self._faults[fault.id] = fault
+            if not spec.kind.instantaneous:
+                self._faults[fault.id] = fault
             return fault
 
     def remove(self, fault_id: str) -> bool:
