@@ -41,6 +41,7 @@ from gpu_triage.exporter.backends.nvml_query import (
     describe_init_error,
     error_name,
     readable,
+    text,
 )
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
@@ -110,12 +111,6 @@ def _cuda_version(raw: int | None) -> str | None:
     return None if raw is None else f"{raw // 1000}.{raw % 1000 // 10}"
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def _pstate(value: int | None) -> int | None:
     return None if value is None or value == pynvml.NVML_PSTATE_UNKNOWN else int(value)
 
@@ -181,7 +176,7 @@ class NvmlBackend:
 
     def _string(self, gpu: int, field: str, fn: Any, handle: Any) -> str | None:
         try:
-            return _text(fn(handle))
+            return text(fn(handle))
         except UnicodeDecodeError as err:  # a corrupt InfoROM must not stop the daemon from starting
             return readable(err, gpu, field, self._log)
 
@@ -255,10 +250,10 @@ class NvmlBackend:
     def _inventory(self, q: Query, h: Any, gpu: int) -> Reading:
         mig = q("mig_mode", pynvml.nvmlDeviceGetMigMode, h)
         return Inventory(
-            name=_text(q("name", pynvml.nvmlDeviceGetName, h)),
-            serial=_text(q("serial", pynvml.nvmlDeviceGetSerial, h)),
-            vbios_version=_text(q("vbios_version", pynvml.nvmlDeviceGetVbiosVersion, h)),
-            driver_version=_text(q("driver_version", pynvml.nvmlSystemGetDriverVersion)),
+            name=text(q("name", pynvml.nvmlDeviceGetName, h)),
+            serial=text(q("serial", pynvml.nvmlDeviceGetSerial, h)),
+            vbios_version=text(q("vbios_version", pynvml.nvmlDeviceGetVbiosVersion, h)),
+            driver_version=text(q("driver_version", pynvml.nvmlSystemGetDriverVersion)),
             cuda_driver_version=_cuda_version(q("cuda_driver_version", pynvml.nvmlSystemGetCudaDriverVersion)),
             mig_enabled=None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
         )

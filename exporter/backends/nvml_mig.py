@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
-from gpu_triage.exporter.backends.nvml_query import Query
+from gpu_triage.exporter.backends.nvml_query import Query, text
 from gpu_triage.exporter.backends.readings import InstanceMemory, Memory, MigInstance, Processes, ProcessReading
 
 if TYPE_CHECKING:
@@ -27,12 +27,6 @@ if TYPE_CHECKING:
 
 Reader = Callable[["NvmlBackend", Query, Any, int], Any]
 MigDevice = tuple[MigInstance, Any]  # the instance and its NVML handle
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def profile_name(attributes: Any) -> str:
@@ -60,7 +54,7 @@ def mig_devices(q: Query, h: Any) -> list[MigDevice]:
             continue
         gi = q("mig_gpu_instance_id", pynvml.nvmlDeviceGetGpuInstanceId, mh)
         ci = q("mig_compute_instance_id", pynvml.nvmlDeviceGetComputeInstanceId, mh)
-        uuid = _text(q("mig_uuid", pynvml.nvmlDeviceGetUUID, mh))
+        uuid = text(q("mig_uuid", pynvml.nvmlDeviceGetUUID, mh))
         if gi is None or ci is None or uuid is None:
             continue
         attributes = q("mig_attributes", pynvml.nvmlDeviceGetAttributes, mh)

@@ -193,3 +193,10 @@ _VALUE_MEMBER = {
 def field_value(fv: Any) -> float:
     """The number in a c_nvmlFieldValue_t, read by its value type."""
     return float(getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal")))
+
+
+def text(value: Any) -> str | None:
+    """A string NVML returned (pynvml gives str or bytes by version)."""
+    if value is None:
+        return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

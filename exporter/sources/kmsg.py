@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_triage.exporter.sources.logfile import Deliver, FileFollower, booted
+from gpu_triage.exporter.sources.logfile import Deliver, FileFollower, booted, committed
 from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_record
 
 if TYPE_CHECKING:
@@ -145,11 +145,7 @@ class KmsgFollower:
         fresh = [r for r in batch if r.seq > after]
         if not fresh:
             return after
-        handle = self._deliver(origin, fresh, "", None)
-        while handle is not None and not handle.wait(0.5):
-            if self._stop.is_set():
-                return after
-        if handle is not None and not handle.stored:
+        if not committed(self._deliver(origin, fresh, "", None), self._stop):
             return after
         self._committed[origin] = fresh[-1].seq
         return fresh[-1].seq

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from gpu_triage.diagnosis.kernel_log import MAX_LINE_CHARS
 from gpu_triage.exporter.sources.journal import Cursor
 from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_record
 
-MAX_LINE_BYTES = 65536  # the kernel-log parser's own limit on a line
+MAX_LINE_BYTES = MAX_LINE_CHARS  # the kernel-log parser's own limit: a longer line is not worth keeping
 _HEAD_BYTES = 4096
 _TAIL_BYTES = 256
 _CHUNK_BYTES = 1 << 20
@@ -46,6 +47,15 @@ class Committed(Protocol):
 
 # (origin, records, mark, seq): hands a batch over; the returned handle settles once it is journaled.
 Deliver = Callable[[str, list[Record], str, "int | None"], "Committed | None"]
+
+
+def committed(handle: Committed | None, stop: threading.Event) -> bool:
+    """Wait until a delivered batch is journaled (None: delivered to something that stores at once); False when
+    stopping first, or when it was not stored. The reader reads on only after this: the cursor never runs ahead."""
+    while handle is not None and not handle.wait(0.5):
+        if stop.is_set():
+            return False
+    return handle is None or handle.stored
 
 
 def booted(boot_time: float | Callable[[], float]) -> float:
@@ -234,11 +244,7 @@ class FileFollower:
 
     def _commit(self, records: list[Record], mark: str) -> bool:
         """Hand the batch over and wait until it is journaled; False when stopping first."""
-        handle = self._deliver(self.origin, records, mark, None if records else self.line_no)
-        while handle is not None and not handle.wait(0.5):
-            if self._stop.is_set():
-                return False
-        return handle is None or handle.stored
+        return committed(self._deliver(self.origin, records, mark, None if records else self.line_no), self._stop)
 
     def _replaced(self, st: os.stat_result) -> bool:
         try:
