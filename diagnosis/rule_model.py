@@ -61,6 +61,7 @@ class ContextKind(StrEnum):
     IGNORED_EXCEPTION = "ignored_exception"  # Python: `Exception ignored in: …` (the next traceback is harmless)
     TRACEBACK = "traceback"  # Python: `Traceback (most recent call last):`
     EXCEPTION = "exception"  # the `SomeError: message` line that ends a traceback
+    LAUNCHER_ARGV = "launcher_argv"  # `--local_rank=N` in the command line a launcher reports a worker's end with
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,6 +274,11 @@ class _Diagnosis:
 
     def _finding(self, src: SourceState, number: int, line: LogLine, match: Match) -> None:
         details, gpu = convert(match.fields)
+        if match.rule.class_id in ENDS and "local_rank" not in details and "--local" in line.text:
+            # A launcher's report of a worker's end names the worker by its command line.
+            argv = self.rules.context_fields(ContextKind.LAUNCHER_ARGV, line.text)
+            if argv is not None:
+                details["local_rank"] = int(argv["local_rank"])
         place = self._place(src, line, details, gpu)
         spec = self.specs[match.rule.class_id]
         if spec.class_id == PROCESS_SEGFAULT and "abort" in details:
