@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from gpu_triage.diagnosis.findings import Finding
-from gpu_triage.diagnosis.log_lines import Stamp
+from gpu_triage.diagnosis.log_stamps import Stamp
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,14 @@ POSITIVE = {
         "2024-08-30T11:43:09.123456+02:00 h1 kernel: NVRM: Xid (PCI:0000:1b:00): 64, pid=2, name=y, failure",
         xid(64, "0000:1b:00.0", 2, "y", "2024-08-30T11:43:09.123456+02:00"),
     ),
+    "syslog-priority": (
+        "<4>Aug 30 11:43:09 h1 kernel: NVRM: Xid (PCI:0000:1b:00): 64, pid=2, name=y, failure",
+        xid(64, "0000:1b:00.0", 2, "y", "Aug 30 11:43:09"),
+    ),
+    "journal-short-unix": (
+        "1725018189.123456 h1 kernel: NVRM: Xid (PCI:0000:1b:00): 64, pid=2, name=y, failure",
+        xid(64, "0000:1b:00.0", 2, "y", "1725018189.123456"),
+    ),
     "talos-digits-in-host": (
         "172.20.0.119: kern: warning: [2024-08-30T11:43:09.123456789Z]: NVRM: Xid (PCI:0000:0b:00): 119, "
         "pid=77, name=pt_main_thread, Timeout after 6s",

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_triage.diagnosis.log_lines import LogLine, Stamp, clean, normalise
+from gpu_triage.diagnosis.log_lines import LogLine, clean, normalise
+from gpu_triage.diagnosis.log_stamps import Stamp
 
 MSG = "misc/socket.cc:538 NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.4<35120>"
 
@@ -89,6 +90,43 @@ def test_kernel_log_prefixes_give_host_and_time() -> None:
     assert dmesg.stamp == Stamp("uptime", 8841.123981)
     human = normalise("[Wed May  1 14:03:10 2024] NVRM: Xid (PCI:0000:ab:00): 79")
     assert human.stamp == Stamp("abs", _abs("2024-05-01T14:03:10"))
+
+
+XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize(
+    ("header", "kind", "value"),
+    [
+        ("2024-05-01T12:00:00+0000 node07 kernel: ", "abs", _abs("2024-05-01T12:00:00")),  # journalctl short-iso
+        ("2024-05-01T14:00:00+02:00 node07 kernel: ", "abs", _abs("2024-05-01T12:00:00")),  # newer short-iso
+        ("2024-05-01T12:00:00.250000+00:00 node07 kernel: ", "abs", _abs("2024-05-01T12:00:00") + 0.25),  # rsyslog
+        ("May 01 12:00:00.250000 node07 kernel: ", "md", None),  # journalctl short-precise
+        ("<4>May  1 12:00:00 node07 kernel: ", "md", None),  # with the syslog priority
+        ("Wed 2024-05-01 12:00:00 UTC node07.cluster.local kernel: ", "abs", _abs("2024-05-01T12:00:00")),
+        ("1714564800.250000 node07 kernel: ", "abs", 1714564800.25),  # journalctl short-unix
+    ],
+)
+def test_every_syslog_and_journal_header_gives_the_host(header: str, kind: str, value: float | None) -> None:
+    line = normalise(header + XID)
+    assert (line.text, line.host is not None and line.host.split(".")[0]) == (XID, "node07")
+    assert line.stamp is not None and line.stamp.kind == kind
+    if value is not None:
+        assert line.stamp.value == pytest.approx(value)
+
+
+def test_a_training_line_from_the_journal_keeps_host_and_rank() -> None:
+    line = normalise(f"2024-05-01T12:00:00+0000 node07 python[1234]: [rank5]: {MSG}")
+    assert (line.host, line.rank, line.text) == ("node07", 5, MSG)
+    precise = normalise(f"May 01 12:00:00.123456 node07 python3[1234]: node07:1234:1290 [5] {MSG}")
+    assert (precise.host, precise.pid, precise.cuda_dev, precise.text) == ("node07", 1234, 5, MSG)
+
+
+def test_a_programs_own_words_after_a_runtime_stamp_are_no_host() -> None:
+    """A container's stamp is followed by the program's output; dmesg's by the kernel's `driver device: `."""
+    assert normalise("2024-05-01T12:00:00.123456789Z Epoch 1: loss 2.3").host is None
+    assert normalise("2024-05-01T12:00:00,123456+0000 usb 1-1: new high-speed USB device").host is None
+    assert normalise("[    1.000000] usb 1-1: new high-speed USB device").host is None
 
 
 def test_ansi_colours_and_line_ends_are_removed() -> None:

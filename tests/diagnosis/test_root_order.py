@@ -127,3 +127,15 @@ def test_an_xid_is_not_the_cause_of_findings_on_another_host() -> None:
     )
     cuda = next(f for f in same.findings if f.class_id == "cuda_illegal_address")
     assert cuda.details.get("likely_caused_by") == same.findings[0].id
+
+
+def test_journal_exports_of_two_hosts_keep_their_xids_apart() -> None:
+    """`journalctl -o short-iso` and rsyslog's RFC 3339 lines name the host after the stamp."""
+    report = _text(
+        "2024-05-01T12:00:00+0000 node07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has "
+        "fallen off the bus.",
+        "2024-05-01T12:00:01.500000+00:00 node09 kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=777, name=python3, An "
+        "uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0.",
+    )
+    assert sorted((f.class_id, f.host) for f in report.findings) == [("xid_48", "node09"), ("xid_79", "node07")]
+    assert not any("likely_caused_by" in f.details for f in report.findings)
