@@ -5,8 +5,9 @@ Training logs reach us wrapped in up to four layers of prefixes, outermost first
 * a container runtime's or `kubectl --timestamps` stamp (`2024-05-01T12:00:00.123456789Z stdout F …`),
   a syslog / journald or `dmesg` stamp for kernel lines;
 * a launcher's or aggregator's tag: `kubectl logs --prefix` (`[pod/trainer-0/pytorch] `), pdsh and
-  DeepSpeed's multi-node runner (`node07: `), Open MPI `--tag-output` (`[1,3]<stdout>:`, the MPI rank),
-  Slurm `srun --label` (`3: …`), torchrun (`[default3]:` = role + local rank, `[rank3]:` = global
+  DeepSpeed's multi-node runner (`node07: `), Open MPI `--tag-output` (`[1,3]<stdout>:`, the MPI rank)
+  and Slurm `srun --label` (`3: …`), which number the launcher's tasks (a task is one rank, or one
+  node's torchrun: diagnosis/identity.py decides), torchrun (`[default3]:` = role + local rank, `[rank3]:` = global
   rank; both may be stacked), Lightning (`[rank: 3] `), Ray (`(RayWorker pid=4242, ip=10.0.0.3) `);
 * the printer's own header: PyTorch/glog (`[E501 12:00:00.123456 4242 ProcessGroupNCCL.cpp:1595]`,
   or without brackets, also torch._logging's `W0314 12:34:56.789000 1234 torch/…/api.py:858]`),
@@ -14,7 +15,7 @@ Training logs reach us wrapped in up to four layers of prefixes, outermost first
 * PyTorch's process-group tag inside the message (`[PG ID 0 PG GUID 0(default_pg) Rank 3]`).
 
 `normalise` peels them off in a loop and keeps what they say about the line: rank, local rank,
-host, pid, CUDA device, process group and the first timestamp. Rules then match the bare message, so
+launcher task, host, pid, CUDA device, process group and the first timestamp. Rules then match the bare message, so
 one signature serves every launcher. Everything here is bounded and never raises on odd input: a
 line cut mid-way simply keeps whatever prefix it still has.
 """
@@ -69,6 +70,7 @@ class LogLine:
     raw: str  # the line without colour codes and line-end characters
     rank: int | None = None  # global rank
     local_rank: int | None = None
+    task: int | None = None  # srun --label's task, Open MPI's rank: a global rank only when a task is one rank
     host: str | None = None
     pid: int | None = None
     cuda_dev: int | None = None  # CUDA device index as the process saw it (NCCL's `[N]`)
@@ -138,7 +140,7 @@ def _strip_outer(text: str, f: _Fields, seen: set[str]) -> str | None:
         return text[m.end() :]
     if "ompi" not in seen and (m := _OMPI.match(text)):
         seen.add("ompi")
-        f.rank = int(m["vpid"])  # the MPI rank
+        f.task = int(m["vpid"])  # the MPI rank: a process of the job, a rank only if each process is one
         return text[m.end() :]
     if "ray" not in seen and (m := _RAY.match(text)):
         seen.add("ray")
@@ -221,14 +223,12 @@ def normalise(raw: str) -> LogLine:
         # `[Rank N]` numbers the rank in its process group: the global rank only in the default one.
         if f.rank is None and tag["pg"] in (None, "0"):
             f.rank = int(tag["rank"])
-    if f.rank is None and f.task is not None:
-        # srun --label numbers tasks; with one task per GPU that is the global rank.
-        f.rank = f.task
     return LogLine(
         text=text.rstrip(),
         raw=cleaned,
         rank=f.rank,
         local_rank=f.local_rank,
+        task=f.task,
         host=f.host,
         pid=f.pid,
         cuda_dev=f.cuda_dev,

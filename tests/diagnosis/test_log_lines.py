@@ -32,9 +32,15 @@ def test_torchrun_rank_tag_is_the_global_rank_and_role_tag_the_local_rank() -> N
     assert (stacked.rank, stacked.local_rank, stacked.text) == (11, 3, MSG)
 
 
-def test_slurm_label_is_the_rank_when_nothing_better_is_known() -> None:
-    assert normalise(f"5: node1:1:2 [5] {MSG}").rank == 5
-    assert normalise(f"  5: [rank13]: {MSG}").rank == 13
+def test_launcher_tasks_are_kept_apart_from_ranks() -> None:
+    """srun's label and Open MPI's tag number tasks: a rank only when each task is one (diagnosis/identity.py)."""
+    line = normalise(f"5: node1:1:2 [5] {MSG}")
+    assert (line.task, line.rank) == (5, None)
+    assert (normalise(f"  5: [rank13]: {MSG}").task, normalise(f"  5: [rank13]: {MSG}").rank) == (5, 13)
+    assert (normalise("[1,3]<stdout>:Traceback (most recent call last):").task, normalise("[1,3]<stderr>: x").task) == (
+        3,
+        3,
+    )
     assert normalise("12:00:01 not a label").text == "12:00:01 not a label"
 
 
@@ -176,8 +182,8 @@ def test_normalise_never_raises(text: str) -> None:
     ("raw", "text", "host", "rank", "local_rank"),
     [
         # Open MPI --tag-output (the MPI rank), 4.x without a space, 5.x with one
-        ("[1,3]<stdout>:Traceback (most recent call last):", "Traceback (most recent call last):", None, 3, None),
-        ("[1,3]<stderr>: RuntimeError: x", "RuntimeError: x", None, 3, None),
+        ("[1,3]<stdout>:Traceback (most recent call last):", "Traceback (most recent call last):", None, None, None),
+        ("[1,3]<stderr>: RuntimeError: x", "RuntimeError: x", None, None, None),
         # kubectl logs --prefix: the pod stands for the host
         ("[pod/trainer-0/pytorch] [rank3]: RuntimeError: x", "RuntimeError: x", "trainer-0", 3, None),
         # pdsh / DeepSpeed's runner, then DeepSpeed's logger
