@@ -4,8 +4,9 @@
 
 Prints figures only; there is no pass/fail (tests/diagnosis/test_training_redos.py asserts the
 structure that bounds the work). The lines are built to make a backtracking engine work hard: long
-runs of each character the patterns use, and the start of every example repeated up to the line
-limit. Printed: the slowest signatures on their worst line, and the worst whole-line classification.
+runs of each character the patterns use, the start of every example (and the whole example)
+repeated up to the line limit, and a few lines crafted against one signature. Printed: the slowest
+signatures on their worst line, and the worst whole-line classification.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ KERNEL_LINES = [
 ]
 
 
+# Lines that once took seconds: what one signature looks for, repeated so that its wildcards overlap.
+CRAFTED = [
+    "exits with return code = x died with <Signals.SIGKILL: 9 returned non-zero exit status x "
+    + "CalledProcessError: Command --local_rank=1 " * 40,
+]
+
+
 def _skeleton(pattern: str) -> str:
     return re.sub(r"\\[a-zA-Z]|[\\\[\](){}?*+|^$]|\?P<\w+>|\?:", "", pattern)
 
@@ -41,9 +49,9 @@ def hostile_lines() -> list[str]:
     rules = load_rules()
     sigs = rules.signatures()
     alphabet = sorted({c for s in sigs for c in _skeleton(s.pattern)} | set("0123456789 _.:-<>()[]/="))
-    fragments = {normalise(ex.line).text[:k] for r in rules.rules for ex in r.examples for k in (12, 60)}
+    fragments = {normalise(ex.line).text[:k] for r in rules.rules for ex in r.examples for k in (12, 60, LINE)}
     fragments |= {_skeleton(s.pattern)[:k] for s in sigs for k in (8, 200)}
-    lines = [c * LINE for c in alphabet]
+    lines = [c * LINE for c in alphabet] + [(line * (LINE // len(line) + 1))[:LINE] for line in CRAFTED]
     lines += [(f * (LINE // len(f) + 1))[:LINE] for f in sorted(fragments - {""})]
     return lines
 

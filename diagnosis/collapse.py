@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.findings import Evidence, Finding
 from gpu_triage.diagnosis.identity import Place, Who
-from gpu_triage.diagnosis.log_lines import Stamp
+from gpu_triage.diagnosis.log_stamps import Stamp
 from gpu_triage.diagnosis.root_cause import Ranked, Timing
 
 MAX_KEYS = 10_000  # distinct (class, where) pairs before new places fold into one per class

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gpu_triage.diagnosis.log_lines import Stamp
+from gpu_triage.diagnosis.log_stamps import Stamp
 
 MAX_ENTRIES = 65536
 MAX_NAMED = 16  # outliers named in a finding

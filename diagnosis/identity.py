@@ -9,8 +9,20 @@ are two names of one place. `IdentityBook` collects these facts while the input 
 few entries per process) and `place` fills in what a finding's own lines did not say, once everything
 is known, and says when it did (`Place.inferred`).
 
-`rank` is always the global rank; torchrun's local rank is kept apart. Host names are compared and
-shown in their short form (`node07`, not `node07.cluster.local`), as NCCL prints them.
+`rank` is always the global rank; torchrun's local rank is kept apart, and so is a launcher's task
+(`srun --label`'s `3: `, srun's `task 3: Exited`, Open MPI's `[1,3]<stdout>:` and `process rank 3`).
+A task is a rank when each task runs one rank (`srun python train.py`), but the node's index when
+each task runs a torchrun (`srun --ntasks-per-node=1 torchrun …`): then its lines carry torchrun's
+local-rank tags too (`0: [default3]:`), or a global rank or communicator rank that is not the task.
+So an input's tasks count as ranks only when none of its lines says otherwise; otherwise a task
+names its node, and srun's report (`gpu07: task 3`) gives the node's host.
+
+Facts that need a host to be job-wide stay with their input when the line gives none: torchrun's
+`[default3]:` is local rank 3 on every node, so `[default3]:[rank11]:` maps local rank 3 to rank 11 only
+for the lines of that input (and of that host where it is known), never for another input's.
+
+Host names are compared and shown in their short form (`node07`, not `node07.cluster.local`), as
+NCCL prints them.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ class Who:
     local_rank: int | None = None
     gpu: str | None = None
     subject_pid: int | None = None  # a worker pid named in the message (an exit report, the OOM killer)
+    task: int | None = None  # the launcher's task (see the module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +76,13 @@ class _SourceFacts:
     # At most two of each are kept: all that matters is whether an input is a single host or rank.
     hosts: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
+    tasks_are_ranks: bool = True  # until a line of the input says otherwise
+    task_host: dict[int, str] = field(default_factory=dict)
+
+
+# Where a local rank is known: (host, None, None, local rank), or for a line without a host (None, input,
+# launcher task, local rank).
+_LocalKey = tuple[str | None, int | None, int | None, int]
 
 
 @dataclass(slots=True)
@@ -73,7 +93,7 @@ class _Maps:
     host_gpu_rank: dict[tuple[str, str], int] = field(default_factory=dict)
     gpu_places: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     by_pid: dict[int, list[tuple[int, str, int]]] = field(default_factory=dict)
-    local: dict[tuple[str | None, int], int] = field(default_factory=dict)  # (host, local rank) -> rank
+    local: dict[_LocalKey, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +112,7 @@ class IdentityBook:
         self._rank_host: dict[int, str] = {}
         self._rank_local: dict[int, int] = {}
         self._workers: dict[int, list[Worker]] = {}  # by pid
-        self._local: dict[tuple[str | None, int], int] = {}  # (host, local rank) -> global rank
+        self._local: dict[_LocalKey, int] = {}  # -> global rank
         self._alias: dict[str, str] = {}  # a pod's name -> the hostname its processes report
         self._layouts: dict[tuple[int, str, int], tuple[int, int, int]] = {}  # -> (rank, nranks, local rank)
         self._maps: _Maps | None = None
@@ -115,12 +135,32 @@ class IdentityBook:
         if host is not None and line.rank is not None:
             self.pair(line.rank, host)
         if line.rank is not None and line.local_rank is not None:  # `[default3]:[rank11]:`
-            self.local(host, line.local_rank, line.rank)
+            self.local(source, host, line.local_rank, line.rank, line.task)
+        if line.task is not None:
+            if line.local_rank is not None or line.rank not in (None, line.task):
+                self.tasks_not_ranks(source)
+            if host is not None:
+                self.task_on(source, line.task, host)
 
-    def local(self, host: str | None, local_rank: int, rank: int) -> None:
-        """Local rank `local_rank` (on `host`, when known) is global rank `rank`."""
+    def tasks_not_ranks(self, source: int) -> None:
+        """A line of input `source` shows its launcher's tasks are not ranks (each runs several)."""
+        self._sources[source].tasks_are_ranks = False
+        self._maps = None
+
+    def task_on(self, source: int, task: int, host: str) -> None:
+        """The launcher's task `task` of input `source` ran on `host`."""
+        known = self._sources[source].task_host
+        if len(known) < MAX_ENTRIES:
+            known.setdefault(task, short_host(host) or host)
+            self._maps = None
+
+    def local(self, source: int, host: str | None, local_rank: int, rank: int, task: int | None = None) -> None:
+        """Local rank `local_rank` is global rank `rank` on `host`; without a host, in input `source` (and
+        the launcher's `task` there)."""
+        host = short_host(host)
         if len(self._local) < MAX_ENTRIES:
-            self._local.setdefault((short_host(host), local_rank), rank)
+            key = (host, None, None, local_rank) if host else (None, source, task, local_rank)
+            self._local.setdefault(key, rank)
             self._rank_local.setdefault(rank, local_rank)
         self._maps = None
 
@@ -166,7 +206,13 @@ class IdentityBook:
             return self._maps
         rank_host = {rank: self._canon(host) or host for rank, host in self._rank_host.items()}
         maps = _Maps(rank_host=rank_host, rank_local=dict(self._rank_local))
-        maps.local = {(self._canon(host), local): rank for (host, local), rank in self._local.items()}
+        maps.local = {
+            (self._canon(h), source, task, local): rank for (h, source, task, local), rank in self._local.items()
+        }
+        for facts in self._sources:
+            if facts.tasks_are_ranks:  # srun's `gpu07: task 3` or `3: node07:…` place rank 3
+                for task, host in facts.task_host.items():
+                    maps.rank_host.setdefault(task, self._canon(host) or host)
         for (source, host, pid), proc in self._procs.items():
             maps.rank_host.setdefault(proc.rank, host)
             layout = self._layouts.get((source, host, pid))
@@ -216,7 +262,12 @@ class IdentityBook:
         maps = self._build()
         facts = self._sources[who.source]
         host, rank, gpu, local = self._canon(short_host(who.host)), who.rank, who.gpu, who.local_rank
+        if rank is None and who.task is not None and facts.tasks_are_ranks:
+            rank = who.task  # the launcher's label, where a task is a rank
         given = (host, rank, gpu, local)
+        if host is None and who.task is not None and not facts.tasks_are_ranks:
+            host = self._canon(facts.task_host.get(who.task))  # the node that task ran on
+        hosts = {self._canon(h) for h in facts.hosts}
         proc = self._procs.get((who.source, host, who.pid)) if host is not None and who.pid is not None else None
         if rank is None and proc is not None:
             rank = proc.rank
@@ -230,10 +281,10 @@ class IdentityBook:
         if rank is None and who.pid is not None and (worker := self._worker(who.pid, host)) is not None:
             host, rank = host or worker.host, worker.rank
         if rank is None and local is not None:
-            rank = maps.local.get((host, local))
-            if rank is None and host is None:
-                rank = maps.local.get((None, local))
-        hosts = {self._canon(h) for h in facts.hosts}
+            rank = maps.local.get((host, None, None, local)) if host is not None else None
+            if rank is None and (who.host is None or len(hosts) <= 1):
+                # What this input's own lines said; never another input's `[default3]:`.
+                rank = maps.local.get((None, who.source, who.task, local))
         if rank is None and local is None and len(facts.ranks) == 1 and len(hosts) <= 1:
             # One rank's output (a per-rank file): its lines are that rank's. Not when several hosts
             # write to the input: then other ranks print there too, only not a line that matched.

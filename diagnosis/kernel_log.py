@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
+from gpu_triage.diagnosis.log_stamps import printed_stamp
 from gpu_triage.diagnosis.pci import canonical_bus_id
 
 # Real NVRM lines stay well under 1 KiB; a longer line is garbage, and the cap bounds the regex work.
@@ -96,29 +97,15 @@ _NVLINK5 = re.compile(
 _SM = re.compile(r"GPC (?P<gpc>[0-9]{1,4}), TPC (?P<tpc>[0-9]{1,4})(?:, SM (?P<sm>[0-9]{1,4}))?", re.ASCII)
 _CHANNEL = re.compile(r"\b(?:Ch|ChID|Channel) (?P<channel>[0-9a-fA-F]{1,8})\b", re.ASCII)
 
-# Timestamps at the start of the prefix, first match wins (so syslog's wall clock beats the dmesg
-# seconds that follow it). Month and weekday names are any word: syslog prints them in the locale.
-_TS_LEADING = re.compile(
-    r" {0,8}(?:"
-    r"\[ {0,12}(?P<mono>[0-9]{1,12}\.[0-9]{1,9})\]"  # dmesg
-    r"|\[(?P<ctime>\S{1,12} {1,2}\S{1,12} {1,2}[0-9]{1,2} [0-9]{2}:[0-9]{2}:[0-9]{2} [0-9]{4})\]"  # dmesg -T
-    r"|(?P<iso>[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
-    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?)"  # journal short-iso(-precise), RFC 3339 syslog
-    r"|(?P<syslog>\S{1,12} {1,2}[0-9]{1,2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?)(?= )"  # syslog
-    r"|[0-9]{1,3},[0-9]{1,20},(?P<kmsg>[0-9]{1,20}),[^;]{0,32};"  # /dev/kmsg record header
-    r")",
-    re.ASCII,
-)
-
 
 def has_trigger(text: str) -> bool:
     return "NVRM:" in text or "Xid (" in text
 
 
 def _timestamp(prefix: str) -> str | None:
-    m = _TS_LEADING.match(prefix)
-    if m is not None:
-        return next(g for g in m.groups() if g)
+    printed = printed_stamp(prefix)
+    if printed is not None:
+        return printed
     # Platforms that put their own host and level first (Talos: "kern: warning: [2024-…]: ") keep the
     # kernel's timestamp in the last bracket before the message.
     tail = prefix.rstrip(": \t")

@@ -5,8 +5,9 @@ Training logs reach us wrapped in up to four layers of prefixes, outermost first
 * a container runtime's or `kubectl --timestamps` stamp (`2024-05-01T12:00:00.123456789Z stdout F …`),
   a syslog / journald or `dmesg` stamp for kernel lines;
 * a launcher's or aggregator's tag: `kubectl logs --prefix` (`[pod/trainer-0/pytorch] `), pdsh and
-  DeepSpeed's multi-node runner (`node07: `), Open MPI `--tag-output` (`[1,3]<stdout>:`, the MPI rank),
-  Slurm `srun --label` (`3: …`), torchrun (`[default3]:` = role + local rank, `[rank3]:` = global
+  DeepSpeed's multi-node runner (`node07: `), Open MPI `--tag-output` (`[1,3]<stdout>:`, the MPI rank)
+  and Slurm `srun --label` (`3: …`), which number the launcher's tasks (a task is one rank, or one
+  node's torchrun: diagnosis/identity.py decides), torchrun (`[default3]:` = role + local rank, `[rank3]:` = global
   rank; both may be stacked), Lightning (`[rank: 3] `), Ray (`(RayWorker pid=4242, ip=10.0.0.3) `);
 * the printer's own header: PyTorch/glog (`[E501 12:00:00.123456 4242 ProcessGroupNCCL.cpp:1595]`,
   or without brackets, also torch._logging's `W0314 12:34:56.789000 1234 torch/…/api.py:858]`),
@@ -14,7 +15,7 @@ Training logs reach us wrapped in up to four layers of prefixes, outermost first
 * PyTorch's process-group tag inside the message (`[PG ID 0 PG GUID 0(default_pg) Rank 3]`).
 
 `normalise` peels them off in a loop and keeps what they say about the line: rank, local rank,
-host, pid, CUDA device, process group and the first timestamp. Rules then match the bare message, so
+launcher task, host, pid, CUDA device, process group and the first timestamp. Rules then match the bare message, so
 one signature serves every launcher. Everything here is bounded and never raises on odd input: a
 line cut mid-way simply keeps whatever prefix it still has.
 """
@@ -23,33 +24,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import NamedTuple
+
+from gpu_triage.diagnosis.log_stamps import Stamp, abs_stamp, header, md_stamp
 
 # CSI sequences (colours, cursor moves) and the two-byte escapes; bounded so a lone ESC is cheap.
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b[@-Z\\-_]")
 
-_MONTH_NAMES = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-_MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, start=1)}
-_MON = "(?P<mon>" + "|".join(_MONTH_NAMES) + ")"
-
-_CONTAINER = re.compile(
-    r"(?P<date>\d{4}-\d{2}-\d{2})T(?P<hms>\d{2}:\d{2}:\d{2})(?:[.,](?P<frac>\d{1,9}))?"
-    r"(?P<tz>Z|[+-]\d{2}:?\d{2})?(?: (?:stdout|stderr) [FP])? "
-)
+# Python logging's and DeepSpeed's date and time (`[2024-05-01 12:00:00,123] `, `2024-05-01 12:00:00,123 - `).
 _ISO = re.compile(
     r"\[?(?P<date>\d{4}-\d{2}-\d{2})[ T](?P<hms>\d{2}:\d{2}:\d{2})(?:[.,](?P<frac>\d{1,9}))?"
     r"(?P<tz>Z|[+-]\d{2}:?\d{2})?\]?(?: {1,4}- {1,4}| {1,4}|$)"
 )
-_SYSLOG = re.compile(
-    _MON + r" {1,2}(?P<day>\d{1,2}) (?P<hms>\d{2}:\d{2}:\d{2}) (?P<host>[\w.-]{1,253}) "
-    r"[\w./-]{1,64}(?:\[\d{1,10}\])?: "
-)
-_DMESG_T = re.compile(
-    r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" {1,2}(?P<day>\d{1,2}) (?P<hms>\d{2}:\d{2}:\d{2}) "
-    r"(?P<year>\d{4})\] ?"
-)
-_DMESG = re.compile(r"\[ {0,12}(?P<uptime>\d{1,10}\.\d{1,9})\] ?")
 _SLURM = re.compile(r" {0,6}(?P<task>\d{1,6}): ")
 _TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][\w-]{0,30}?)(?P<n>\d{1,6})\]: ?|\[rank: (?P<lightning>\d{1,6})\] ")
 _OMPI = re.compile(r"\[(?:\d{1,10},)?(?P<vpid>\d{1,7})\](?:\[[^\]:\s]{1,255}:\d{1,10}\])?<std(?:out|err)>: ?")
@@ -79,24 +64,13 @@ _PG_TAG = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d{1,6})[^\]\[]{0,80}? )?Rank (?P<
 _TAG_WINDOW = 400  # the PG/rank tag sits near the start of the message; don't scan a long line for it
 
 
-class Stamp(NamedTuple):
-    """A timestamp as far as the line tells it.
-
-    `kind` says what can be compared: "abs" (seconds since the epoch, UTC when no zone is given),
-    "md" (month, day and time without a year: glog and syslog), "uptime" (dmesg seconds since boot).
-    Two stamps order each other only when their kinds are equal.
-    """
-
-    kind: str
-    value: float
-
-
 @dataclass(frozen=True, slots=True)
 class LogLine:
     text: str  # the message with every recognised prefix removed
     raw: str  # the line without colour codes and line-end characters
     rank: int | None = None  # global rank
     local_rank: int | None = None
+    task: int | None = None  # srun --label's task, Open MPI's rank: a global rank only when a task is one rank
     host: str | None = None
     pid: int | None = None
     cuda_dev: int | None = None  # CUDA device index as the process saw it (NCCL's `[N]`)
@@ -115,37 +89,11 @@ def clean(raw: str) -> str:
     return raw.rstrip("\r\n")
 
 
-def _frac_seconds(hms: str, frac: str | None) -> float:
-    h, m, s = (int(part) for part in hms.split(":"))
-    seconds = h * 3600 + m * 60 + s
-    if frac:
-        seconds += int(frac[:6]) / 10 ** len(frac[:6])
-    return float(seconds)
-
-
-def _abs_stamp(date: str, hms: str, frac: str | None, tz: str | None) -> Stamp | None:
-    text = f"{date}T{hms}"
-    if tz and tz != "Z":
-        text += tz if ":" in tz else f"{tz[:3]}:{tz[3:]}"
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:  # 2024-13-45 and friends: not a time after all
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return Stamp("abs", moment.timestamp() + _frac_seconds("00:00:00", frac))
-
-
-def _md_stamp(month: int, day: int, hms: str, frac: str | None) -> Stamp:
-    # No year: order within a year is all glog and syslog can offer.
-    return Stamp("md", ((month * 32 + day) * 86400) + _frac_seconds(hms, frac))
-
-
 def _glog_stamp(md: str | None, hms: str | None) -> Stamp | None:
     if md is None or hms is None:
         return None
     whole, _, frac = hms.partition(".")
-    return _md_stamp(int(md[:-2]), int(md[-2:]), whole, frac or None)
+    return md_stamp(int(md[:-2]), int(md[-2:]), whole, frac or None)
 
 
 @dataclass(slots=True)
@@ -180,22 +128,11 @@ def _strip_one(text: str, f: _Fields, seen: set[str]) -> str | None:
 
 def _strip_outer(text: str, f: _Fields, seen: set[str]) -> str | None:
     """Runtimes', aggregators' and launchers' prefixes."""
-    if "container" not in seen and (m := _CONTAINER.match(text)):
-        seen.add("container")
-        f.stamp_once(_abs_stamp(m["date"], m["hms"], m["frac"], m["tz"]))
-        return text[m.end() :]
-    if "syslog" not in seen and (m := _SYSLOG.match(text)):
-        seen.add("syslog")
-        f.host = f.host or m["host"]
-        f.stamp_once(_md_stamp(_MONTHS[m["mon"]], int(m["day"]), m["hms"], None))
-        return text[m.end() :]
-    if "dmesg" not in seen and (m := _DMESG_T.match(text) or _DMESG.match(text)):
-        seen.add("dmesg")
-        if "uptime" in m.re.groupindex:
-            f.stamp_once(Stamp("uptime", float(m["uptime"])))
-        else:
-            f.stamp_once(_abs_stamp(f"{m['year']}-{_MONTHS[m['mon']]:02d}-{int(m['day']):02d}", m["hms"], None, None))
-        return text[m.end() :]
+    if (h := header(text)) is not None and h.kind not in seen:
+        seen.add(h.kind)
+        f.host = f.host or h.host
+        f.stamp_once(h.stamp)
+        return text[h.end :]
     if "kubectl" not in seen and (m := _KUBECTL.match(text)):
         seen.add("kubectl")
         f.host = f.host or m["pod"]
@@ -203,7 +140,7 @@ def _strip_outer(text: str, f: _Fields, seen: set[str]) -> str | None:
         return text[m.end() :]
     if "ompi" not in seen and (m := _OMPI.match(text)):
         seen.add("ompi")
-        f.rank = int(m["vpid"])  # the MPI rank
+        f.task = int(m["vpid"])  # the MPI rank: a process of the job, a rank only if each process is one
         return text[m.end() :]
     if "ray" not in seen and (m := _RAY.match(text)):
         seen.add("ray")
@@ -245,9 +182,9 @@ def _strip_inner(text: str, f: _Fields, seen: set[str]) -> str | None:
         seen.add("glog")
         f.stamp_once(_glog_stamp(m["md"], m["hms"]))
         return text[m.end() :]
-    if "iso" not in seen and (m := _ISO.match(text)):
-        seen.add("iso")
-        f.stamp_once(_abs_stamp(m["date"], m["hms"], m["frac"], m["tz"]))
+    if "logging" not in seen and (m := _ISO.match(text)):
+        seen.add("logging")
+        f.stamp_once(abs_stamp(m["date"], m["hms"], m["frac"], m["tz"]))
         return text[m.end() :]
     if "nccl" not in seen and (m := _NCCL.match(text)):
         seen.add("nccl")
@@ -286,14 +223,12 @@ def normalise(raw: str) -> LogLine:
         # `[Rank N]` numbers the rank in its process group: the global rank only in the default one.
         if f.rank is None and tag["pg"] in (None, "0"):
             f.rank = int(tag["rank"])
-    if f.rank is None and f.task is not None:
-        # srun --label numbers tasks; with one task per GPU that is the global rank.
-        f.rank = f.task
     return LogLine(
         text=text.rstrip(),
         raw=cleaned,
         rank=f.rank,
         local_rank=f.local_rank,
+        task=f.task,
         host=f.host,
         pid=f.pid,
         cuda_dev=f.cuda_dev,

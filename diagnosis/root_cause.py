@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from gpu_triage.diagnosis.findings import Finding
-from gpu_triage.diagnosis.log_lines import Stamp
+from gpu_triage.diagnosis.log_stamps import Stamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +58,11 @@ def _tier_key(group: Sequence[Ranked]) -> list[Ranked]:
 
 
 def _on_gpu(xid: Finding, other: Finding) -> bool:
-    if xid.gpu is not None and other.gpu == xid.gpu:
-        return True
-    return xid.rank is not None and other.rank == xid.rank and other.host in (None, xid.host)
+    """Whether `other` happened on the XID's GPU. Every node has a GPU at 3b:00: a bus id (or a rank) names
+    the same GPU only on the same host, or where one of the two does not say its host."""
+    if None not in (xid.host, other.host) and xid.host != other.host:
+        return False
+    return (xid.gpu is not None and other.gpu == xid.gpu) or (xid.rank is not None and other.rank == xid.rank)
 
 
 def kernel_first(items: Iterable[Ranked], is_root_xid: Callable[[Finding], bool]) -> list[Ranked]:

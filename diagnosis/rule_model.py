@@ -32,7 +32,7 @@ _INT_FIELDS = (
     "rank peer_rank local_rank pid cuda_dev port nccl_code ib_status vendor_err opcode length seq "
     "last_enqueued last_completed timeout_ms ran_ms seconds count ring found expected size "
     "expected_size numel_in numel_out hca_index joined family driver_version nranks errno rc exitcode "
-    "gid_index index"
+    "gid_index index task"
 )
 _STR_FIELDS = (
     "host peer hca ib_status_name opcode_name op pg reason event element call symbol path "
@@ -61,6 +61,7 @@ class ContextKind(StrEnum):
     IGNORED_EXCEPTION = "ignored_exception"  # Python: `Exception ignored in: …` (the next traceback is harmless)
     TRACEBACK = "traceback"  # Python: `Traceback (most recent call last):`
     EXCEPTION = "exception"  # the `SomeError: message` line that ends a traceback
+    LAUNCHER_ARGV = "launcher_argv"  # `--local_rank=N` in the command line a launcher reports a worker's end with
 
 
 @dataclass(frozen=True, slots=True)

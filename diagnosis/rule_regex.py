@@ -18,7 +18,8 @@ prefixes are cut off), `$` goes, and negated classes never cross a newline.
 
 Constructs that either engine cannot honour, or that would let a match be slow, are refused here and
 reported by the loader: look-around, back-references, inline flags, atomic groups, possessive or
-unbounded repetition, and non-ASCII literals.
+unbounded repetition, non-ASCII literals, and the shapes diagnosis/regex_cost.py counts too many ways
+to try (a repeat inside a repeat, wide repeats in a row).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from gpu_triage.diagnosis import regex_cost
+
 # The parser Python's `re` uses; private, but its output is what the matcher really runs.
 _sre: Any = importlib.import_module("re._parser")
 _c: Any = importlib.import_module("re._constants")
 
-MAX_NESTED = 512  # outer bound x inner bound of a repeat inside a repeat
 SCAN_LITERAL = 8  # required literals this long are the scan form themselves (see scan_pattern)
 MIN_LITERAL = 4  # a signature's required text is at least this long: distinctive, and cheap to look for
 
@@ -40,36 +42,6 @@ MIN_LITERAL = 4  # a signature's required text is at least this long: distinctiv
 # message that starts after a prefix starts after one of these in the raw line.
 _AFTER_PREFIX = r"(?:^|[ \t\r\f\v:\]>])"
 _SPACE = r" \t\r\f\v"  # Python's ASCII \s without the newline a block scan must never cross
-
-
-def unbounded_repeats(pattern: str) -> list[int]:
-    """Offsets of `*`, `+` or `{n,}` outside character classes: repetition without an upper bound.
-
-    Every repeat bounded keeps a search linear in the line length with a small constant, which is
-    what protects the classifier from catastrophic backtracking on hostile lines.
-    """
-    found: list[int] = []
-    i, in_class = 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-            if pattern.startswith("]", i + 1) or pattern.startswith("^]", i + 1):
-                i += 2 if pattern[i + 1] == "]" else 3
-                continue
-        elif c in "*+":
-            found.append(i)
-        elif c == "{" and (m := re.match(r"\{\d+,\}", pattern[i:])):
-            found.append(i)
-            i += m.end()
-            continue
-        i += 1
-    return found
 
 
 def _parse(pattern: str) -> Any:
@@ -86,6 +58,8 @@ def unsupported(pattern: str) -> list[str]:
     if tree.state.flags & ~(re.ASCII | re.UNICODE):
         problems.append("inline flags are not allowed (the engines run case-sensitive, ASCII)")
     _check(tree, problems)
+    if not problems:  # the cost of a search is only worth counting in a pattern that can run
+        problems += regex_cost.problems(tree)
     return sorted(set(problems))
 
 
@@ -119,27 +93,11 @@ def _check(seq: Any, problems: list[str]) -> None:
             _low, high, sub = av
             if high is _c.MAXREPEAT:
                 problems.append("unbounded repetition (*, +, {n,}): use a bounded {m,n}")
-            elif high > 1 and (inner := _widest_repeat(sub)) > 1 and high * inner > MAX_NESTED:
-                problems.append(f"a repeat of up to {high} around a repeat: bound the product by {MAX_NESTED}")
             _check(sub, problems)
         elif op is _c.IN:
             for item_op, item_av in av:
                 if item_op is _c.LITERAL and item_av > 0x7F:
                     problems.append(f"non-ASCII literal {chr(item_av)!r} in a class")
-
-
-def _widest_repeat(seq: Any) -> int:
-    """The largest repeat bound inside `seq` (1 when there is none): what an outer repeat multiplies."""
-    widest = 1
-    for op, av in seq:
-        if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
-            high = av[1]
-            widest = max(widest, (1 << 30) if high is _c.MAXREPEAT else max(high, 1) * _widest_repeat(av[2]))
-        elif op is _c.SUBPATTERN:
-            widest = max(widest, _widest_repeat(av[3]))
-        elif op is _c.BRANCH:
-            widest = max(widest, *(_widest_repeat(alt) for alt in av[1]))
-    return widest
 
 
 # -- required literals -------------------------------------------------------------------------------

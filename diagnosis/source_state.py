@@ -57,6 +57,7 @@ class Traceback:
     rank: int | None
     host: str | None
     local_rank: int | None
+    task: int | None  # the launcher's task (diagnosis/identity.py)
     hooked: bool  # printed by PyTorch's excepthook (`[rankN]: Traceback`): uncaught for certain
     classified: bool = False  # its exception line is a finding of its own
 
@@ -141,6 +142,7 @@ class SourceState:
             head.rank if head.rank is not None else line.rank,
             head.host or line.host,
             head.local_rank if head.local_rank is not None else line.local_rank,
+            head.task if head.task is not None else line.task,
             hooked=_HOOKED.search(head.raw) is not None,
             classified=classified,
         )

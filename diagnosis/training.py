@@ -79,6 +79,7 @@ class _Place:
     local: int | None
     gpu: str | None
     pid: int | None
+    task: int | None = None
 
 
 class _Diagnosis:
@@ -195,7 +196,9 @@ class _Diagnosis:
                 rank, nranks = int(fields["rank"]), int(fields["nranks"])
                 self.identity.comm_init(src.index, line.host, line.pid, rank=rank, nranks=nranks, gpu=gpu)
                 if line.local_rank is not None and line.rank is None:  # torchrun's `[default3]:` tag
-                    self.identity.local(line.host, line.local_rank, rank)
+                    self.identity.local(src.index, line.host, line.local_rank, rank, line.task)
+                if line.task is not None and line.task != rank:  # a task that holds several ranks
+                    self.identity.tasks_not_ranks(src.index)
         elif kind is ContextKind.NODE_LAYOUT:
             if line.host is not None and line.pid is not None:
                 self.identity.layout(
@@ -248,14 +251,15 @@ class _Diagnosis:
         host = details.pop("host", None)  # a worker a launcher reports on: the place is the worker's
         rank = line.rank if line.rank is not None else details.get("rank")
         local = line.local_rank if line.local_rank is not None else details.get("local_rank")
-        tasks, ranks = details.get("tasks"), details.get("ranks")
-        if rank is None and isinstance(tasks, str) and tasks.isdigit():
-            rank = int(tasks)  # srun numbers tasks by global rank
+        tasks, ranks, task = details.get("tasks"), details.get("ranks"), details.get("task")
+        if isinstance(tasks, str) and tasks.isdigit():
+            task = int(tasks)
         if isinstance(ranks, str) and ranks.strip().isdigit():
             rank = int(ranks)  # the one rank a report names (the lagging rank), not the reporter
-        if host is not None and line.rank is None and isinstance(rank, int):
-            # A launcher's report names a worker's host and rank together (srun's task, mpirun's rank).
-            self.identity.pair(rank, str(host), local if isinstance(local, int) else None)
+        if host is not None and isinstance(task, int):
+            # A launcher's report names a task and its host together (srun's `gpu07: task 3`, mpirun's
+            # `process rank 3 … on node gpu07`); whether the task is a rank is decided at the end.
+            self.identity.task_on(src.index, task, str(host))
         pid = details.get("pid")
         place = _Place(
             str(host) if host is not None else line.host,
@@ -263,6 +267,7 @@ class _Diagnosis:
             local if isinstance(local, int) else None,
             gpu,
             pid if isinstance(pid, int) else None,
+            task if isinstance(task, int) else line.task,
         )
         entry = src.table_place(line)
         if entry is not None:  # an indented line of torchrun's failure table: the entry's worker
@@ -274,6 +279,11 @@ class _Diagnosis:
 
     def _finding(self, src: SourceState, number: int, line: LogLine, match: Match) -> None:
         details, gpu = convert(match.fields)
+        if match.rule.class_id in ENDS and "local_rank" not in details and "--local" in line.text:
+            # A launcher's report of a worker's end names the worker by its command line.
+            argv = self.rules.context_fields(ContextKind.LAUNCHER_ARGV, line.text)
+            if argv is not None:
+                details["local_rank"] = int(argv["local_rank"])
         place = self._place(src, line, details, gpu)
         spec = self.specs[match.rule.class_id]
         if spec.class_id == PROCESS_SEGFAULT and "abort" in details:
@@ -294,7 +304,7 @@ class _Diagnosis:
             src.exit_reported = True
             if place.pid is not None and isinstance(local := details.get("local_rank"), int):
                 src.failed(place.pid, local)  # torchrun's agent: `failed (exitcode: …) local_rank: N (pid: P)`
-        who = Who(src.index, place.host, line.pid, place.rank, place.local, place.gpu, place.pid)
+        who = Who(src.index, place.host, line.pid, place.rank, place.local, place.gpu, place.pid, place.task)
         self.collapser.add(who, spec, self._seen(src, number, line, match.signature + 1), details)
 
     # -- the report -----------------------------------------------------------------------------
@@ -339,7 +349,7 @@ class _Diagnosis:
         for src in self.sources:
             for trace in uncaught(src, exit_reported=src.exit_reported):
                 seen = Seen(src.index, trace.line, trace.text[:EVIDENCE_CHARS], None, -1)
-                who = Who(src.index, trace.host, None, trace.rank, trace.local_rank)
+                who = Who(src.index, trace.host, None, trace.rank, trace.local_rank, task=trace.task)
                 self.collapser.add(who, self.specs[JOB_FAILED], seen, {})
 
 

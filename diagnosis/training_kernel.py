@@ -25,7 +25,7 @@ from typing import Any
 
 from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, Tally
-from gpu_triage.diagnosis.identity import Who
+from gpu_triage.diagnosis.identity import Who, short_host
 from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide
 from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
 from gpu_triage.diagnosis.log_lines import LogLine
@@ -108,7 +108,8 @@ class KernelFindings:
         self.events: list[dict[str, Any]] = []
         self.dropped = 0
         self._xid_specs: dict[int, tuple[Spec, XidEntry | None]] = {}
-        self.occurrences: dict[tuple[int, str | None], list[Occurrence]] = {}  # by (input, GPU)
+        # By (input, host, GPU): every node has a GPU at 3b:00, so a bus id names a GPU only with its host.
+        self.occurrences: dict[tuple[int, str | None, str | None], list[Occurrence]] = {}
 
     def add(self, source: int, line: LogLine, event: KernelEvent) -> None:
         if event.code is None or event.kind is EventKind.GPU_BINDING:
@@ -166,13 +167,14 @@ class KernelFindings:
             # the XIDs keep input order and count as one burst.
             ts = line.stamp.value if line.stamp is not None and line.stamp.kind == "abs" else None
             occurrence = Occurrence(event.code, event.text, ts, ref=event.line, details=event.details)
-            self.occurrences.setdefault((source, event.pci_bus_id), []).append(occurrence)
+            key = (source, short_host(line.host), event.pci_bus_id)
+            self.occurrences.setdefault(key, []).append(occurrence)
 
     def judge(self) -> set[str]:
         """Judge each GPU's XIDs together, as the daemon does (`incidents.decide`): the root cause of a
         burst keeps the action its neighbours call for (Xid 154's recovery action, 48 with 63/64), the
         rest are symptoms. Returns the XID classes that were only ever symptoms."""
-        verdicts: dict[tuple[int, str | None], dict[int, Decision]] = {}
+        verdicts: dict[tuple[int, str | None, str | None], dict[int, Decision]] = {}
         for key, occurrences in self.occurrences.items():
             lead: dict[int, Decision] = {}
             for d in decide(occurrences):
@@ -185,7 +187,8 @@ class KernelFindings:
             spec = tally.spec
             if not spec.class_id.startswith("xid_"):
                 return None
-            d = verdicts.get((who.source, who.gpu), {}).get(int(spec.class_id.removeprefix("xid_")))
+            code = int(spec.class_id.removeprefix("xid_"))
+            d = verdicts.get((who.source, short_host(who.host), who.gpu), {}).get(code)
             if d is None or (d.action, d.severity) == (spec.action, spec.severity):
                 return None
             tier = _xid_tier(d.action, self.rules) if d.root else float(len(self.rules.rules))

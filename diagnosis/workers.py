@@ -68,7 +68,8 @@ def failed_worker(collapser: Collapser, identity: IdentityBook, source: int, end
 def _in_traceback(state: SourceState, tally: Tally) -> bool:
     line = tally.first.line
     return any(
-        t.rank is None and t.host is None and t.local_rank is None and t.start <= line <= t.line + EXCEPTION_TAIL
+        (t.rank, t.host, t.local_rank, t.task) == (None, None, None, None)
+        and t.start <= line <= t.line + EXCEPTION_TAIL
         for t in state.tracebacks
     )
 

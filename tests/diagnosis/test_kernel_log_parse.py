@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
-from gpu_triage.diagnosis import kernel_log
+from gpu_triage.diagnosis import kernel_log, regex_cost
 from gpu_triage.diagnosis.kernel_log import MAX_LINE_CHARS, EventKind, parse_recovery_change
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
-from gpu_triage.diagnosis.rule_regex import unbounded_repeats
 from tests.diagnosis.kernel_lines import parse_line
 
 UUID = "GPU-0b11d014-a2a8-aa5e-ab77-7a1e0e2b0a79"
@@ -76,6 +76,14 @@ POSITIVE = {
     "rfc3339-syslog": (
         "2024-08-30T11:43:09.123456+02:00 h1 kernel: NVRM: Xid (PCI:0000:1b:00): 64, pid=2, name=y, failure",
         xid(64, "0000:1b:00.0", 2, "y", "2024-08-30T11:43:09.123456+02:00"),
+    ),
+    "syslog-priority": (
+        "<4>Aug 30 11:43:09 h1 kernel: NVRM: Xid (PCI:0000:1b:00): 64, pid=2, name=y, failure",
+        xid(64, "0000:1b:00.0", 2, "y", "Aug 30 11:43:09"),
+    ),
+    "journal-short-unix": (
+        "1725018189.123456 h1 kernel: NVRM: Xid (PCI:0000:1b:00): 64, pid=2, name=y, failure",
+        xid(64, "0000:1b:00.0", 2, "y", "1725018189.123456"),
     ),
     "talos-digits-in-host": (
         "172.20.0.119: kern: warning: [2024-08-30T11:43:09.123456789Z]: NVRM: Xid (PCI:0000:0b:00): 119, "
@@ -477,7 +485,27 @@ def test_every_kernel_log_regex_is_bounded() -> None:
     patterns = [v for v in vars(kernel_log).values() if isinstance(v, re.Pattern)]
     assert len(patterns) >= 8
     for p in patterns:
-        assert unbounded_repeats(p.pattern) == [], p.pattern
+        tree = _sre.parse(p.pattern, p.flags)
+        assert _MAXREPEAT not in _bounds(tree), p.pattern
+        assert regex_cost.problems(tree) == [], p.pattern
+
+
+_sre: Any = importlib.import_module("re._parser")
+_MAXREPEAT: Any = importlib.import_module("re._constants").MAXREPEAT
+
+
+def _bounds(tree: Any) -> list[Any]:
+    """The upper bound of every repeat in a parsed pattern."""
+    out = []
+    for _op, av in tree:
+        for part in av if isinstance(av, (list, tuple)) else ():
+            if isinstance(part, _sre.SubPattern):
+                out += _bounds(part)
+            elif isinstance(part, list):
+                out += [b for alt in part if isinstance(alt, _sre.SubPattern) for b in _bounds(alt)]
+        if str(_op) in ("MAX_REPEAT", "MIN_REPEAT"):
+            out.append(av[1])
+    return out
 
 
 def test_ten_megabyte_line_is_skipped_and_counted() -> None:

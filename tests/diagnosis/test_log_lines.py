@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_triage.diagnosis.log_lines import LogLine, Stamp, clean, normalise
+from gpu_triage.diagnosis.log_lines import LogLine, clean, normalise
+from gpu_triage.diagnosis.log_stamps import Stamp
 
 MSG = "misc/socket.cc:538 NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.4<35120>"
 
@@ -31,9 +32,15 @@ def test_torchrun_rank_tag_is_the_global_rank_and_role_tag_the_local_rank() -> N
     assert (stacked.rank, stacked.local_rank, stacked.text) == (11, 3, MSG)
 
 
-def test_slurm_label_is_the_rank_when_nothing_better_is_known() -> None:
-    assert normalise(f"5: node1:1:2 [5] {MSG}").rank == 5
-    assert normalise(f"  5: [rank13]: {MSG}").rank == 13
+def test_launcher_tasks_are_kept_apart_from_ranks() -> None:
+    """srun's label and Open MPI's tag number tasks: a rank only when each task is one (diagnosis/identity.py)."""
+    line = normalise(f"5: node1:1:2 [5] {MSG}")
+    assert (line.task, line.rank) == (5, None)
+    assert (normalise(f"  5: [rank13]: {MSG}").task, normalise(f"  5: [rank13]: {MSG}").rank) == (5, 13)
+    assert (normalise("[1,3]<stdout>:Traceback (most recent call last):").task, normalise("[1,3]<stderr>: x").task) == (
+        3,
+        3,
+    )
     assert normalise("12:00:01 not a label").text == "12:00:01 not a label"
 
 
@@ -91,6 +98,43 @@ def test_kernel_log_prefixes_give_host_and_time() -> None:
     assert human.stamp == Stamp("abs", _abs("2024-05-01T14:03:10"))
 
 
+XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize(
+    ("header", "kind", "value"),
+    [
+        ("2024-05-01T12:00:00+0000 node07 kernel: ", "abs", _abs("2024-05-01T12:00:00")),  # journalctl short-iso
+        ("2024-05-01T14:00:00+02:00 node07 kernel: ", "abs", _abs("2024-05-01T12:00:00")),  # newer short-iso
+        ("2024-05-01T12:00:00.250000+00:00 node07 kernel: ", "abs", _abs("2024-05-01T12:00:00") + 0.25),  # rsyslog
+        ("May 01 12:00:00.250000 node07 kernel: ", "md", None),  # journalctl short-precise
+        ("<4>May  1 12:00:00 node07 kernel: ", "md", None),  # with the syslog priority
+        ("Wed 2024-05-01 12:00:00 UTC node07.cluster.local kernel: ", "abs", _abs("2024-05-01T12:00:00")),
+        ("1714564800.250000 node07 kernel: ", "abs", 1714564800.25),  # journalctl short-unix
+    ],
+)
+def test_every_syslog_and_journal_header_gives_the_host(header: str, kind: str, value: float | None) -> None:
+    line = normalise(header + XID)
+    assert (line.text, line.host is not None and line.host.split(".")[0]) == (XID, "node07")
+    assert line.stamp is not None and line.stamp.kind == kind
+    if value is not None:
+        assert line.stamp.value == pytest.approx(value)
+
+
+def test_a_training_line_from_the_journal_keeps_host_and_rank() -> None:
+    line = normalise(f"2024-05-01T12:00:00+0000 node07 python[1234]: [rank5]: {MSG}")
+    assert (line.host, line.rank, line.text) == ("node07", 5, MSG)
+    precise = normalise(f"May 01 12:00:00.123456 node07 python3[1234]: node07:1234:1290 [5] {MSG}")
+    assert (precise.host, precise.pid, precise.cuda_dev, precise.text) == ("node07", 1234, 5, MSG)
+
+
+def test_a_programs_own_words_after_a_runtime_stamp_are_no_host() -> None:
+    """A container's stamp is followed by the program's output; dmesg's by the kernel's `driver device: `."""
+    assert normalise("2024-05-01T12:00:00.123456789Z Epoch 1: loss 2.3").host is None
+    assert normalise("2024-05-01T12:00:00,123456+0000 usb 1-1: new high-speed USB device").host is None
+    assert normalise("[    1.000000] usb 1-1: new high-speed USB device").host is None
+
+
 def test_ansi_colours_and_line_ends_are_removed() -> None:
     raw = f"\x1b[31m[rank1]:\x1b[0m \x1b[1m{MSG}\x1b[0m\r\n"
     line = normalise(raw)
@@ -138,8 +182,8 @@ def test_normalise_never_raises(text: str) -> None:
     ("raw", "text", "host", "rank", "local_rank"),
     [
         # Open MPI --tag-output (the MPI rank), 4.x without a space, 5.x with one
-        ("[1,3]<stdout>:Traceback (most recent call last):", "Traceback (most recent call last):", None, 3, None),
-        ("[1,3]<stderr>: RuntimeError: x", "RuntimeError: x", None, 3, None),
+        ("[1,3]<stdout>:Traceback (most recent call last):", "Traceback (most recent call last):", None, None, None),
+        ("[1,3]<stderr>: RuntimeError: x", "RuntimeError: x", None, None, None),
         # kubectl logs --prefix: the pod stands for the host
         ("[pod/trainer-0/pytorch] [rank3]: RuntimeError: x", "RuntimeError: x", "trainer-0", 3, None),
         # pdsh / DeepSpeed's runner, then DeepSpeed's logger

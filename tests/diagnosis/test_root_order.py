@@ -88,3 +88,54 @@ def test_nccl_tests_names_the_nccl_error_it_got() -> None:
         "[1,1]<stdout>: .. nt-3 pid 344155: Test failure common.cu:842",
     )
     assert [(f.class_id, f.host, f.rank) for f in report.findings] == [("nccl_generic_error", "nt-3", 1)]
+
+
+def test_xids_of_two_hosts_on_the_same_bus_id_are_judged_apart() -> None:
+    """Every node has a GPU at 3b:00: node09's double-bit error is its own fault, not a symptom of node07's 79."""
+    report = _text(
+        "node07: [12345.678901] NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has fallen off the bus.",
+        "node09: [12346.100000] NVRM: Xid (PCI:0000:3b:00): 48, pid=777, name=python3, An uncorrectable double bit "
+        "error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.",
+    )
+    dbe = next(f for f in report.findings if f.class_id == "xid_48")
+    assert dbe.host == "node09"
+    assert dbe.severity.value == "critical" and dbe.action.value != "IGNORE"
+    assert "likely_caused_by" not in dbe.details
+
+
+def test_an_xid_is_not_the_cause_of_findings_on_another_host() -> None:
+    report = _text(
+        "May  1 12:00:00 node07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has fallen off "
+        "the bus.",
+        "node09:41211:41339 [1] NCCL INFO comm 0x55d4b0c0 rank 9 nranks 16 cudaDev 1 busId 3b000 - Init COMPLETE",
+        "node09:41211:41339 [1] NCCL WARN NET/IB : Got completion from peer 10.3.1.12<39811> with error 12, "
+        "opcode 0, len 0, vendor err 129",
+        "node09:41211:41339 [1] misc/strongstream.cc:395 NCCL WARN Cuda failure 700 'an illegal memory access was "
+        "encountered'",
+    )
+    assert report.findings[0].class_id == "xid_79" and report.findings[0].host == "node07"
+    others = [f for f in report.findings if f.host == "node09"]
+    assert {f.class_id for f in others} >= {"cuda_illegal_address"}
+    assert not any(f.details.get("likely_caused_by") == report.findings[0].id for f in others)
+    # On its own host the same bus id still ties the XID to the rank's error.
+    same = _text(
+        "May  1 12:00:00 node09 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=41211, name=python3, GPU has fallen off "
+        "the bus.",
+        "node09:41211:41339 [1] NCCL INFO comm 0x55d4b0c0 rank 9 nranks 16 cudaDev 1 busId 3b000 - Init COMPLETE",
+        "node09:41211:41339 [1] misc/strongstream.cc:395 NCCL WARN Cuda failure 700 'an illegal memory access was "
+        "encountered'",
+    )
+    cuda = next(f for f in same.findings if f.class_id == "cuda_illegal_address")
+    assert cuda.details.get("likely_caused_by") == same.findings[0].id
+
+
+def test_journal_exports_of_two_hosts_keep_their_xids_apart() -> None:
+    """`journalctl -o short-iso` and rsyslog's RFC 3339 lines name the host after the stamp."""
+    report = _text(
+        "2024-05-01T12:00:00+0000 node07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has "
+        "fallen off the bus.",
+        "2024-05-01T12:00:01.500000+00:00 node09 kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=777, name=python3, An "
+        "uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0.",
+    )
+    assert sorted((f.class_id, f.host) for f in report.findings) == [("xid_48", "node09"), ("xid_79", "node07")]
+    assert not any("likely_caused_by" in f.details for f in report.findings)

@@ -432,7 +432,7 @@ def test_the_event_that_fills_the_list_is_judged_too(monkeypatch: pytest.MonkeyP
     xid = "NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=python3, Graphics Exception\n"
     state.read(None, [xid.encode() * 3])
     assert len(state.kernel.events) == 2 and state.kernel.dropped == 1
-    assert len(state.kernel.occurrences[(0, "0000:3b:00.0")]) == 2
+    assert len(state.kernel.occurrences[(0, None, "0000:3b:00.0")]) == 2
 
 
 def test_an_uncaught_exception_at_the_end_of_a_log_is_a_death_a_handled_one_is_not() -> None:

@@ -14,7 +14,6 @@ from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.block_scan import LiteralFinder, engine_name, finder_for
 from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.diagnosis.log_lines import normalise
-from gpu_triage.diagnosis.rule_regex import unbounded_repeats
 from gpu_triage.diagnosis.training_rules import (
     FIELDS,
     REQUIRED_CLASSES,
@@ -186,28 +185,6 @@ def test_the_literal_finder_looks_for_few_distinct_words() -> None:
     assert all(len(n) >= 4 for n in finder._needles)
 
 
-def test_no_signature_repeats_without_bound() -> None:
-    for sig in SIGNATURES:
-        assert unbounded_repeats(sig.pattern) == []
-
-
-@pytest.mark.parametrize(
-    ("pattern", "offsets"),
-    [
-        (r"a.*b", [2]),
-        (r"a+", [1]),
-        (r"a{2,}", [1]),
-        (r"a{1,9}\+\*", []),
-        (r"[*+]{1,3}", []),
-        (r"[]*]", []),
-        (r"[^]+]x", []),
-        (r"(?:ab){1,4}c{0,2}", []),
-    ],
-)
-def test_unbounded_repeats(pattern: str, offsets: list[int]) -> None:
-    assert unbounded_repeats(pattern) == offsets
-
-
 def test_loader_reports_every_problem_at_once() -> None:
     doc = _doc()
     rules = doc["rules"]
@@ -256,6 +233,11 @@ def test_loader_rejects_an_example_stolen_by_a_more_specific_rule() -> None:
         (r"(?i)port error", "inline flags are not allowed"),
         (r"\d{1,4}: \w{1,9}", "no literal text of 4+ characters"),
         (r"(?:x\d{1,60}){1,60} error", "around a repeat"),
+        (
+            r"CalledProcessError: Command [^\n]{1,2000}?(?:--local_rank=(?P<local_rank>\d{1,5})[^\n]{0,2000}?)? "
+            r"returned non-zero exit status (?P<exitcode>\d{1,3})",
+            "wide repeats in a row",
+        ),
         (r"caf\u00e9 error", "non-ASCII literal"),
     ],
 )
