@@ -29,7 +29,7 @@ from gpu_triage.exporter.polling.poller import Poller
 from gpu_triage.exporter.polling.snapshot import Snapshot
 from gpu_triage.exporter.settings import Settings
 from gpu_triage.exporter.sources.driver_events import DriverEvents
-from gpu_triage.exporter.sources.journal import Event, Journal, Mark
+from gpu_triage.exporter.sources.journal import Event, Journal, Mark, Total
 from gpu_triage.exporter.sources.kmsg import KmsgFollower, boot_time
 from gpu_triage.exporter.sources.pipeline import EventPipeline
 from gpu_triage.exporter.verdicts import Verdicts, diagnosis_json, summary, verdict_families
@@ -122,7 +122,7 @@ class Daemon:
         for build in (
             lambda: gpu_families(self._frame.snapshot),
             lambda: workload_families(self._frame.snapshot, self._frame.workloads, self.workloads),
-            lambda: xid_families(self.journal.totals()),
+            lambda: xid_families(self.xid_totals()),
             lambda: verdict_families(self._frame.snapshot, self._frame.node),
             lambda: daemon_families(self._frame.snapshot),
             self._source_families,
@@ -135,6 +135,8 @@ class Daemon:
         self._render_lock = threading.Lock()
         self._purged_at = float("-inf")
         self._stopped = False
+        self._resumed = False  # the journal is open and the XID history loaded
+        self._sources_started = False
 
     @property
     def snapshot(self) -> Snapshot:
@@ -145,15 +147,13 @@ class Daemon:
         then poll and follow the XID sources in the background."""
         check_data()
         self.poller.discover()
-        self._purge_now_and_then(self.clock())
-        self.verdicts.load(self.clock())
-        self.pipeline.start()
+        with self._render_lock:
+            self._resume_xids()  # when the journal cannot be opened (a full disk), each render tries again
         # The first snapshot before the first XID: a verdict made without one would take every GPU with XID
         # history for a GPU the driver does not list, and call it lost.
         self.poller.start()
-        for source in (self.kmsg, self.driver_events):
-            if source is not None:
-                source.start()
+        with self._render_lock:
+            self._start_sources()
         self.workloads.start()
         gpus = self.snapshot.gpus
         log.info(
@@ -166,6 +166,29 @@ class Daemon:
                 "boot": self.boot_id,
             },
         )
+
+    def _resume_xids(self) -> None:
+        """Once the journal opens: retention, the XID history into the verdicts, and the pipeline that
+        journals new events. Until then the node reports GPU telemetry and `gpu_triage_journal_up 0`."""
+        if self._resumed or not self.journal.open():
+            return
+        try:
+            self.pipeline.resume()
+            self.verdicts.load(self.clock())
+        except sqlite3.Error:  # opened, then failed to read: the next render tries again
+            log.warning("cannot read the event journal; trying again", exc_info=True)
+            return
+        self._purge_now_and_then(self.clock())
+        self.pipeline.start()
+        self._resumed = True
+
+    def _start_sources(self) -> None:
+        """The XID sources read on from their cursors in the journal, so they wait for it."""
+        if self._resumed and not self._sources_started and self.snapshot.taken_at:
+            for source in (self.kmsg, self.driver_events):
+                if source is not None:
+                    source.start()
+            self._sources_started = True
 
     def stop(self) -> None:
         """Stop reading, let the journal finish what is queued, then let go of the driver."""
@@ -182,7 +205,7 @@ class Daemon:
 
     def _purge_now_and_then(self, now: float) -> None:
         """Retention by age, applied hourly: the daemon runs for months."""
-        if now - self._purged_at >= PURGE_EVERY_SECONDS:
+        if now - self._purged_at >= PURGE_EVERY_SECONDS and self.journal.is_open:
             self._purged_at = now
             try:
                 self.journal.purge(now - self.settings.journal_retention)
@@ -194,6 +217,10 @@ class Daemon:
             self.verdicts.add(event)
         # A new XID is on /metrics, and in the verdict, now, not at the next poll.
         self.refresh()
+
+    def xid_totals(self) -> list[Total]:
+        """Every GPU's XID counts; none while the journal cannot be opened (the counters are absent, not 0)."""
+        return self.journal.totals() if self.journal.is_open else []
 
     def acknowledge(self, uuid: str, note: str) -> None:
         """An operator says the GPU's XID findings so far are dealt with."""
@@ -212,6 +239,9 @@ class Daemon:
         with self._render_lock:
             if self._stopped:
                 return
+            if not self._resumed:
+                self._resume_xids()
+                self._start_sources()
             snapshot = self.snapshot
             now = self.clock()
             self._purge_now_and_then(now)

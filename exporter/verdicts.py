@@ -110,9 +110,10 @@ class Verdicts:
 
     def load(self, now: float) -> None:
         """The journal's recent history and marks, at start: old news, so not logged again."""
-        for event in self._journal.events(since=now - HISTORY_SECONDS, limit=100_000):
+        events, marks = self._journal.events(since=now - HISTORY_SECONDS, limit=100_000), self._journal.marks()
+        for event in events:  # all read first: a read that fails leaves nothing half loaded
             self._add(event)
-        self.add_marks(self._journal.marks())
+        self.add_marks(marks)
 
     def add_marks(self, marks: Sequence[Mark]) -> None:
         """Marks as they are journaled: only the latest acknowledgement and MARKS_PER_GPU resets count."""

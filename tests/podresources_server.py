@@ -144,6 +144,7 @@ class PodResourcesServer:
         self.allocatable: dict[str, list[str]] = {}
         self.allocatable_implemented = True
         self.delay = 0.0  # seconds each answer waits (a slow kubelet)
+        self.garbage: bytes | None = None  # answer List with these bytes instead (a kubelet we cannot read)
         self.calls: list[str] = []
         self._release = threading.Event()  # ends every delay at once, so that stopping never waits for one
         self._server: grpc.Server | None = None
@@ -151,7 +152,7 @@ class PodResourcesServer:
     def _list(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self.calls.append("List")
         self._release.wait(self.delay)
-        return encode_list(self.pods)
+        return encode_list(self.pods) if self.garbage is None else self.garbage
 
     def _allocatable(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self.calls.append("GetAllocatableResources")

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import re
+import sqlite3
 import threading
 import time
 import zlib
@@ -92,6 +93,8 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
         until: Annotated[str | None, Query(max_length=64)] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> dict[str, Any]:
+        if not daemon.journal.is_open:
+            raise HTTPException(503, f"the event journal cannot be opened ({daemon.journal.stats.error})")
         now = time.time()
         found = daemon.journal.events(
             since=parse_time(since, now) if since else None,
@@ -112,7 +115,10 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
     def acknowledge(gpu: GpuIndex, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
         uuid = gpu_or_404(daemon, gpu).identity.uuid
         log.info("GPU acknowledged", extra={"gpu": gpu, "uuid": uuid, "note": note})  # before the verdict it changes
-        daemon.acknowledge(uuid, note)
+        try:
+            daemon.acknowledge(uuid, note)
+        except sqlite3.Error as e:  # a full disk: nothing was marked, the operator must know
+            raise HTTPException(503, f"not stored: the event journal refuses writes ({e})") from e
         gpus: list[dict[str, Any]] = daemon.diagnosis()["gpus"]
         return next(g for g in gpus if g["gpu"] == gpu)
 

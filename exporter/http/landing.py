@@ -86,7 +86,7 @@ def _row(
 
 def _gpu_table(daemon: Daemon, indexes: Mapping[str, int]) -> str:
     by_bus = {v.gpu: v for v in daemon.verdicts.node.gpus}
-    last = _last_xids(daemon.journal.totals())
+    last = _last_xids(daemon.xid_totals())
     rows = []
     for state in daemon.snapshot.gpus:
         g = state.identity

@@ -8,9 +8,11 @@ counted twice. Per-GPU totals live in their own table, outside retention, so
 `nvidia_gpu_xid_errors_total` never goes down.
 
 A write that fails (a full disk) raises and moves nothing: the caller keeps the batch and tries again,
-and `stats` says the journal is down until a write succeeds. A file that is not a usable database
-(an empty file included) is moved aside with a loud log line and a fresh one started: losing history
-is bad, a daemon stuck in a crash loop is worse.
+and `stats` says the journal is down until a write succeeds. A journal that cannot even be opened (a full
+disk at start) is down in the same way until `open()` succeeds: the daemon serves GPU telemetry meanwhile
+and retries. Only a state directory that cannot be one (not a directory, not writable) is a start error.
+A file that is not a usable database (an empty file included) is moved aside with a loud log line and a
+fresh one started: losing history is bad, a daemon stuck in a crash loop is worse.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -159,17 +162,53 @@ class Journal:
         # the verdicts never have to read them all back.
         self.on_marks: Callable[[Sequence[Mark]], None] = lambda _: None
         self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            if path.exists() and path.stat().st_size == 0:
-                # SQLite takes an empty file for a new database: the counters would start over unnoticed.
-                raise sqlite3.DatabaseError("the file is empty")
-            self._db = self._open()
         except OSError as e:
             raise JournalError(f"cannot create {path.parent}: {e.strerror or e} ({_WRITABLE})") from e
-        except sqlite3.OperationalError as e:  # cannot open or write it: not corruption
-            raise JournalError(f"cannot open the event journal {path}: {e} ({_WRITABLE})") from e
+        if path.is_dir() or not os.access(path.parent, os.W_OK | os.X_OK):
+            raise JournalError(f"cannot open the event journal {path} ({_WRITABLE})")
+        self.open()
+
+    @property
+    def is_open(self) -> bool:
+        return self._db is not None
+
+    def open(self) -> bool:
+        """Open the journal if it is not open yet; False (and `stats` saying why) when it still cannot be."""
+        with self._lock:
+            if self._db is not None:
+                return True
+            existed = self.path.exists()
+            try:
+                self._db = self._open_or_move_aside()
+            except sqlite3.Error as e:  # cannot open or write it (a full disk): not corruption
+                if not existed:  # an empty file left by the failed attempt would pass for a corrupt one
+                    for suffix in ("", "-wal", "-shm"):
+                        Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                if self.stats.error != str(e):
+                    log.error(
+                        "cannot open the event journal; serving GPU telemetry without XIDs and trying again",
+                        extra={"path": str(self.path), "error": str(e)},
+                    )
+                self.stats.up, self.stats.error = False, str(e)
+                return False
+            if not self.stats.up:
+                log.info("the event journal is open", extra={"path": str(self.path)})
+            self.stats.up, self.stats.error = True, None
+            return True
+
+    def _open_or_move_aside(self) -> sqlite3.Connection:
+        try:
+            if self.path.exists() and self.path.stat().st_size == 0:
+                # SQLite takes an empty file for a new database: the counters would start over unnoticed.
+                raise sqlite3.DatabaseError("the file is empty")
+            return self._open()
+        except sqlite3.OperationalError:
+            raise
         except sqlite3.DatabaseError as e:
+            path = self.path
             aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
             log.error(
                 "EVENT JOURNAL IS CORRUPT: moved it aside and started a new one; XID history before now is "
@@ -181,7 +220,12 @@ class Journal:
                 if old.exists():
                     old.rename(Path(f"{aside}{suffix}"))
             self.stats.moved_aside += 1
-            self._db = self._open()
+            return self._open()
+
+    def _need(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise sqlite3.OperationalError(f"the event journal is not open ({self.stats.error})")
+        return self._db
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
@@ -205,7 +249,9 @@ class Journal:
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
+                self._db = None
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -216,7 +262,7 @@ class Journal:
         Batches arrive in order from one thread, so the cursor is simply set. A failure raises
         sqlite3.Error with nothing changed, and leaves `stats` saying why."""
         with self._lock:
-            db = self._db
+            db = self._need()
             try:
                 db.execute("BEGIN IMMEDIATE")
                 yield db
@@ -315,7 +361,7 @@ class Journal:
     def cursor(self, origin: str) -> Cursor | None:
         """How far the kernel log `origin` (kmsg:<boot id>, file:<path>) was counted."""
         with self._lock:
-            row = self._db.execute("SELECT seq, mark FROM cursor_v3 WHERE origin = ?", (origin,)).fetchone()
+            row = self._need().execute("SELECT seq, mark FROM cursor_v3 WHERE origin = ?", (origin,)).fetchone()
         return None if row is None else Cursor(origin, int(row[0]), str(row[1]))
 
     def events(
@@ -347,20 +393,24 @@ class Journal:
             f" text, details FROM events_v1 WHERE {' AND '.join(where)} ORDER BY ts DESC, id DESC LIMIT ?"
         )
         with self._lock:
-            rows = self._db.execute(query, (*args, limit)).fetchall()
+            rows = self._need().execute(query, (*args, limit)).fetchall()
         return [_event(row) for row in reversed(rows)]
 
     def totals(self) -> list[Total]:
         with self._lock:
-            rows = self._db.execute(
-                "SELECT kind, uuid, gpu_index, pci_bus_id, code, count, last_seen FROM totals_v1"
-                " ORDER BY kind, gpu_index, uuid, code"
-            ).fetchall()
+            rows = (
+                self._need()
+                .execute(
+                    "SELECT kind, uuid, gpu_index, pci_bus_id, code, count, last_seen FROM totals_v1"
+                    " ORDER BY kind, gpu_index, uuid, code"
+                )
+                .fetchall()
+            )
         return [Total(r[0], r[1], r[2], r[3] or None, r[4], r[5], r[6]) for r in rows]
 
     def marks(self) -> list[Mark]:
         with self._lock:
-            rows = self._db.execute("SELECT ts, uuid, kind, note FROM marks_v1 ORDER BY ts").fetchall()
+            rows = self._need().execute("SELECT ts, uuid, kind, note FROM marks_v1 ORDER BY ts").fetchall()
         return [Mark(*row) for row in rows]
 
 

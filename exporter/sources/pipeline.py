@@ -113,14 +113,14 @@ class EventPipeline:
         self._stopping = threading.Event()
         self._parser = KernelLogParser(self.stats.parse)
         # PCI bus id -> uuid, from the kernel log's binding lines; those before the cursor are in the
-        # journal as "init" marks, so a restart still names a GPU the driver no longer lists.
-        self._bound = {m.note: m.uuid for m in journal.marks() if m.kind == "init"}
+        # journal as "init" marks (see `resume`), so a restart still names a GPU the driver no longer lists.
+        self._bound: dict[str, str] = {}
         self._marks: list[Mark] = []  # this batch's, journaled with it
         # Reports waiting for the other kind of source to report them too, by (kind, gpu, code).
         self._waiting: dict[tuple[str, str, int], tuple[deque[_Slot], deque[_Slot]]] = {}
         # The latest Xid-less "fallen off the bus" event of each GPU: its Xid 79 line may follow in a later batch.
         self._fallen: dict[tuple[str, str, int], _Slot] = {}
-        self._recall(clock())
+        self._clock = clock
         self._thread: threading.Thread | None = None
         self._unfinished = 0  # batches queued and not yet journaled
         self._count_lock = threading.Lock()
@@ -145,7 +145,19 @@ class EventPipeline:
             self.idle.clear()
         self._queue.put(batch)
 
+    def resume(self) -> None:
+        """Pick up from the journal what the last run left: GPU bindings, and the events whose twin report may
+        still come. Before `start`; the journal must be open."""
+        marks, recent = self.journal.marks(), self.journal.events(since=self._clock() - MERGE_WINDOW_SECONDS)
+        self._bound = {m.note: m.uuid for m in marks if m.kind == "init"}
+        self._waiting.clear()  # read again from the start when an earlier try failed half-way
+        self._fallen.clear()
+        for event in recent:
+            if "," not in event.sources:  # one kind of source so far: its twin may still come
+                self._add(event, [], [])
+
     def start(self) -> None:
+        """Journal what comes in, on a thread of its own; `resume` first."""
         self._thread = threading.Thread(target=self._run, name="event-pipeline", daemon=True)
         self._thread.start()
 
@@ -253,12 +265,6 @@ class EventPipeline:
         except sqlite3.Error:
             return False
         return True
-
-    def _recall(self, now: float) -> None:
-        """Start the merge window with the journal's events from just before: their twin may come now."""
-        for event in self.journal.events(since=now - MERGE_WINDOW_SECONDS):
-            if "," not in event.sources:  # one kind of source so far: its twin may still come
-                self._add(event, [], [])
 
     def _add_kernel(
         self,

@@ -174,16 +174,16 @@ def read(socket: str, deadline_seconds: float) -> Answer:
     # A channel per read: the kubelet makes a new socket when it restarts, and a fresh channel connects to it
     # at once instead of after a reconnect back-off.
     with grpc.insecure_channel(f"unix://{socket}", options=options) as channel:
-        listing = channel.unary_unary(f"{SERVICE}/List", request_serializer=_empty, response_deserializer=decode_list)
-        containers: list[ContainerDevices] = listing(None, timeout=max(0.001, end - time.monotonic()))
-        allocatable_call = channel.unary_unary(
-            f"{SERVICE}/GetAllocatableResources", request_serializer=_empty, response_deserializer=decode_allocatable
-        )
+        # The answers are decoded after the call, not by grpc's response_deserializer: grpc would turn a
+        # WireError there into a bare "Exception deserializing response!" and log its own traceback.
+        listing = channel.unary_unary(f"{SERVICE}/List", request_serializer=_empty)
+        containers = decode_list(listing(None, timeout=max(0.001, end - time.monotonic())))
+        allocatable_call = channel.unary_unary(f"{SERVICE}/GetAllocatableResources", request_serializer=_empty)
         try:
-            allocatable: list[Devices] | None = allocatable_call(None, timeout=max(0.001, end - time.monotonic()))
+            raw: bytes | None = allocatable_call(None, timeout=max(0.001, end - time.monotonic()))
         except grpc.RpcError as e:
             # Kubelets before 1.23 lack it (or have it behind a feature gate): List is what matters.
             if e.code() is not grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            allocatable = None
-    return Answer(containers, allocatable)
+            raw = None
+    return Answer(containers, None if raw is None else decode_allocatable(raw))

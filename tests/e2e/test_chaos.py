@@ -1,4 +1,5 @@
-"""Chaos on the XID path: kill -9 mid-burst, rotation and truncation while down, a full disk, corrupt lines.
+"""Chaos on the XID path: kill -9 mid-burst, rotation and truncation while down, a full disk (while running
+and at start), corrupt lines.
 
 The real daemon follows a real kernel-log file and keeps its journal on a small tmpfs this test mounts
 (so the disk can really fill up). At the end every XID line written has been counted exactly once.
@@ -11,31 +12,15 @@ import os
 import random
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.daemon_proc import GPU_TRIAGE, free_port, stop, wait_for
+from tests.small_disk import fill, small_disk
 
 pytestmark = pytest.mark.e2e
-
-
-@contextlib.contextmanager
-def small_disk(where: Path, size: str = "4m") -> Iterator[Path]:
-    where.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)]
-    mounted = subprocess.run(mount, capture_output=True, check=False)
-    if mounted.returncode != 0:
-        message = f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}"
-        if os.environ.get("GPU_TRIAGE_REQUIRE_TOOLS"):
-            pytest.fail(message)
-        pytest.skip(message)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 class Node:
@@ -146,15 +131,26 @@ def test_every_xid_line_is_counted_exactly_once_through_chaos(tmp_path: Path) ->
             daemon.start()
             daemon.caught_up(node)
             # The disk fills up: XIDs written meanwhile wait, the daemon says so, and nothing is lost.
-            filler = state / "filler"
-            with contextlib.suppress(OSError), filler.open("wb") as f:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
+            filler = fill(state)
             node.burst(200)
             wait_for(lambda: daemon.metric("gpu_triage_journal_up") == 0, 30, 0.2, "the journal to be reported down")
             assert httpx.get(f"{daemon.url}/readyz", timeout=5).status_code == 503
             node.burst(100)
+            filler.unlink()
+            daemon.caught_up(node)
+            assert daemon.metric("gpu_triage_journal_up") == 1
+            # A restart on a full disk: GPU telemetry at once, the XIDs written meanwhile once the journal opens.
+            daemon.stop()
+            filler = fill(state)
+            node.burst(150)
+            daemon.start()
+            assert daemon.metric("gpu_triage_journal_up") == 0
+            assert 'nvidia_gpu_temperature_celsius{gpu="0"' in httpx.get(f"{daemon.url}/metrics", timeout=10).text
+            assert httpx.get(f"{daemon.url}/readyz", timeout=5).status_code == 503
+            assert httpx.get(f"{daemon.url}/api/v1/events", timeout=5).status_code == 503
+            refused = httpx.post(f"{daemon.url}/api/v1/gpus/0/acknowledge", timeout=5)
+            assert refused.status_code == 503 and "not stored" in refused.json()["error"]
+            node.burst(50)
             filler.unlink()
             daemon.caught_up(node)
             assert daemon.metric("gpu_triage_journal_up") == 1

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpu_triage.exporter.sources.journal import Cursor, Event, Journal, JournalError, Mark
+from tests.small_disk import fill, small_disk
 
 
 def xid(code: int, ts: float, uuid: str = "GPU-a", gpu: int = 0, **kw: object) -> Event:
@@ -167,3 +168,25 @@ def test_a_failed_write_changes_nothing_and_says_so(tmp_path: Path) -> None:
     assert j.cursor("kmsg:b1") == Cursor("kmsg:b1", 1) and j.marks() == []
     j.record([xid(13, 2.0)], cursor=Cursor("kmsg:b1", 2))
     assert j.stats.up and j.cursor("kmsg:b1") == Cursor("kmsg:b1", 2)
+
+
+def test_a_journal_on_a_full_disk_is_down_until_there_is_room(tmp_path: Path) -> None:
+    """A full /var at a restart must not take the exporter away: the journal is a state, opened later."""
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        path = disk / "j.sqlite3"
+        before = Journal(path)
+        before.record([xid(13, 1.0)])
+        before.close()
+        filler = fill(disk)
+        j = Journal(path)
+        assert (j.is_open, j.stats.up) == (False, False) and j.stats.error
+        with pytest.raises(sqlite3.Error):
+            j.record([xid(13, 2.0)])
+        fresh = Journal(disk / "new.sqlite3")
+        assert not fresh.is_open and not (disk / "new.sqlite3").exists(), "no empty file to be taken for corrupt"
+        filler.unlink()
+        assert j.open() and fresh.open() and j.stats.up
+        j.record([xid(13, 2.0)])
+        assert [t.count for t in j.totals()] == [2], "the history from before is kept"
+        assert (j.stats.moved_aside, fresh.stats.moved_aside) == (0, 0)
+        assert not [p for p in disk.iterdir() if ".corrupt-" in p.name]

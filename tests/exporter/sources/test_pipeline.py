@@ -291,6 +291,7 @@ def test_a_fault_whose_two_reports_straddle_a_restart_is_counted_once(tmp_path: 
     before.process([driver(1, 79, 100.0)])  # the driver's report, then the daemon stops
     seen: list[Event] = []
     after = EventPipeline(journal, boot_id="b1", gpus=lambda: GPUS, on_events=seen.extend, clock=lambda: 103.0)
+    after.resume()
     after.process([line(1, 101.0, XID79_GPU1)])  # the kernel's line, read after the restart
     assert after.stats.merged == 1 and [t.count for t in journal.totals()] == [1]
     (stored,) = journal.events()

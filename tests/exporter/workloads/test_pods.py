@@ -121,6 +121,20 @@ def test_a_kubelet_without_get_allocatable_still_maps(kubelet: PodResourcesServe
     assert mapped(src) == {GPU[0]: (pod("ml", "trainer-0"),)}
 
 
+def test_an_answer_that_is_not_the_api_s_is_named_as_such(
+    kubelet: PodResourcesServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    kubelet.pods = [Pod("ml", "trainer-0", [Container("main", {"nvidia.com/gpu": [GPU[0]]})])]
+    src = source(kubelet)
+    src.read_once()
+    kubelet.garbage = b"\x0a\xff\xff\xff\xff\x0f"  # a field whose length runs past the message
+    assert src.read_once() is True
+    assert src.state == State.FAILING
+    assert src.error is not None and src.error.startswith("the kubelet's answer is not what the API says")
+    assert "Exception deserializing" not in caplog.text
+    assert mapped(src) == {GPU[0]: (pod("ml", "trainer-0"),)}, "what was known is still the best answer"
+
+
 def test_a_slow_kubelet_hits_the_deadline_and_the_last_answer_stays(kubelet: PodResourcesServer) -> None:
     kubelet.pods = [Pod("ml", "trainer-0", [Container("main", {"nvidia.com/gpu": [GPU[0]]})])]
     src = source(kubelet, deadline=0.3)
