@@ -176,9 +176,13 @@ def read(socket: str, deadline_seconds: float) -> Answer:
     with grpc.insecure_channel(f"unix://{socket}", options=options) as channel:
         # The answers are decoded after the call, not by grpc's response_deserializer: grpc would turn a
         # WireError there into a bare "Exception deserializing response!" and log its own traceback.
-        listing = channel.unary_unary(f"{SERVICE}/List", request_serializer=_empty)
+        listing: grpc.UnaryUnaryMultiCallable[None, bytes] = channel.unary_unary(
+            f"{SERVICE}/List", request_serializer=_empty
+        )
         containers = decode_list(listing(None, timeout=max(0.001, end - time.monotonic())))
-        allocatable_call = channel.unary_unary(f"{SERVICE}/GetAllocatableResources", request_serializer=_empty)
+        allocatable_call: grpc.UnaryUnaryMultiCallable[None, bytes] = channel.unary_unary(
+            f"{SERVICE}/GetAllocatableResources", request_serializer=_empty
+        )
         try:
             raw: bytes | None = allocatable_call(None, timeout=max(0.001, end - time.monotonic()))
         except grpc.RpcError as e:
