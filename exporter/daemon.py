@@ -228,11 +228,12 @@ class Daemon:
         self.refresh()
 
     def diagnosis(self) -> dict[str, Any]:
-        using = _workloads(self._frame.workloads)
-        return diagnosis_json(self.snapshot, self.verdicts.node, self.boot_id, self.clock(), using)
+        frame = self._frame  # one render's snapshot and verdict: the API and /metrics never disagree
+        return diagnosis_json(frame.snapshot, frame.node, self.boot_id, self.clock(), _workloads(frame.workloads))
 
     def status_line(self) -> str:
-        return summary(self.snapshot, self.verdicts.node)
+        frame = self._frame
+        return summary(frame.snapshot, frame.node)
 
     def refresh(self) -> None:
         """Render /metrics again: a new snapshot or a new event changed what it says."""
@@ -252,6 +253,11 @@ class Daemon:
             self._frame = Frame(snapshot, node, by_gpu)
             self.metrics.update(list(self.registry.collect()))
             self.verdicts.node = node
+
+    @property
+    def frame(self) -> Frame:
+        """What the last render of /metrics showed; pages that show a verdict read it from here."""
+        return self._frame
 
     @property
     def gpu_workloads(self) -> ByGpu:

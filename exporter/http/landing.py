@@ -16,10 +16,11 @@ from gpu_triage import __version__
 from gpu_triage.diagnosis.actions import Action, Health
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.health import GpuVerdict
-from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.daemon import Daemon, Frame
 from gpu_triage.exporter.http.page import badge, document, esc, utc
 from gpu_triage.exporter.http.runbooks import gpu_name, used_by
 from gpu_triage.exporter.sources.journal import Total
+from gpu_triage.exporter.verdicts import summary
 
 
 def _findings(findings: Iterable[Finding], indexes: Mapping[str, int]) -> str:
@@ -54,8 +55,8 @@ def _last_xid(t: Total | None) -> str:
     return f'<a href="/api/v1/xid/{t.code}">Xid {t.code}</a><br><span class="muted">{utc(t.last_seen)}{total}</span>'
 
 
-def _verdict_box(daemon: Daemon, indexes: Mapping[str, int]) -> str:
-    node = daemon.verdicts.node
+def _verdict_box(frame: Frame, indexes: Mapping[str, int]) -> str:
+    node = frame.node
     worst = next((v for v in node.gpus if v.action is node.action), None)
     where = f" on {esc(gpu_name(worst.gpu, indexes))}" if worst is not None and node.action is not Action.IGNORE else ""
     what = (
@@ -66,7 +67,7 @@ def _verdict_box(daemon: Daemon, indexes: Mapping[str, int]) -> str:
     return (
         f'<section class="verdict verdict-{esc(node.health.value)}">'
         f"<h2>Node {esc(node.health.value)}</h2>{what}"
-        f'<p class="muted">{esc(daemon.status_line())}</p></section>'
+        f'<p class="muted">{esc(summary(frame.snapshot, node))}</p></section>'
     )
 
 
@@ -84,11 +85,11 @@ def _row(
     )
 
 
-def _gpu_table(daemon: Daemon, indexes: Mapping[str, int]) -> str:
-    by_bus = {v.gpu: v for v in daemon.verdicts.node.gpus}
-    last = _last_xids(daemon.xid_totals())
+def _gpu_table(frame: Frame, totals: list[Total], indexes: Mapping[str, int]) -> str:
+    by_bus = {v.gpu: v for v in frame.node.gpus}
+    last = _last_xids(totals)
     rows = []
-    for state in daemon.snapshot.gpus:
+    for state in frame.snapshot.gpus:
         g = state.identity
         ids = f"<code>{esc(g.pci_bus_id)}</code><br><code class=muted>{esc(g.uuid)}</code>"
         xid = last.get(g.uuid) or last.get(g.pci_bus_id)
@@ -103,7 +104,8 @@ def _gpu_table(daemon: Daemon, indexes: Mapping[str, int]) -> str:
 
 
 def landing_page(daemon: Daemon) -> HTMLResponse:
-    indexes = {g.identity.pci_bus_id: g.identity.index for g in daemon.snapshot.gpus}
+    frame = daemon.frame  # one render's snapshot and verdict for the whole page
+    indexes = {g.identity.pci_bus_id: g.identity.index for g in frame.snapshot.gpus}
     links = [
         (daemon.settings.web_telemetry_path, "Prometheus metrics"),
         ("/api/v1/diagnosis", "the node's verdict as JSON: which GPU, what happened, what to do"),
@@ -117,14 +119,15 @@ def landing_page(daemon: Daemon) -> HTMLResponse:
     if daemon.backend.name == "sim":
         links.append(("/api/v1/sim/faults", "simulator faults (POST to inject one)"))
     items = "\n".join(f'<li><a href="{esc(href)}">{esc(href)}</a> {esc(text)}</li>' for href, text in links)
-    node_findings = daemon.verdicts.node.findings
+    node_findings = frame.node.findings
     switches = f"<h2>NVSwitches</h2>{_findings(node_findings, indexes)}" if node_findings else ""
+    table = _gpu_table(frame, daemon.xid_totals(), indexes)
     host = socket.gethostname()
     body = (
         f"<h1>gpu-triage on {esc(host)}</h1>\n"
-        f'<p class="muted">Version {esc(__version__)}, backend {esc(daemon.snapshot.backend)}, '
-        f"last read {utc(daemon.snapshot.taken_at or None)}.</p>\n"
-        f"{_verdict_box(daemon, indexes)}\n<h2>GPUs</h2>\n{_gpu_table(daemon, indexes)}\n{switches}\n"
+        f'<p class="muted">Version {esc(__version__)}, backend {esc(frame.snapshot.backend)}, '
+        f"last read {utc(frame.snapshot.taken_at or None)}.</p>\n"
+        f"{_verdict_box(frame, indexes)}\n<h2>GPUs</h2>\n{table}\n{switches}\n"
         f"<h2>Endpoints</h2>\n<ul>\n{items}\n</ul>"
     )
     return document(f"gpu-triage on {host}", body)
