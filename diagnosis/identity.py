@@ -264,7 +264,7 @@ class IdentityBook:
         hosts = {host for host, _ in members}
         if nranks and len(hosts) == 1 and len({rank for _, rank in members}) == nranks:
             maps.job_host = self._canon(next(iter(hosts)))
-        placed = {rank for rank in maps.rank_gpu if rank in maps.rank_host and rank < nranks}
+        placed = {proc.rank for proc in self._procs.values() if proc.nranks == nranks and proc.gpu is not None}
         maps.gpus_complete = bool(nranks) and len(placed) == nranks
 
     def host_of(self, rank: int) -> str | None:
