@@ -21,6 +21,13 @@ Facts that need a host to be job-wide stay with their input when the line gives 
 `[default3]:` is local rank 3 on every node, so `[default3]:[rank11]:` maps local rank 3 to rank 11 only
 for the lines of that input (and of that host where it is known), never for another input's.
 
+`place` resolves in two tiers. First the line's own input: its printer's comm init, the launchers'
+reports on its pid, its tags, and what the input holds only one of. An input's one host is every line's
+only where the input shows at most one rank (a node's console also carries other nodes' ranks) or the
+comm inits put the whole job on that host; its one rank is a line's only where the line's printer is
+unknown. Then the job-wide maps, by global rank, or by host and bus id: every node has a GPU at 3b:00,
+so a bus id alone names a rank only once every rank's host and bus id are known.
+
 Host names are compared and shown in their short form (`node07`, not `node07.cluster.local`), as
 NCCL prints them.
 """
@@ -94,6 +101,20 @@ class _Maps:
     gpu_places: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     by_pid: dict[int, list[tuple[int, str, int]]] = field(default_factory=dict)
     local: dict[_LocalKey, int] = field(default_factory=dict)
+    input_ranks: list[set[int]] = field(default_factory=list)  # per input, at most two: tags and comm inits
+    job_host: str | None = None  # the one host of a job whose communicator init lines all name it
+    gpus_complete: bool = False  # every rank of the largest communicator has its host and bus id known
+
+
+@dataclass(slots=True)
+class _Draft:
+    host: str | None
+    rank: int | None
+    gpu: str | None
+    local: int | None
+
+    def fields(self) -> tuple[str | None, int | None, str | None, int | None]:
+        return self.host, self.rank, self.gpu, self.local
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,8 +247,25 @@ class IdentityBook:
             if where is not None:
                 maps.host_gpu_rank.setdefault((where, gpu), rank)
                 maps.gpu_places.setdefault(gpu, set()).add((where, rank))
+        self._job_wide(maps)
         self._maps = maps
         return maps
+
+    def _job_wide(self, maps: _Maps) -> None:
+        """What the communicator init lines say about the whole job and about each input's ranks."""
+        maps.input_ranks = [set(facts.ranks) for facts in self._sources]
+        for (source, _, _), proc in self._procs.items():
+            if len(ranks := maps.input_ranks[source]) < 2:
+                ranks.add(proc.rank)
+        nranks = max((proc.nranks for proc in self._procs.values()), default=0)
+        # The largest communicator numbers the job's ranks; only once every one of them is known is a
+        # bus id (which every node has) or a single host the whole job's.
+        members = {(host, proc.rank) for (_, host, _), proc in self._procs.items() if proc.nranks == nranks}
+        hosts = {host for host, _ in members}
+        if nranks and len(hosts) == 1 and len({rank for _, rank in members}) == nranks:
+            maps.job_host = self._canon(next(iter(hosts)))
+        placed = {proc.rank for proc in self._procs.values() if proc.nranks == nranks and proc.gpu is not None}
+        maps.gpus_complete = bool(nranks) and len(placed) == nranks
 
     def host_of(self, rank: int) -> str | None:
         return self._build().rank_host.get(rank)
@@ -258,57 +296,75 @@ class IdentityBook:
         return (owners[0][1], self._procs[owners[0]]) if len(owners) == 1 else None
 
     def place(self, who: Who) -> Place:
-        """Fill in host, rank and GPU of `who` from everything learnt so far."""
+        """Fill in host, rank and GPU of `who` from everything learnt so far.
+
+        In two tiers, so that no guess crosses a host or an input: first what the line's own input
+        says about its printer or the process it names (`_from_input`), then the job-wide maps, only
+        by a global rank or a host (`_from_job`). Whatever the line did not say itself is inferred.
+        """
         maps = self._build()
         facts = self._sources[who.source]
-        host, rank, gpu, local = self._canon(short_host(who.host)), who.rank, who.gpu, who.local_rank
-        if rank is None and who.task is not None and facts.tasks_are_ranks:
-            rank = who.task  # the launcher's label, where a task is a rank
-        given = (host, rank, gpu, local)
-        if host is None and who.task is not None and not facts.tasks_are_ranks:
-            host = self._canon(facts.task_host.get(who.task))  # the node that task ran on
-        hosts = {self._canon(h) for h in facts.hosts}
-        proc = self._procs.get((who.source, host, who.pid)) if host is not None and who.pid is not None else None
-        if rank is None and proc is not None:
-            rank = proc.rank
-        subject = who.subject_pid
-        if subject is not None and (worker := self._worker(subject, host)) is not None:
-            host, rank = host or worker.host, rank if rank is not None else worker.rank
-            local = local if local is not None else worker.local_rank
-        if rank is None and subject is not None and (owned := self._owner(subject, host)) is not None:
-            host, proc = host or owned[0], owned[1]
-            rank = proc.rank
-        if rank is None and who.pid is not None and (worker := self._worker(who.pid, host)) is not None:
-            host, rank = host or worker.host, worker.rank
-        if rank is None and local is not None:
-            rank = maps.local.get((host, None, None, local)) if host is not None else None
-            if rank is None and (who.host is None or len(hosts) <= 1):
-                # What this input's own lines said; never another input's `[default3]:`.
-                rank = maps.local.get((None, who.source, who.task, local))
-        if rank is None and local is None and len(facts.ranks) == 1 and len(hosts) <= 1:
-            # One rank's output (a per-rank file): its lines are that rank's. Not when several hosts
-            # write to the input: then other ranks print there too, only not a line that matched.
-            only = next(iter(facts.ranks))
-            if host is None or maps.rank_host.get(only) in (None, host):
-                rank = only
-        if host is None and len(hosts) == 1:
-            host = next(iter(hosts))
-        if rank is not None and host is None:
-            host = maps.rank_host.get(rank)
-        if rank is not None and local is None:
-            local = maps.rank_local.get(rank)
-        if gpu is None and proc is not None:
-            gpu = proc.gpu
-        if gpu is None and rank is not None:
-            gpu = maps.rank_gpu.get(rank)
-        if rank is None and gpu is not None:
-            if host is not None:
-                rank = maps.host_gpu_rank.get((host, gpu))
-            elif len(places := maps.gpu_places.get(gpu, set())) == 1:
-                # Only one rank of the whole job sat on that bus id: the kernel line is about it.
-                host, rank = next(iter(places))
-            if rank is not None and local is None:
-                local = maps.rank_local.get(rank)
-        found = (host, rank, gpu, local)
+        draft = _Draft(self._canon(short_host(who.host)), who.rank, who.gpu, who.local_rank)
+        if draft.rank is None and who.task is not None and facts.tasks_are_ranks:
+            draft.rank = who.task  # the launcher's label, where a task is a rank
+        given = draft.fields()
+        self._from_input(who, maps, draft)
+        self._from_job(maps, draft)
+        found = draft.fields()
         inferred = any(g is None and f is not None for g, f in zip(given, found, strict=True))
-        return Place(host, rank, gpu, local, inferred)
+        return Place(draft.host, draft.rank, draft.gpu, draft.local, inferred)
+
+    def _from_input(self, who: Who, maps: _Maps, d: _Draft) -> None:
+        """Tier 1: the line's printer (comm init, the launchers' reports on its pid), the process it
+        names, its tags as its own input maps them, and what the input holds only one of."""
+        facts = self._sources[who.source]
+        if d.host is None and who.task is not None and not facts.tasks_are_ranks:
+            d.host = self._canon(facts.task_host.get(who.task))  # the node that task ran on
+        proc = self._procs.get((who.source, d.host, who.pid)) if d.host is not None and who.pid is not None else None
+        if d.rank is None and proc is not None:
+            d.rank = proc.rank
+        subject = who.subject_pid
+        if subject is not None and (worker := self._worker(subject, d.host)) is not None:
+            d.host, d.rank = d.host or worker.host, d.rank if d.rank is not None else worker.rank
+            d.local = d.local if d.local is not None else worker.local_rank
+        if d.rank is None and subject is not None and (owned := self._owner(subject, d.host)) is not None:
+            d.host, proc = d.host or owned[0], owned[1]
+            d.rank = proc.rank
+        if d.gpu is None and proc is not None:
+            d.gpu = proc.gpu
+        if d.rank is None and who.pid is not None and (worker := self._worker(who.pid, d.host)) is not None:
+            d.host, d.rank = d.host or worker.host, worker.rank
+        hosts = {self._canon(h) or h for h in facts.hosts}
+        if d.rank is None and d.local is not None:
+            d.rank = maps.local.get((d.host, None, None, d.local)) if d.host is not None else None
+            if d.rank is None and (who.host is None or len(hosts) <= 1):
+                # What this input's own lines said; never another input's `[default3]:`.
+                d.rank = maps.local.get((None, who.source, who.task, d.local))
+        if d.rank is None and d.local is None and who.pid is None and len(facts.ranks) == 1 and len(hosts) <= 1:
+            # One rank's output (a per-rank file, its lines tagged): its lines are that rank's. Not a line
+            # whose printer is known, which nothing ties to that rank, nor when several hosts write to it.
+            only = next(iter(facts.ranks))
+            if d.host is None or maps.rank_host.get(only) in (None, d.host):
+                d.rank = only
+        if d.host is None and len(hosts) == 1:
+            # The input's one host is the host of every line only where the input is one rank's, or the
+            # job one node's: a node's console also carries the ranks of other nodes.
+            here = next(iter(hosts))
+            mine = d.rank is None or maps.rank_host.get(d.rank, here) == here
+            if (len(maps.input_ranks[who.source]) <= 1 and mine) or maps.job_host == here:
+                d.host = here
+
+    def _from_job(self, maps: _Maps, d: _Draft) -> None:
+        """Tier 2: the job-wide maps, keyed by the global rank, or by host and bus id."""
+        if d.rank is not None:
+            d.host = d.host or maps.rank_host.get(d.rank)
+            d.gpu = d.gpu or maps.rank_gpu.get(d.rank)
+        elif d.gpu is not None:
+            if d.host is not None:
+                d.rank = maps.host_gpu_rank.get((d.host, d.gpu))
+            elif maps.gpus_complete and len(places := maps.gpu_places.get(d.gpu, set())) == 1:
+                # Every rank's GPU is known and one sat on that bus id: a kernel line with no host is
+                # about it. With ranks unknown, the line may come from a node whose GPUs nothing named.
+                d.host, d.rank = next(iter(places))
+        if d.rank is not None and d.local is None:
+            d.local = maps.rank_local.get(d.rank)

@@ -13,7 +13,9 @@
   N (pid: P)`): a roll call diagnosis/workers.py turns into pids of local ranks.
 * Python tracebacks: where each started and the exception line that ended it, so that an uncaught
   exception can count as a death of the process (diagnosis/deaths.py); not one Python printed after
-  `Exception ignored in:`, which it could not raise.
+  `Exception ignored in:`, which it could not raise. Ranks dying together print their tracebacks
+  interleaved (`[rank0]: Traceback …`, `[rank1]: Traceback …`, …, `[rank0]: KeyError …`), so one is
+  open per printer (its rank, local rank, host, pid and task) and ends with that printer's exception.
 """
 
 from __future__ import annotations
@@ -25,10 +27,24 @@ from gpu_triage.diagnosis.identity import short_host
 from gpu_triage.diagnosis.log_lines import LogLine
 
 MAX_TRACEBACKS = 16  # per input: the first ones and the last one are what matter
+MAX_OPEN = 64  # tracebacks open at once in one input: one per printer that is dying
 MAX_ROLL = 1024  # workers one agent stops
 MAX_ROLL_CALLS = 16  # per input
 CONTINUE_WITHIN = 2  # lines between the two halves of a two-line message
 _HOOKED = re.compile(r"\[rank\d{1,7}\]: Traceback")  # PyTorch 2.3+ prints uncaught exceptions so
+
+
+# Who printed a line, as far as its prefixes say: (rank, local rank, host, pid, launcher task).
+Printer = tuple[int | None, int | None, str | None, int | None, int | None]
+
+
+def printer(line: LogLine) -> Printer:
+    return line.rank, line.local_rank, short_host(line.host), line.pid, line.task
+
+
+def _same_printer(a: Printer, b: Printer) -> bool:
+    """Nothing tells them apart: each part is equal, or one of the two lines does not say it."""
+    return all(x is None or y is None or x == y for x, y in zip(a, b, strict=True))
 
 
 @dataclass(slots=True)
@@ -68,8 +84,8 @@ class SourceState:
     name: str | None
     entry: TableEntry | None = None
     continues: tuple[int, LogLine] | None = None
-    open_traceback: tuple[int, LogLine] | None = None
-    ignored: int = -10  # the line of the last `Exception ignored in: …`
+    open_tracebacks: dict[Printer, tuple[int, LogLine]] = field(default_factory=dict)
+    ignored: tuple[int, Printer | None] = (-10, None)  # the last `Exception ignored in: …` and its printer
     tracebacks: list[Traceback] = field(default_factory=list)
     exit_reported: bool = False  # a launcher reported a process's end in this input
     stopping: list[int] = field(default_factory=list)  # pids the agent is stopping now
@@ -125,16 +141,33 @@ class SourceState:
 
     # -- tracebacks -----------------------------------------------------------------------------
 
+    def ignore(self, number: int, line: LogLine) -> None:
+        self.ignored = (number, printer(line))
+
     def traceback(self, number: int, line: LogLine) -> None:
+        key = printer(line)
+        self.open_tracebacks.pop(key, None)  # a new traceback of that printer: the last one never ended
         # Python prints an exception it cannot raise (in __del__, at exit) after `Exception ignored in`:
         # that traceback kills nothing.
-        self.open_traceback = None if number - self.ignored <= 2 else (number, line)
+        at, by = self.ignored
+        if number - at <= 2 and by is not None and _same_printer(by, key):
+            return
+        if len(self.open_tracebacks) >= MAX_OPEN:
+            del self.open_tracebacks[next(iter(self.open_tracebacks))]  # the oldest
+        self.open_tracebacks[key] = (number, line)
 
     def exception(self, number: int, line: LogLine, *, classified: bool = False) -> None:
-        if self.open_traceback is None:
+        """`line` is an exception line: it ends its printer's open traceback, if there is one."""
+        key = printer(line)
+        found = key if key in self.open_tracebacks else None
+        if found is None:
+            # A printer that says less on one line than on another (`[rank0]:` before the exception but
+            # not the header), as long as no other open traceback could be its own.
+            alike = [k for k in self.open_tracebacks if _same_printer(k, key)]
+            found = alike[0] if len(alike) == 1 else None
+        if found is None:
             return
-        start, head = self.open_traceback
-        self.open_traceback = None
+        start, head = self.open_tracebacks.pop(found)
         trace = Traceback(
             start,
             number,

@@ -150,7 +150,7 @@ class _Diagnosis:
         if match is not None:
             self.identity.learn(src.index, line)
             ends_traceback = self.rules.context_fields(ContextKind.EXCEPTION, line.text) is not None
-            if src.open_traceback is not None and ends_traceback:
+            if src.open_tracebacks and ends_traceback:
                 src.exception(number, line, classified=True)  # where the traceback ends (diagnosis/workers.py)
             if "NCCL version" in line.text:  # PyTorch's NCCL errors end with the version the process runs
                 fields = self.rules.context_fields(ContextKind.NCCL_VERSION, line.text)
@@ -223,7 +223,7 @@ class _Diagnosis:
         elif kind is ContextKind.PROGRESS:
             self._progress(src, number, line, fields)
         elif kind is ContextKind.IGNORED_EXCEPTION:
-            src.ignored = number
+            src.ignore(number, line)
         elif kind is ContextKind.TRACEBACK:
             src.traceback(number, line)
         elif kind is ContextKind.EXCEPTION:

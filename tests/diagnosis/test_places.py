@@ -68,3 +68,67 @@ def test_a_local_rank_is_mapped_with_its_own_inputs_lines_whatever_the_file_orde
     assert _one(report, "cuda_illegal_address").rank == 11
     only_node1 = _inputs(node1, ("n2.log", [f"[default3]:{CUDA}"]))
     assert _one(only_node1, "cuda_illegal_address").rank is None  # node 1's local rank 3 is another rank
+
+
+IB = "NCCL WARN NET/IB : Got completion from peer 10.3.1.12<39811> with error 12, opcode 0, len 0, vendor err 129"
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 5 has a total capacity of "
+    "79.15 GiB of which 3.25 MiB is free."
+)
+XID_3B = "[12345.678901] NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has fallen off the bus."
+
+
+def _comm(host: str, pid: int, rank: int, nranks: int, bus: str) -> str:
+    dev = rank % 8
+    return f"{host}:{pid}:{pid + 60} [{dev}] NCCL INFO comm 0x55d4b0c{rank} rank {rank} nranks {nranks} cudaDev {dev} busId {bus} - Init COMPLETE"
+
+
+def test_an_inputs_one_host_is_not_given_to_ranks_nothing_places_there() -> None:
+    """A node's console names one host, but carries other nodes' ranks: rank 9 on cudaDev 1 means node2
+    holds ranks 8-15, so nothing puts ranks 3 and 5 there."""
+    report = _text(
+        _comm("node2", 7731, 9, 16, "3b000"),
+        f"node2:7731:7800 [1] {IB}",
+        f"[rank3]:{TIMEOUT.format(3)}",
+        f"[rank5]: {OOM}",
+    )
+    assert (_one(report, "cuda_oom").host, _one(report, "collective_timeout").host) == (None, None)
+    assert (_one(report, "ib_completion_timeout").host, _one(report, "ib_completion_timeout").rank) == ("node2", 9)
+
+
+def test_the_one_host_of_a_single_node_job_is_every_lines_host() -> None:
+    report = _text(
+        _comm("node2", 7000, 0, 2, "18000"),
+        _comm("node2", 7001, 1, 2, "3b000"),
+        f"[rank0]:{TIMEOUT.format(0)}",
+        f"[rank1]:{TIMEOUT.format(1)}",
+        CUDA,
+    )
+    cuda = _one(report, "cuda_illegal_address")
+    assert (cuda.host, cuda.rank, cuda.place_inferred) == ("node2", None, True)
+
+
+def test_one_ranks_output_does_not_claim_a_line_another_process_printed() -> None:
+    """pid 4444 on cudaDev 5 printed the IB error; nothing ties it to rank 3, the input's one tag."""
+    report = _text(f"node1:4444:4500 [5] {IB}", f"[rank3]:{TIMEOUT.format(3)}")
+    assert _one(report, "ib_completion_timeout").rank is None
+    assert _one(report, "collective_timeout").rank == 3
+
+
+def test_one_ranks_output_places_its_untagged_lines() -> None:
+    report = _text(f"[rank3]:{TIMEOUT.format(3)}", CUDA)
+    cuda = _one(report, "cuda_illegal_address")
+    assert (cuda.rank, cuda.place_inferred) == (3, True)
+
+
+def test_a_bus_id_names_no_rank_while_the_jobs_gpus_are_partly_known() -> None:
+    """Every node has a GPU at 3b:00: with 2 of 16 ranks known, node2's dmesg is not node1's rank 1."""
+    node1 = ("node1.log", [_comm("node1", 100, 0, 16, "18000"), _comm("node1", 101, 1, 16, "3b000")])
+    xid = _one(_inputs(node1, ("dmesg-node2.log", [XID_3B])), "xid_79")
+    assert (xid.host, xid.rank) == (None, None)
+
+
+def test_a_bus_id_names_the_one_rank_on_it_once_every_ranks_gpu_is_known() -> None:
+    node1 = ("node1.log", [_comm("node1", 100, 0, 2, "18000"), _comm("node1", 101, 1, 2, "3b000")])
+    xid = _one(_inputs(node1, ("dmesg.log", [XID_3B])), "xid_79")
+    assert (xid.host, xid.rank, xid.place_inferred) == ("node1", 1, True)
