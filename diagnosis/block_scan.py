@@ -20,6 +20,7 @@ Kernel-log lines (`NVRM:`, `Xid (`) are candidates for both, for the kernel-log 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -29,7 +30,7 @@ from gpu_triage.diagnosis.line_scan import Finder, trigger_lines
 from gpu_triage.diagnosis.rule_regex import literal_set
 
 ENV = "GPU_TRIAGE_SCAN"  # "python" forces the literal finder; "hyperscan" requires Hyperscan
-_KERNEL_PATTERNS = (r"NVRM:", r"Xid \(")
+_KERNEL_PATTERNS = tuple(re.escape(t.decode()) for t in KERNEL_TRIGGERS)
 
 
 def _hyperscan() -> Any | None:

@@ -32,6 +32,7 @@ from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.fold import fold
 from gpu_triage.diagnosis.identity import IdentityBook, Who
 from gpu_triage.diagnosis.input_lines import InputLines
+from gpu_triage.diagnosis.kernel_log import has_trigger
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
 from gpu_triage.diagnosis.root_cause import kernel_first, link_symptoms, order
@@ -128,7 +129,7 @@ class _Diagnosis:
                 self._segment(src, kernel, number, segment)
 
     def _segment(self, src: SourceState, kernel: KernelLogParser, number: int, text: str) -> None:
-        line = normalise(text) if "NVRM" in text or "Xid (" in text else None
+        line = normalise(text) if has_trigger(text) else None
         if line is not None:
             own = False
             for event in kernel.feed(line.raw, number):
