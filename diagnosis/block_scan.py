@@ -11,11 +11,12 @@ so both give the same findings; they differ in speed only:
   with plain byte searches. It flags more lines (a literal without the rest of the signature), which
   Python then turns down, and it is slower on big inputs.
 
-Kernel-log lines (`NVRM:`, `Xid (`) are candidates for both, for the kernel-log parser.
+Kernel-log lines (kernel_log.TRIGGERS) are candidates for both, for the kernel-log parser.
 
 `finder_for` chooses: Hyperscan when it imports, unless the caller asks for `python` (tests and the
 bench do, to compare the two; the command line and the daemon pass what GPU_TRIAGE_SCAN says, see
-exporter/log_input.py).
+exporter/log_input.py). A line too long or binary to classify is counted as skipped when the literal
+search would flag it, whichever finder ran (`skip_test_for`), so the counts agree too.
 """
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ class LiteralFinder:
 
 
 @cache
+def _literal_finder(literals: tuple[str, ...]) -> LiteralFinder:
+    return LiteralFinder(literals)
+
+
+def skip_test_for(literals: Sequence[str]) -> Finder:
+    """The finder that decides whether an unreadable line counts as skipped: the literal search, for
+    either engine. The same object `finder_for` gives for "python" (a scanner then needs no second look)."""
+    return _literal_finder(tuple(literals))
+
+
+@cache
 def _database(patterns: tuple[str, ...]) -> Any:
     hs = _hyperscan()
     assert hs is not None
@@ -121,4 +133,4 @@ def finder_for(patterns: Sequence[str], literals: Sequence[str], prefer: str | N
         except Exception:
             if _choice(prefer) == "hyperscan":
                 raise
-    return LiteralFinder(literals)
+    return skip_test_for(literals)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from gpu_triage.diagnosis.actions import Action
-from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for
+from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for, skip_test_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
 from gpu_triage.diagnosis.deaths import ENDS, settle, uncaught
@@ -112,7 +112,7 @@ class _Diagnosis:
         self.sources.append(src)
         finder = finder_for(self.patterns, self.literals, self.engine)
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
-        reader = InputLines(finder)
+        reader = InputLines(finder, skip_test=skip_test_for(self.literals))
         kernel = KernelLogParser()
         for cand in reader.read(chunks):
             self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_triage.diagnosis.block_scan import HyperscanFinder, LiteralFinder, engine_name, finder_for
+from gpu_triage.diagnosis.rule_regex import literal_set
 from gpu_triage.diagnosis.training import diagnose
 from gpu_triage.diagnosis.training_rules import load_rules
 
@@ -116,3 +117,17 @@ def test_the_environment_does_not_choose_the_engine(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("GPU_TRIAGE_SCAN", "python")
     assert engine_name() == "hyperscan"
     assert diagnose([(None, [b"x\n"])]).engine == "hyperscan"
+
+
+@needs_hyperscan
+@pytest.mark.parametrize("literal", literal_set(LITERALS))
+def test_both_engines_skip_the_same_unreadable_lines(literal: str) -> None:
+    """A line too long or too binary to read counts as skipped when it holds a literal some signature
+    needs, whichever engine looked, and however the input was cut."""
+    lines = [b"x" * 70_000 + b" " + literal.encode(), b"\x00 " + literal.encode(), b"y" * 70_000, b"z\x00"]
+    data = b"\n".join(lines) + b"\n" + lines[0]  # the last one unterminated
+    for chunks in ([data], [data[i : i + 4096] for i in range(0, len(data), 4096)]):
+        skipped = {
+            engine: diagnose([(None, chunks)], engine=engine).lines_skipped for engine in ("hyperscan", "python")
+        }
+        assert skipped == {"hyperscan": 3, "python": 3}
