@@ -11,15 +11,17 @@ so both give the same findings; they differ in speed only:
   with plain byte searches. It flags more lines (a literal without the rest of the signature), which
   Python then turns down, and it is slower on big inputs.
 
-Kernel-log lines (`NVRM:`, `Xid (`) are candidates for both, for the kernel-log parser.
+Kernel-log lines (kernel_log.TRIGGERS) are candidates for both, for the kernel-log parser.
 
-`finder_for` chooses: Hyperscan when it imports and the environment variable GPU_TRIAGE_SCAN is not
-`python` (tests and the bench set it to compare the two).
+`finder_for` chooses: Hyperscan when it imports, unless the caller asks for `python` (tests and the
+bench do, to compare the two; the command line and the daemon pass what GPU_TRIAGE_SCAN says, see
+exporter/log_input.py). A line too long or binary to classify is counted as skipped when the literal
+search would flag it, whichever finder ran (`skip_test_for`), so the counts agree too.
 """
 
 from __future__ import annotations
 
-import os
+import re
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -28,8 +30,7 @@ from gpu_triage.diagnosis.kernel_log import TRIGGERS as KERNEL_TRIGGERS
 from gpu_triage.diagnosis.line_scan import Finder, trigger_lines
 from gpu_triage.diagnosis.rule_regex import literal_set
 
-ENV = "GPU_TRIAGE_SCAN"  # "python" forces the literal finder; "hyperscan" requires Hyperscan
-_KERNEL_PATTERNS = (r"NVRM:", r"Xid \(")
+_KERNEL_PATTERNS = tuple(re.escape(t.decode()) for t in KERNEL_TRIGGERS)
 
 
 def _hyperscan() -> Any | None:
@@ -80,6 +81,17 @@ class LiteralFinder:
 
 
 @cache
+def _literal_finder(literals: tuple[str, ...]) -> LiteralFinder:
+    return LiteralFinder(literals)
+
+
+def skip_test_for(literals: Sequence[str]) -> Finder:
+    """The finder that decides whether an unreadable line counts as skipped: the literal search, for
+    either engine. The same object `finder_for` gives for "python" (a scanner then needs no second look)."""
+    return _literal_finder(tuple(literals))
+
+
+@cache
 def _database(patterns: tuple[str, ...]) -> Any:
     hs = _hyperscan()
     assert hs is not None
@@ -94,14 +106,18 @@ def _database(patterns: tuple[str, ...]) -> Any:
     return db
 
 
+def _choice(prefer: str | None) -> str:
+    return (prefer or "").strip().lower()
+
+
 def engine_name(prefer: str | None = None) -> str:
-    """ "hyperscan" or "python": what `finder_for` will use, given the preference or the environment."""
-    choice = (prefer or os.environ.get(ENV, "")).strip().lower()
+    """ "hyperscan" or "python": what `finder_for` will use given the preference (None or "": the best)."""
+    choice = _choice(prefer)
     if choice == "python":
         return "python"
     if _hyperscan() is None:
         if choice == "hyperscan":
-            raise RuntimeError(f"{ENV}=hyperscan, but the hyperscan module cannot be imported")
+            raise RuntimeError("the hyperscan scan was asked for, but the hyperscan module cannot be imported")
         return "python"
     return "hyperscan"
 
@@ -115,6 +131,6 @@ def finder_for(patterns: Sequence[str], literals: Sequence[str], prefer: str | N
         try:
             return HyperscanFinder(_database(tuple(patterns)))
         except Exception:
-            if (prefer or os.environ.get(ENV, "")).strip().lower() == "hyperscan":
+            if _choice(prefer) == "hyperscan":
                 raise
-    return LiteralFinder(literals)
+    return skip_test_for(literals)

@@ -18,8 +18,9 @@ from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.conditions import Condition, load_conditions
 from gpu_triage.diagnosis.data_files import DataError, Problems
 from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, action_playbook, load_playbooks
+from gpu_triage.diagnosis.rule_model import RuleSet
 from gpu_triage.diagnosis.training_kernel import SXID_PLAYBOOK
-from gpu_triage.diagnosis.training_rules import RuleSet, load_rules
+from gpu_triage.diagnosis.training_rules import load_rules
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID, XidCatalog
 from gpu_triage.diagnosis.xid_data import load_catalog
 

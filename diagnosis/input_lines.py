@@ -12,23 +12,27 @@ W-2 are (text of free length rarely stops at the same column), and most lines of
 on, without a prefix, on the next line (the same message from many ranks has one length too, but
 the next line then starts with a prefix of its own). A line of length W is then joined with the next
 one unless the next one starts a line of its own: it has a prefix (log_lines.has_prefix) or is
-indented like a traceback or a table. An input that is not wrapped goes through
+indented like a traceback or a table. The lines of a drawn table (nvidia-smi's box) share one width
+too, and are neither evidence of a wrap nor joined. An input that is not wrapped goes through
 line_scan.LineScanner unchanged; a wrapped one is read a line at a time, which is slower, and fine
-for the size of what gets pasted.
+for the size of what gets pasted, and its logical lines go through a LineScanner too, so a run of
+pieces that never ends (a pasted base64 blob) is held no further than any line: up to max_line.
+
+A wrap of a single line is never joined: the width needs two cut lines to be seen. A short paste with
+one cut message is read as it is.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 
-from gpu_triage.diagnosis.line_scan import ANSI, DEFAULT_MAX_LINE, Candidate, Finder, LineScanner
+from gpu_triage.diagnosis.line_scan import DEFAULT_MAX_LINE, Candidate, Finder, LineScanner, strip_ansi
 from gpu_triage.diagnosis.log_lines import has_prefix
 
-SAMPLE = 1 << 20  # bytes of an input looked at to decide whether it is wrapped
-_BATCH = 1 << 20  # bytes of joined lines handed to the finder at once
+SAMPLE = 1 << 20  # bytes at the start of an input looked at to decide whether it is wrapped
 MIN_WIDTH, MAX_WIDTH = 40, 400
+_BOX = b"|+=-"  # what the lines of a drawn table (nvidia-smi, dcgmi, tabulate) start and end with
 
 
 def _width(line: bytes) -> int:
@@ -36,14 +40,18 @@ def _width(line: bytes) -> int:
 
 
 def _clean(line: bytes) -> bytes:
-    line = line.rstrip(b"\r")
-    return ANSI.sub(b"", line) if b"\x1b" in line else line
+    return strip_ansi(line.rstrip(b"\r"))
+
+
+def _boxed(line: bytes) -> bool:
+    """A line of a drawn table: all its lines share one width, and none of them is cut text."""
+    return len(line) > 1 and line[0] in _BOX and line[-1] in _BOX
 
 
 def wrap_width(sample: bytes) -> int | None:
     """The width the text in `sample` (whole lines) was hard-wrapped at, or None."""
     lines = [_clean(raw) for raw in sample.split(b"\n")]
-    widths = [_width(line) for line in lines]
+    widths = [0 if _boxed(line) else _width(line) for line in lines]
     lengths = Counter(w for w in widths if w)
     if not lengths:
         return None
@@ -51,17 +59,40 @@ def wrap_width(sample: bytes) -> int | None:
     if not MIN_WIDTH <= width <= MAX_WIDTH or lengths[width] <= max(lengths[width - 1], lengths[width - 2]):
         return None
     # The same message from many ranks has one length too; but only a wrapped line goes on, unprefixed,
-    # on the next line.
+    # on the next line. And most cuts fall inside a word or a number (some at a blank): lines padded
+    # with blanks to one width go on to whatever comes next just as well, but all end in a blank.
     full = [i for i, w in enumerate(widths[:-1]) if w == width]
     cut = {lines[i] for i in full if _continues(lines[i], lines[i + 1], width)}
-    return width if len(cut) >= 2 and 2 * len(cut) >= len({lines[i] for i in full}) else None
+    mid_token = sum(1 for line in cut if line[-1:].isalnum())
+    if len(cut) < 2 or 2 * mid_token < len(cut):
+        return None
+    return width if 2 * len(cut) >= len({lines[i] for i in full}) else None
+
+
+def _sample(head: list[bytes], more: bool) -> bytes:
+    """The first SAMPLE bytes of the input, cut after their last newline when the input goes on, so that
+    the decision is the same however the input arrives in chunks (a socket's, a file reader's)."""
+    if not more:
+        return b"".join(head)
+    out: list[bytes] = []
+    size = 0
+    for chunk in head:
+        out.append(chunk[: SAMPLE - size])
+        size += len(out[-1])
+        if size >= SAMPLE:
+            break
+    sample = b"".join(out)
+    return sample[: sample.rfind(b"\n") + 1]
 
 
 class InputLines:
-    """Feed one input's chunks to `read`; get its candidate lines. `lines` and `skipped` count it."""
+    """Feed one input's chunks to `read`; get its candidate lines. `lines` and `skipped` count it.
 
-    def __init__(self, finder: Finder, *, max_line: int = DEFAULT_MAX_LINE) -> None:
+    `skip_test`: see line_scan.LineScanner."""
+
+    def __init__(self, finder: Finder, *, max_line: int = DEFAULT_MAX_LINE, skip_test: Finder | None = None) -> None:
         self._finder = finder
+        self._skip_test = skip_test
         self._max_line = max_line
         self.lines = 0
         self.skipped = 0
@@ -75,27 +106,24 @@ class InputLines:
             if chunk:
                 head.append(bytes(chunk))
                 size += len(chunk)
-                if size >= SAMPLE:
+                if size > SAMPLE:  # one byte past the sample: the input goes on
                     break
-        sample = b"".join(head)
-        self.width = wrap_width(sample[: sample.rfind(b"\n") + 1] if size >= SAMPLE else sample)
+        self.width = wrap_width(_sample(head, size > SAMPLE))
+        scanner = LineScanner(
+            self._finder, max_line=self._max_line, strip_ansi=self.width is None, skip_test=self._skip_test
+        )
         if self.width is None:
-            yield from self._plain(head, stream)
+            for chunk in _chain(head, stream):
+                yield from scanner.feed(chunk)
+            yield from scanner.finish()
+            self.lines = scanner.lines
         else:
-            yield from self._wrapped(head, stream, self.width)
+            yield from self._wrapped(scanner, _chain(head, stream), self.width)
+        self.skipped = scanner.skipped
 
-    def _plain(self, head: list[bytes], rest: Iterator[bytes]) -> Iterator[Candidate]:
-        scanner = LineScanner(self._finder, max_line=self._max_line, strip_ansi=True)
-        for chunk in head:
-            yield from scanner.feed(chunk)
-        for chunk in rest:
-            yield from scanner.feed(bytes(chunk))
-        yield from scanner.finish()
-        self.lines, self.skipped = scanner.lines, scanner.skipped
-
-    def _physical(self, head: list[bytes], rest: Iterator[bytes]) -> Iterator[bytes]:
+    def _physical(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
         pending = b""
-        for chunk in _chain(head, rest):
+        for chunk in chunks:
             lines = (pending + chunk).split(b"\n")
             pending = lines.pop()
             if len(pending) > self._max_line:  # an endless line: keep enough of it to skip it later
@@ -104,48 +132,45 @@ class InputLines:
         if pending:
             yield pending
 
-    def _wrapped(self, head: list[bytes], rest: Iterator[bytes], width: int) -> Iterator[Candidate]:
-        batch: list[tuple[int, bytes]] = []
-        size = 0
-        pieces: list[bytes] = []  # the logical line being joined
-        first = 0
-        for raw in self._physical(head, rest):
+    def _wrapped(self, scanner: LineScanner, chunks: Iterator[bytes], width: int) -> Iterator[Candidate]:
+        """Join the pieces of each logical line in the scanner itself: a piece goes on the line before
+        unless it starts one of its own (then a newline goes first). The scanner then holds no more of
+        a logical line than of a physical one (max_line), and numbers logical lines; `joins` maps its
+        numbers back to the input's, those of each logical line's first piece."""
+        joins: deque[tuple[int, int]] = deque()  # (logical line, pieces joined on the lines before it)
+        joined = 0
+        logical = 0
+        previous: bytes | None = None
+        for raw in self._physical(chunks):
             self.lines += 1
             line = _clean(raw)
-            if pieces and _continues(pieces[-1], line, width):
-                pieces.append(line)
-                continue
-            if pieces:
-                batch.append((first, b"".join(pieces)))
-                size += len(batch[-1][1])
-                if size >= _BATCH:
-                    yield from self._flush(batch)
-                    batch, size = [], 0
-            pieces, first = [line], self.lines
-        if pieces:
-            batch.append((first, b"".join(pieces)))
-        yield from self._flush(batch)
+            if previous is not None and _continues(previous, line, width):
+                joined += 1
+                found = scanner.feed(line)
+            else:
+                logical += 1
+                if joined and (not joins or joins[-1][1] != joined):
+                    joins.append((logical, joined))
+                found = scanner.feed(line if previous is None else b"\n" + line)
+            previous = line
+            for cand in found:
+                yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data)
+            _joined_before(joins, scanner.lines + 1)  # forget what no later candidate can need
+        for cand in scanner.finish():
+            yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data)
 
-    def _flush(self, batch: list[tuple[int, bytes]]) -> Iterator[Candidate]:
-        if not batch:
-            return
-        starts: list[int] = []
-        pos = 0
-        for _, line in batch:
-            starts.append(pos)
-            pos += len(line) + 1
-        data = b"\n".join(line for _, line in batch) + b"\n"
-        for line_start in sorted(self._finder(data, 0, len(data))):
-            number, line = batch[bisect.bisect_right(starts, line_start) - 1]
-            if len(line) > self._max_line or b"\x00" in line:
-                self.skipped += 1
-                continue
-            yield Candidate(number, line)
+
+def _joined_before(joins: deque[tuple[int, int]], logical: int) -> int:
+    """Pieces joined on the lines before logical line `logical`; entries before it are dropped, since
+    the scanner hands lines out in order."""
+    while len(joins) > 1 and joins[1][0] <= logical:
+        joins.popleft()
+    return joins[0][1] if joins and joins[0][0] <= logical else 0
 
 
 def _continues(previous: bytes, line: bytes, width: int) -> bool:
     """Whether `line` is the rest of `previous`, a piece cut at `width`."""
-    if not line or _width(previous) != width or line.startswith(b"  "):
+    if not line or _width(previous) != width or line.startswith(b"  ") or _boxed(previous) or _boxed(line):
         return False
     return not has_prefix(line.decode("utf-8", "replace"))
 

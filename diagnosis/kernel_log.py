@@ -23,7 +23,8 @@ from gpu_triage.diagnosis.pci import canonical_bus_id
 
 # Real NVRM lines stay well under 1 KiB; a longer line is garbage, and the cap bounds the regex work.
 MAX_LINE_CHARS = 8192
-TRIGGERS = (b"NVRM:", b"Xid (")  # a line holding neither holds no event
+_TRIGGER_TEXT = ("NVRM:", "Xid (")  # a line holding neither holds no event
+TRIGGERS = tuple(t.encode() for t in _TRIGGER_TEXT)  # the same, for searching bytes
 FALLEN = "fallen off the bus"
 SYNTHESIZED = "fallen_off_bus"  # details["synthesized"] of a 79 made from the Xid-less message
 
@@ -99,7 +100,8 @@ _CHANNEL = re.compile(r"\b(?:Ch|ChID|Channel) (?P<channel>[0-9a-fA-F]{1,8})\b", 
 
 
 def has_trigger(text: str) -> bool:
-    return "NVRM:" in text or "Xid (" in text
+    nvrm, xid = _TRIGGER_TEXT
+    return nvrm in text or xid in text
 
 
 def _timestamp(prefix: str) -> str | None:

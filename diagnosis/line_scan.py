@@ -18,8 +18,11 @@ the block (bench/bench_training_log.py), which is the slowest of the three.
 
 Memory stays flat whatever the input: the scanner holds at most one block plus the unfinished last
 line of the previous one. A line longer than `max_line` is not kept. Like a binary line, it is counted
-as skipped when it would have been a candidate (the finder flags it), and only then, wherever the input
-happened to be cut.
+as skipped when it would have been a candidate, and only then, wherever the input happened to be cut.
+"Would have been a candidate" is the `skip_test` finder's call (by default the finder itself): the
+literal search, for diagnosis, whichever finder picks the candidates, so that the count does not depend
+on the engine (Hyperscan flags a long line only when a whole signature matches, the literal search when
+a literal does).
 
 Colour codes (ANSI escapes) can be removed from every complete line before the finder sees it
 (`strip_ansi`), so that a signature matches a coloured line as it matches the plain one.
@@ -35,12 +38,17 @@ from dataclasses import dataclass
 # size is searched as it is, without a copy into a bigger block.
 DEFAULT_BLOCK = 1 << 20
 DEFAULT_MAX_LINE = 64 << 10
-# CSI sequences (colours, cursor moves) and two-byte escapes, as log_lines.clean removes them from text.
+# CSI sequences (colours, cursor moves) and the two-byte escapes; bounded so a lone ESC is cheap. The one
+# spelling: log_lines.clean compiles the same pattern for text.
 ANSI = re.compile(rb"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b[@-Z\\-_]")
 _SAMPLE = 16 << 10  # bytes of a block whose byte counts choose the probes
 # Bytes per probe hit at which hopping and a plain find cost the same: a hop that finds nothing costs
 # a Python loop turn, about what `bytes.find` of a short needle spends on a few hundred bytes.
 _BREAK_EVEN = 400
+
+
+def strip_ansi(data: bytes) -> bytes:
+    return ANSI.sub(b"", data) if b"\x1b" in data else data
 
 
 def _line_span(data: bytes, start: int, end: int, hit: int) -> tuple[int, int]:
@@ -127,8 +135,10 @@ def literal_finder(triggers: Sequence[bytes]) -> Finder:
 class LineScanner:
     """Feed byte chunks of one input; get back the candidate lines (those `finder` flags) in order.
 
-    `finder` is a `Finder` or a list of trigger literals. `carry` is how many bytes of an over-long
-    line's end are kept to see a hit cut in two by a chunk boundary (the longest trigger for literals).
+    `finder` is a `Finder` or a list of trigger literals. `skip_test` decides whether a line too long
+    or binary to hand out was worth one, and so counts as skipped (by default `finder`). `carry` is how
+    many bytes of an over-long line's end are kept to see a hit cut in two by a chunk boundary (the
+    longest trigger for literals).
     """
 
     def __init__(
@@ -140,6 +150,7 @@ class LineScanner:
         keep_binary: bool = False,
         strip_ansi: bool = False,
         carry: int | None = None,
+        skip_test: Finder | None = None,
     ) -> None:
         if callable(finder):
             self._find: Finder = finder
@@ -147,6 +158,7 @@ class LineScanner:
         else:
             self._find = literal_finder(finder)
             self._carry = carry if carry is not None else max(len(t) for t in finder)
+        self._skip_test = skip_test if skip_test is not None else self._find
         self._block = block
         self._max_line = max_line
         self._keep_binary = keep_binary  # the caller wants lines with NUL bytes too (and counts them itself)
@@ -176,15 +188,18 @@ class LineScanner:
         elif self._pending:
             line = self._clean(self._pending)
             self.lines += 1
-            if self._has_hit(line) and self._examinable(line):
+            if not self._readable(line):
+                self.skipped += self._has_hit(self._skip_test, line)
+            elif self._has_hit(self._find, line):
                 yield Candidate(self.lines, line)
         self._pending = b""
 
     def _clean(self, data: bytes) -> bytes:
-        return ANSI.sub(b"", data) if self._strip_ansi and b"\x1b" in data else data
+        return strip_ansi(data) if self._strip_ansi else data
 
-    def _has_hit(self, line: bytes) -> bool:
-        return bool(self._find(line + b"\n", 0, len(line) + 1))
+    @staticmethod
+    def _has_hit(finder: Finder, line: bytes) -> bool:
+        return bool(finder(line + b"\n", 0, len(line) + 1))
 
     def _drain(self) -> Iterator[Candidate]:
         if not self._parts:
@@ -212,7 +227,7 @@ class LineScanner:
             return
         tail = data[last + 1 :]
         if self._strip_ansi and b"\x1b" in data:
-            data = ANSI.sub(b"", data[start : last + 1])
+            data = strip_ansi(data[start : last + 1])
             start, last = 0, len(data) - 1
         # Search in windows so that the per-window candidate table stays small on huge blocks.
         pos = start
@@ -233,7 +248,7 @@ class LineScanner:
         else:
             self._pending += tail
             return
-        self._overlong_hit = self._overlong_hit or self._has_hit(self._clean(seen))
+        self._overlong_hit = self._overlong_hit or self._has_hit(self._skip_test, self._clean(seen))
         self._overlong_tail = seen[max(0, len(seen) - self._carry + 1) :]
 
     def _end_overlong(self) -> None:
@@ -246,18 +261,46 @@ class LineScanner:
     def _scan(self, data: bytes, start: int, end: int) -> Iterator[Candidate]:
         """Candidates among the complete lines data[start:end] (end is just after a newline)."""
         spans = self._find(data, start, end)
+        own_test = self._skip_test is self._find
+        if not own_test:  # the finder may pass over an unreadable line the skip test would flag
+            self.skipped += sum(
+                self._has_hit(self._skip_test, data[a:b]) for a, b in self._unreadable(data, start, end)
+            )
         number, counted_to = self.lines, start
         for line_start in sorted(spans):
             line_end = spans[line_start]
             number += data.count(b"\n", counted_to, line_start) + 1
             counted_to = line_end + 1
             line = data[line_start:line_end]
-            if self._examinable(line):
+            if self._readable(line):
                 yield Candidate(number, line)
+            elif own_test:
+                self.skipped += 1
         self.lines = number + data.count(b"\n", counted_to, end)
 
-    def _examinable(self, line: bytes) -> bool:
-        if len(line) > self._max_line or (not self._keep_binary and b"\x00" in line):
-            self.skipped += 1
-            return False
-        return True
+    def _readable(self, line: bytes) -> bool:
+        return len(line) <= self._max_line and (self._keep_binary or b"\x00" not in line)
+
+    def _unreadable(self, data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """The lines of data[start:end] over `max_line` or binary, as (start, end without newline).
+
+        Hops rather than walks: a window of `max_line` bytes holding a newline ends no long line before
+        it, and a NUL byte is looked for with one search, so a block of short text costs a few calls."""
+        pos = start
+        while pos < end:
+            nl = data.rfind(b"\n", pos, min(end, pos + self._max_line + 1))
+            if nl >= 0:
+                pos = nl + 1
+                continue
+            nl = data.find(b"\n", pos, end)
+            yield pos, nl
+            pos = nl + 1
+        if self._keep_binary:
+            return
+        nul = data.find(b"\x00", start, end)
+        while nul >= 0:
+            line_start = data.rfind(b"\n", start, nul) + 1 or start
+            line_end = data.find(b"\n", nul, end)
+            if line_end - line_start <= self._max_line:  # a long one was told above
+                yield line_start, line_end
+            nul = data.find(b"\x00", line_end, end)

@@ -25,10 +25,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpu_triage.diagnosis.line_scan import ANSI
 from gpu_triage.diagnosis.log_stamps import Stamp, abs_stamp, header, md_stamp
 
-# CSI sequences (colours, cursor moves) and the two-byte escapes; bounded so a lone ESC is cheap.
-_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b[@-Z\\-_]")
+_ANSI = re.compile(ANSI.pattern.decode())  # line_scan's, for text
 
 # Python logging's and DeepSpeed's date and time (`[2024-05-01 12:00:00,123] `, `2024-05-01 12:00:00,123 - `).
 _ISO = re.compile(

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from gpu_triage.diagnosis.actions import Action
-from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for
+from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for, skip_test_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
 from gpu_triage.diagnosis.deaths import ENDS, settle, uncaught
@@ -32,6 +32,7 @@ from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.fold import fold
 from gpu_triage.diagnosis.identity import IdentityBook, Who
 from gpu_triage.diagnosis.input_lines import InputLines
+from gpu_triage.diagnosis.kernel_log import has_trigger
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
 from gpu_triage.diagnosis.root_cause import kernel_first, link_symptoms, order
@@ -111,7 +112,7 @@ class _Diagnosis:
         self.sources.append(src)
         finder = finder_for(self.patterns, self.literals, self.engine)
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
-        reader = InputLines(finder)
+        reader = InputLines(finder, skip_test=skip_test_for(self.literals))
         kernel = KernelLogParser()
         for cand in reader.read(chunks):
             self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
@@ -128,7 +129,7 @@ class _Diagnosis:
                 self._segment(src, kernel, number, segment)
 
     def _segment(self, src: SourceState, kernel: KernelLogParser, number: int, text: str) -> None:
-        line = normalise(text) if "NVRM" in text or "Xid (" in text else None
+        line = normalise(text) if has_trigger(text) else None
         if line is not None:
             own = False
             for event in kernel.feed(line.raw, number):

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_triage.diagnosis.collapse import Seen, Spec, Tally, Where, build
-from gpu_triage.diagnosis.collectives import Mismatch, ProgressTracker, Straggler, WorkTracker, rank_ranges
+from gpu_triage.diagnosis.collectives import (
+    MAX_NAMED,
+    Mismatch,
+    ProgressTracker,
+    Straggler,
+    WorkTracker,
+    rank_ranges,
+)
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.identity import IdentityBook
 from gpu_triage.diagnosis.root_cause import Ranked
@@ -115,7 +122,7 @@ class Reporter:
             if found is not None:
                 findings[i].details["straggler_rank"] = found.rank
             if findings[i].members and outliers:
-                findings[i].details["outliers"] = rank_ranges(outliers[:16])
+                findings[i].details["outliers"] = rank_ranges(outliers[:MAX_NAMED])
         if found is None:
             return findings
         own = next((i for i in timeouts if findings[i].rank == found.rank), None)

@@ -17,52 +17,20 @@ from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
 from gpu_triage.diagnosis.log_lines import normalise
 from gpu_triage.diagnosis.rule_model import (
-    COLLECTIVE_MISMATCH,
-    COLLECTIVE_TIMEOUT,
-    CUDA_ILLEGAL_ADDRESS,
     FIELDS,
-    JOB_FAILED,
-    NCCL_LIB_MISMATCH,
-    PROCESS_SEGFAULT,
     REQUIRED_CLASSES,
     ContextKind,
-    ContextMatch,
     ContextRule,
     Example,
-    FieldKind,
-    Match,
     Rule,
     RuleSet,
     Signature,
     playbook_id,
 )
-from gpu_triage.diagnosis.rule_regex import (
-    MIN_LITERAL,
-    required_literals,
-    scan_pattern,
-    unsupported,
-)
+from gpu_triage.diagnosis.rule_regex import MIN_LITERAL, required_literals, scan_pattern, unsupported
 
-__all__ = [
-    "COLLECTIVE_MISMATCH",
-    "COLLECTIVE_TIMEOUT",
-    "CUDA_ILLEGAL_ADDRESS",
-    "FIELDS",
-    "JOB_FAILED",
-    "NCCL_LIB_MISMATCH",
-    "PROCESS_SEGFAULT",
-    "REQUIRED_CLASSES",
-    "ContextKind",
-    "ContextMatch",
-    "Example",
-    "FieldKind",
-    "Match",
-    "RuleSet",
-    "load_rules",
-    "parse_rules",
-    "parse_rules_text",
-    "playbook_id",
-]
+# The model (RuleSet, Example, the class ids …) is imported from diagnosis/rule_model.py, not from here.
+__all__ = ["load_rules", "parse_rules", "parse_rules_text"]
 
 _RULE_KEYS = {"class", "severity", "action", "playbook", "title", "steps", "signatures", "examples"}
 _RULE_OPTIONAL = {"symptom"}

@@ -1,5 +1,8 @@
 """Log input as byte chunks for `diagnosis.training.diagnose`: files, stdin, HTTP bodies, gzip or not.
 
+Also the one place the environment chooses the block scan diagnosis uses (`scan_engine`): diagnosis/
+is given it as an argument and reads no process state itself.
+
 Chunks stream: a multi-gigabyte log never sits in memory whole. Gzip is recognised by its magic bytes
 (a .gz name is not needed, and a gzip file without one still works) and may hold several members, as
 `cat a.gz b.gz` makes. Decompression of untrusted input is bounded, so a small gzip bomb stays small.
@@ -7,11 +10,13 @@ Chunks stream: a multi-gigabyte log never sits in memory whole. Gzip is recognis
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
 CHUNK_BYTES = 1 << 20
+SCAN_ENV = "GPU_TRIAGE_SCAN"  # "python" forces the pure-Python scan, "hyperscan" requires Hyperscan
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -72,6 +77,11 @@ def decoded(chunks: Iterable[bytes], limit: int | None = None) -> Iterator[bytes
 def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield first
     yield from rest
+
+
+def scan_engine() -> str | None:
+    """The block scan the user asked for (`engine=` of diagnosis.training.diagnose); None: the fastest."""
+    return os.environ.get(SCAN_ENV) or None
 
 
 def read_chunks(f: BinaryIO, progress: Callable[[int], None] | None = None) -> Iterator[bytes]:

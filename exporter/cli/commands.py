@@ -80,7 +80,7 @@ def diagnose_files(
     """Offline diagnosis of kernel and training logs. Exit 0: nothing found, 1: findings, 2: cannot read or empty."""
     from gpu_triage.diagnosis.training import diagnose
     from gpu_triage.exporter.cli.report_text import render
-    from gpu_triage.exporter.log_input import decoded, read_chunks
+    from gpu_triage.exporter.log_input import decoded, read_chunks, scan_engine
 
     files: list[BinaryIO] = []
     sources = []
@@ -104,7 +104,7 @@ def diagnose_files(
                 progress = _Progress(name, size, err)
             sources.append((name, decoded(read_chunks(f, progress))))
         try:
-            report = diagnose(sources).to_json()
+            report = diagnose(sources, engine=scan_engine()).to_json()
         except (zlib.error, EOFError) as e:
             err.write(f"gpu-triage: an input looks gzip-compressed but does not decompress: {e}\n")
             return 2

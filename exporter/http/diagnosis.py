@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from gpu_triage.diagnosis.xid_data import load_catalog
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
-from gpu_triage.exporter.log_input import InputTooLargeError, decoded
+from gpu_triage.exporter.log_input import InputTooLargeError, decoded, scan_engine
 from gpu_triage.exporter.settings import parse_duration
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
     limit = daemon.settings.diagnose_max_bytes
     body_timeout = daemon.settings.web_read_timeout
     mib = f"{limit / 2**20:g} MiB"
+    engine = scan_engine()
     # Each request may hold `limit` bytes, so only a few at a time: a few bodies arriving, and fewer being
     # diagnosed. A slot to diagnose is taken only once the body is here, so slow uploads cannot hold it;
     # they hold a place to upload, for the read timeout at most.
@@ -175,7 +176,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
         def run() -> dict[str, Any]:
             from gpu_triage.diagnosis.training import diagnose as diagnose_logs
 
-            return diagnose_logs([(None, decoded(chunks, limit))]).to_json()
+            return diagnose_logs([(None, decoded(chunks, limit))], engine=engine).to_json()
 
         try:
             report = await run_in_threadpool(run)

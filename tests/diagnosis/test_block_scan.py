@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_triage.diagnosis.block_scan import ENV, HyperscanFinder, LiteralFinder, engine_name, finder_for
+from gpu_triage.diagnosis.block_scan import HyperscanFinder, LiteralFinder, engine_name, finder_for
+from gpu_triage.diagnosis.rule_regex import literal_set
 from gpu_triage.diagnosis.training import diagnose
 from gpu_triage.diagnosis.training_rules import load_rules
 
@@ -105,8 +106,28 @@ def test_the_python_scan_flags_at_least_what_hyperscan_does() -> None:
     assert len(finder(data, 0, len(data))) == len(_example_lines())
 
 
-def test_the_engine_can_be_forced(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV, "python")
-    assert engine_name() == "python"
-    assert diagnose([(None, [b"x\n"])]).engine == "python"
+def test_the_engine_can_be_forced() -> None:
     assert engine_name("python") == "python"
+    assert diagnose([(None, [b"x\n"])], engine="python").engine == "python"
+
+
+@needs_hyperscan
+def test_the_environment_does_not_choose_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPU_TRIAGE_SCAN is read where the command line and the daemon call `diagnose`, not inside it."""
+    monkeypatch.setenv("GPU_TRIAGE_SCAN", "python")
+    assert engine_name() == "hyperscan"
+    assert diagnose([(None, [b"x\n"])]).engine == "hyperscan"
+
+
+@needs_hyperscan
+@pytest.mark.parametrize("literal", literal_set(LITERALS))
+def test_both_engines_skip_the_same_unreadable_lines(literal: str) -> None:
+    """A line too long or too binary to read counts as skipped when it holds a literal some signature
+    needs, whichever engine looked, and however the input was cut."""
+    lines = [b"x" * 70_000 + b" " + literal.encode(), b"\x00 " + literal.encode(), b"y" * 70_000, b"z\x00"]
+    data = b"\n".join(lines) + b"\n" + lines[0]  # the last one unterminated
+    for chunks in ([data], [data[i : i + 4096] for i in range(0, len(data), 4096)]):
+        skipped = {
+            engine: diagnose([(None, chunks)], engine=engine).lines_skipped for engine in ("hyperscan", "python")
+        }
+        assert skipped == {"hyperscan": 3, "python": 3}

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gpu_triage.diagnosis.block_scan import finder_for
-from gpu_triage.diagnosis.input_lines import InputLines, wrap_width
+from gpu_triage.diagnosis.input_lines import SAMPLE, InputLines, wrap_width
 from gpu_triage.diagnosis.training import diagnose
 from gpu_triage.diagnosis.training_rules import load_rules
 
@@ -82,3 +84,94 @@ def test_a_line_of_its_own_is_not_joined() -> None:
     got = list(reader.read([data]))
     assert reader.width == 60
     assert [(c.line, c.data) for c in got] == [(4, b"[rank1]: RuntimeError: CUDA error: out of memory")]
+
+
+NVIDIA_SMI = """\
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4     |
+|-----------------------------------------+------------------------+----------------------+
+| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |
+| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |
+|                                         |                        |               MIG M. |
+|=========================================+========================+======================|
+|   0  NVIDIA H100 80GB HBM3          On  |   00000000:18:00.0 Off |                    0 |
+| N/A   31C    P0             70W /  700W |       1MiB /  81559MiB |      0%      Default |
+|                                         |                        |             Disabled |
++-----------------------------------------+------------------------+----------------------+
+"""
+
+
+def test_an_nvidia_smi_table_is_no_wrap_and_swallows_nothing() -> None:
+    """Its lines share one width and the next one starts with `|`: that is a table, not cut text."""
+    data = (NVIDIA_SMI + "Segmentation fault (core dumped)\nKilled\n").encode()
+    assert wrap_width(data) is None
+    report = diagnose([(None, [data])])
+    assert {f.class_id for f in report.findings} == {"process_segfault", "host_oom_killed"}
+
+
+def test_a_table_inside_a_wrapped_log_is_not_joined() -> None:
+    text = (TRAINING / "scenarios" / "xid79_with_nccl.log").read_text()
+    width = len(NVIDIA_SMI.splitlines()[0])  # the table's own width: its lines are full-width pieces
+    wrapped = hard_wrap(text, width) + NVIDIA_SMI + "Segmentation fault (core dumped)\n"
+    assert wrap_width(wrapped.encode()) == width
+    report = diagnose([(None, [wrapped.encode()])])
+    assert "process_segfault" in {f.class_id for f in report.findings}
+
+
+def test_lines_padded_to_one_width_are_no_wrap() -> None:
+    """Most cuts fall inside a word or a number; lines that all end in blanks were padded, not cut."""
+    rows = [f"epoch {i} | loss 0.{i}1 | lr 1e-4".ljust(80) + f"\nval loss 0.{i}2" for i in range(6)]
+    data = ("\n".join(rows) + "\n" + "epoch 6 done".ljust(80) + "\nSegmentation fault (core dumped)\n").encode()
+    assert wrap_width(data) is None
+    assert [f.class_id for f in diagnose([(None, [data])]).findings] == ["process_segfault"]
+
+
+def test_a_joined_line_is_bounded() -> None:
+    """A wrapped head, then a long run of full-width unprefixed lines (a pasted base64 blob): the
+    logical line they make is never held whole, only up to the line limit, and counts as skipped."""
+    message = "[rank1]: RuntimeError: " + " ".join(f"word{i}" for i in range(150))
+    head = hard_wrap("\n".join([message] * 3), 400).encode()
+    blob = (b"QUJD" * 100 + b"\n") * (20 << 10)  # 8 MiB of 400 columns, no prefix: each goes on the line before
+    tail = b"[rank1]: RuntimeError: CUDA error: out of memory\n"
+    literals = [lit for s in RULES.signatures() for lit in s.literals]
+    finder = finder_for([s.scan for s in RULES.signatures()], literals, "python")
+
+    def chunks() -> Iterator[bytes]:
+        yield head
+        for i in range(0, len(blob), 1 << 16):
+            yield blob[i : i + (1 << 16)]
+        yield b"and the end of the blob: out of memory\n" + tail
+
+    tracemalloc.start()
+    try:
+        reader = InputLines(finder, max_line=4096)
+        got = [(c.line, c.data) for c in reader.read(chunks())]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert reader.width == 400
+    assert got[-1] == (reader.lines, tail.rstrip())
+    assert reader.skipped == 1  # the blob and the line after it: one logical line, over the limit
+    # What is held is a block of the scan and a line's worth, whatever the length of the blob.
+    assert peak < 6 << 20, f"{peak / 2**20:.1f} MiB held for an 8 MiB blob"
+
+
+def _mixwrap() -> bytes:
+    """Over SAMPLE bytes of plain lines, then text wrapped at 80 whose OOM line is cut in two."""
+    plain = b"".join(b"[rank5]:step %d | loss 0.5 | lr 0.0001 | tokens/s 123456\n" % i for i in range(18_000))
+    assert len(plain) > SAMPLE + 2000
+    oom = (
+        "[rank5]:[2024-05-01 12:00:00,123] [ERROR] torch.OutOfMemoryError: CUDA out of "
+        "memory. Tried to allocate 2.00 GiB. GPU 5 has a total capacity of 79.10 GiB of which 1.02 GiB is free."
+    )
+    assert "CUDA out of m" in oom[:80] and "memory" not in oom[:80]  # the cut falls inside what the signature needs
+    return plain + hard_wrap(oom + "\n" + "[rank5]: " + "x" * 100, 80).encode()
+
+
+def test_the_wrap_decision_does_not_depend_on_how_the_input_is_cut() -> None:
+    data = _mixwrap()
+    reports = {}
+    for size in (13, 64 << 10, 100_000, 1 << 20, len(data)):
+        doc = diagnose([(None, [data[i : i + size] for i in range(0, len(data), size)])]).to_json()
+        reports[size] = (doc["findings"], doc["summary"])
+    assert len({repr(r) for r in reports.values()}) == 1, {k: [f["class"] for f in v[0]] for k, v in reports.items()}

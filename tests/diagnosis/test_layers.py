@@ -65,3 +65,17 @@ def test_no_import_cycle_inside_diagnosis() -> None:
 def test_diagnosis_never_imports_the_exporter() -> None:
     leaks = {name: sorted(i for i in deps if not i.startswith(PACKAGE)) for name, deps in graph().items()}
     assert {name: deps for name, deps in leaks.items() if deps} == {}
+
+
+def test_diagnosis_reads_no_process_state() -> None:
+    """Configuration (the scan engine, say) comes in as arguments: diagnosis/ never reads the
+    environment or the command line, so the same input always gives the same report."""
+    readers: dict[str, list[str]] = {}
+    for path in sorted((REPO / "diagnosis").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                readers.setdefault(path.name, []).extend(n for n in names if n in ("os", "sys"))
+            elif isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb", "argv"):
+                readers.setdefault(path.name, []).append(node.attr)
+    assert {name: found for name, found in readers.items() if found} == {}

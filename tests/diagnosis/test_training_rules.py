@@ -14,15 +14,8 @@ from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.block_scan import LiteralFinder, engine_name, finder_for
 from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.diagnosis.log_lines import normalise
-from gpu_triage.diagnosis.training_rules import (
-    FIELDS,
-    REQUIRED_CLASSES,
-    Example,
-    load_rules,
-    parse_rules,
-    parse_rules_text,
-    playbook_id,
-)
+from gpu_triage.diagnosis.rule_model import FIELDS, REQUIRED_CLASSES, Example, playbook_id
+from gpu_triage.diagnosis.training_rules import load_rules, parse_rules, parse_rules_text
 
 RULES = load_rules()
 SIGNATURES = [sig.regex for sig in RULES.signatures()]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_triage.diagnosis.line_scan import Candidate, LineScanner, trigger_lines
+from gpu_triage.diagnosis.line_scan import Candidate, LineScanner, literal_finder, trigger_lines
 
 TRIGGERS = [b"ERR", b"WARN"]
 
@@ -159,3 +159,31 @@ def test_trigger_lines_fall_back_when_the_probe_byte_is_everywhere_after_the_sam
     rare_then_dense = b"plain text line\n" * 2000 + b"qqqqqqqqqq qqqq\n" * 50_000 + b"the enqueued line\n"
     spans = trigger_lines(rare_then_dense, 0, len(rare_then_dense), [b"enqueued"])
     assert list(spans) == [len(rare_then_dense) - len(b"the enqueued line\n")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(_PIECES), max_size=60).map(b"".join),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+    st.sampled_from([1, 7, 64, 1 << 20]),
+    st.sampled_from([10, 60, 1000]),
+)
+def test_unreadable_lines_count_by_the_skip_test_not_by_the_finder(
+    data: bytes, cuts: list[int], block: int, max_line: int
+) -> None:
+    """A narrower finder (as Hyperscan is, next to the literal search) picks the candidates; whether an
+    over-long or binary line is a skipped one is the skip test's call, however the input is cut."""
+    strict = literal_finder([b"ERRWARN"])
+    scanner = LineScanner(strict, block=block, max_line=max_line, skip_test=literal_finder(TRIGGERS))
+    start = 0
+    got: list[Candidate] = []
+    for cut in [*sorted({c for c in cuts if c <= len(data)}), len(data)]:
+        got += scanner.feed(data[start:cut])
+        start = cut
+    got += scanner.finish()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    unreadable = [line for line in lines if len(line) > max_line or b"\x00" in line]
+    assert [c.data for c in got] == [line for line in lines if b"ERRWARN" in line and line not in unreadable]
+    assert scanner.skipped == sum(1 for line in unreadable if any(t in line for t in TRIGGERS))

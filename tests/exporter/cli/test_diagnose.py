@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import subprocess
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from gpu_triage.exporter.log_input import CHUNK_BYTES, InputTooLargeError, decoded
+from gpu_triage.diagnosis import training
+from gpu_triage.exporter.cli.commands import diagnose_files
+from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.http.app import create_app
+from gpu_triage.exporter.log_input import CHUNK_BYTES, SCAN_ENV, InputTooLargeError, decoded
 from tests.conftest import REPO
 from tests.daemon_proc import GPU_TRIAGE
 
@@ -130,10 +136,10 @@ def test_only_a_few_diagnoses_run_at_once(client: TestClient, monkeypatch: pytes
     release, started = threading.Event(), threading.Semaphore(0)
     real = training.diagnose
 
-    def slow(sources):  # type: ignore[no-untyped-def]
+    def slow(sources, engine=None):  # type: ignore[no-untyped-def]
         started.release()
         release.wait(10)
-        return real(sources)
+        return real(sources, engine=engine)
 
     monkeypatch.setattr(training, "diagnose", slow)
     answers: list[int] = []
@@ -152,3 +158,26 @@ def test_only_a_few_diagnoses_run_at_once(client: TestClient, monkeypatch: pytes
         t.join(10)
     assert answers == [200, 200]
     assert client.post("/api/v1/diagnose", content=b"x\n").status_code == 200
+
+
+@pytest.mark.parametrize("asked", ["python", "hyperscan", None])
+def test_gpu_triage_scan_chooses_the_engine_for_the_cli_and_the_api(
+    asked: str | None, monkeypatch: pytest.MonkeyPatch, daemon: Daemon
+) -> None:
+    """diagnosis/ reads no environment: the command and the daemon read GPU_TRIAGE_SCAN and pass it on."""
+    engines: list[str | None] = []
+    real = training.diagnose
+
+    def spy(sources: Any, *, engine: str | None = None) -> Any:
+        engines.append(engine)
+        return real(sources, engine="python")  # whichever wheel this machine has
+
+    monkeypatch.setattr(training, "diagnose", spy)
+    if asked is None:
+        monkeypatch.delenv(SCAN_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SCAN_ENV, asked)
+    assert diagnose_files([str(XID79)], as_json=True, out=io.StringIO(), err=io.StringIO()) == 1
+    with TestClient(create_app(daemon)) as api:
+        assert api.post("/api/v1/diagnose", content=XID79.read_bytes()).status_code == 200
+    assert engines == [asked, asked]
