@@ -455,3 +455,22 @@ def test_a_dead_job_with_only_a_launcher_report_is_not_healthy() -> None:
     report = _text("srun: error: gpu07: task 3: Exited with exit code 2")
     [finding] = report.findings
     assert (finding.class_id, finding.host, finding.rank) == ("job_failed_unclassified", "gpu07", 3)
+
+
+COALESCED_TIMEOUT = (
+    "[rank{0}]:[E0501 00:00:00.000 1 ProcessGroupNCCL.cpp:1] [PG ID 1 PG GUID 1 Rank {0}] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=7, OpType={1}, NumelIn={2}, NumelOut={2}, Timeout(ms)=600000) ran for "
+    "600001 milliseconds before timing out."
+)
+
+
+def test_a_work_without_a_size_keeps_its_seq_and_op() -> None:
+    """PyTorch prints the unset `size_t numelIn_` of a coalesced work as 2^64-1, 20 digits: still the
+    watchdog's timeout with its SeqNum and OpType, the size unknown rather than a number to compare."""
+    unset = 2**64 - 1
+    report = _text(COALESCED_TIMEOUT.format(2, "COALESCED", unset), COALESCED_TIMEOUT.format(3, "ALLREDUCE", 4))
+    timeouts = {f.rank: f for f in report.findings if f.class_id == "collective_timeout"}
+    assert (timeouts[2].details["seq"], timeouts[2].details["op"]) == (7, "COALESCED")
+    assert timeouts[2].details["numel_in"] == "unknown"
+    [mismatch] = [f for f in report.findings if f.class_id == "collective_mismatch"]
+    assert str(unset) not in mismatch.title
