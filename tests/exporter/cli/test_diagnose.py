@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -152,3 +153,25 @@ def test_only_a_few_diagnoses_run_at_once(client: TestClient, monkeypatch: pytes
         t.join(10)
     assert answers == [200, 200]
     assert client.post("/api/v1/diagnose", content=b"x\n").status_code == 200
+
+
+def test_a_thousand_per_rank_files_fit_under_the_default_descriptor_limit(tmp_path: Path) -> None:
+    """One file per rank is a normal layout; each is opened when the diagnosis reaches it, not all at once."""
+    logs = tmp_path / "many"
+    logs.mkdir()
+    names = []
+    for rank in range(1100):
+        line = "epoch 1 step 10 loss 2.3" if rank != 926 else "[rank926]: RuntimeError: CUDA error: out of memory"
+        (logs / f"r{rank}.log").write_text(line + "\n")
+        names.append(str(logs / f"r{rank}.log"))
+    limit = "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))"
+    run = f"{limit}; from gpu_triage.exporter.cli.main import main; sys.exit(main())"
+    result = subprocess.run(
+        [sys.executable, "-c", run, "diagnose", "--json", *names],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr.decode()[-500:]
+    root = json.loads(result.stdout)["findings"][0]
+    assert (root["class"], root["rank"]) == ("cuda_oom", 926)
