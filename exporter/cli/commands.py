@@ -10,10 +10,11 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import yaml
 
+from gpu_triage.diagnosis.actions import Action
 from gpu_triage.exporter.http.diagnosis import xid_json
 
 
@@ -160,7 +161,13 @@ def diagnose_files(
         out.write("\n")
     else:
         out.write(render(report, colour=out.isatty() and not os.environ.get("NO_COLOR")))
-    return 1 if report["findings"] else 0
+    return 1 if problems(report) else 0
+
+
+def problems(report: dict[str, Any]) -> bool:
+    """Whether the report calls for anything: an event whose verdict is IGNORE (a lone Xid 43, a user
+    program's own fault the driver recovered from) is listed, but a job with only those is healthy."""
+    return any(f["action"] != Action.IGNORE for f in report["findings"])
 
 
 def render_alerts(

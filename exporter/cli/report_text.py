@@ -12,6 +12,8 @@ import re
 import textwrap
 from typing import Any
 
+from gpu_triage.diagnosis.actions import Action
+
 _COLOURS = {"critical": "\033[1;31m", "unknown": "\033[1;35m", "warning": "\033[33m", "info": "\033[2m"}
 _BOLD, _RESET = "\033[1m", "\033[0m"
 MAX_SHOWN = 12  # findings printed; the rest are counted
@@ -69,6 +71,15 @@ def render(report: dict[str, Any], colour: bool = False) -> str:
     lines: list[str] = []
     if not findings:
         lines.append("No problem found.")
+    elif all(f["action"] == Action.IGNORE for f in findings):
+        # Listed for the record, but nothing to do: not a root cause.
+        events = sum(f.get("count", 1) for f in findings)
+        lines.append(f"No problem found ({events} ignorable event{'s' if events != 1 else ''}).")
+        for f in findings[:MAX_SHOWN]:
+            lines.append(paint(f"    ignored: {safe(f['title'])}; {f['class']}; where: {_where(f)}", _COLOURS["info"]))
+        if len(findings) > MAX_SHOWN:
+            lines.append(f"    … and {len(findings) - MAX_SHOWN} more (gpu-triage diagnose --json lists them all)")
+        findings = []  # nothing below is a problem
     for i, f in enumerate(findings[:MAX_SHOWN]):
         head = "Root cause:" if i == 0 else f"{i + 1}."
         severity = paint(f"[{f['severity']}]", _COLOURS.get(f["severity"], ""))
