@@ -474,3 +474,14 @@ def test_a_work_without_a_size_keeps_its_seq_and_op() -> None:
     assert timeouts[2].details["numel_in"] == "unknown"
     [mismatch] = [f for f in report.findings if f.class_id == "collective_mismatch"]
     assert str(unset) not in mismatch.title
+
+
+def test_xids_a_day_apart_in_plain_dmesg_are_two_incidents() -> None:
+    """Plain `dmesg` stamps seconds since boot: they compare with each other, so Xid 31 at 100 s is not
+    a symptom of an Xid 79 25 hours later on the same GPU."""
+    xid31 = "[  100.1] NVRM: Xid (PCI:0000:3b:00): 31, pid=555, name=python3, Ch 00000008, intr 00000000. MMU Fault"
+    xid79 = "[90000.1] NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has fallen off the bus."
+    apart = {f.class_id: f for f in _text(xid31, xid79).findings}
+    assert "likely_caused_by" not in apart["xid_31"].details and apart["xid_31"].severity is not Severity.INFO
+    close = {f.class_id: f for f in _text(xid31, xid79.replace("90000.1", "  130.1")).findings}
+    assert close["xid_31"].details.get("likely_caused_by", "").startswith("xid_79")
