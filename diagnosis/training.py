@@ -27,7 +27,7 @@ from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
-from gpu_triage.diagnosis.deaths import ENDS, settle, uncaught
+from gpu_triage.diagnosis.deaths import ENDS, TextEnd, settle, uncaught
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.fold import fold
 from gpu_triage.diagnosis.identity import IdentityBook, Who
@@ -101,6 +101,7 @@ class _Diagnosis:
         self.progress = ProgressTracker()
         self.works = WorkTracker()
         self.sources: list[SourceState] = []
+        self.text_ends: list[tuple[int, int | None]] = []  # per input: its last non-blank line, its wrap width
         self._lines: dict[str, tuple[LogLine, Match | None, ContextMatch | None]] = {}
         self._verdicts: dict[str, tuple[Match | None, ContextMatch | None]] = {}
 
@@ -113,11 +114,13 @@ class _Diagnosis:
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
         reader = InputLines(finder)
         kernel = KernelLogParser()
-        for cand in reader.read(chunks):
+        end = TextEnd()
+        for cand in reader.read(end.watch(chunks)):
             self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
         for event in kernel.finish():
             self.kernel.add(src.index, normalise(event.text), event)
         src.lines = reader.lines
+        self.text_ends.append((end.line, reader.width))
         return reader.lines, reader.skipped
 
     def _line(self, src: SourceState, kernel: KernelLogParser, number: int, text: str) -> None:
@@ -346,8 +349,8 @@ class _Diagnosis:
 
     def _uncaught(self) -> None:
         """Uncaught Python exceptions are deaths (see diagnosis/deaths.py), placed like any finding."""
-        for src in self.sources:
-            for trace in uncaught(src, exit_reported=src.exit_reported):
+        for src, (text_end, width) in zip(self.sources, self.text_ends, strict=True):
+            for trace in uncaught(src, exit_reported=src.exit_reported, text_end=text_end, wrap_width=width):
                 seen = Seen(src.index, trace.line, trace.text[:EVIDENCE_CHARS], None, -1)
                 who = Who(src.index, trace.host, None, trace.rank, trace.local_rank, task=trace.task)
                 self.collapser.add(who, self.specs[JOB_FAILED], seen, {})
