@@ -34,11 +34,13 @@ from gpu_triage.diagnosis.identity import IdentityBook, Who
 from gpu_triage.diagnosis.input_lines import InputLines
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
+from gpu_triage.diagnosis.retries import Retries
 from gpu_triage.diagnosis.root_cause import kernel_first, link_symptoms, order
 from gpu_triage.diagnosis.rule_model import (
     COLLECTIVE_TIMEOUT,
     JOB_FAILED,
     PROCESS_SEGFAULT,
+    SOCKET_CONNECT_ERROR,
     ContextKind,
     ContextMatch,
     Match,
@@ -100,6 +102,7 @@ class _Diagnosis:
         self.versions: dict[str, Seen] = {}
         self.progress = ProgressTracker()
         self.works = WorkTracker()
+        self.retries = Retries()
         self.sources: list[SourceState] = []
         self.text_ends: list[tuple[int, int | None]] = []  # per input: its last non-blank line, its wrap width
         self._lines: dict[str, tuple[LogLine, Match | None, ContextMatch | None]] = {}
@@ -196,6 +199,7 @@ class _Diagnosis:
         kind = ctx.kind
         if kind is ContextKind.COMM_INIT:
             if line.host is not None and line.pid is not None:
+                self.retries.completed(src.index, line.host, line.pid)
                 rank, nranks = int(fields["rank"]), int(fields["nranks"])
                 self.identity.comm_init(src.index, line.host, line.pid, rank=rank, nranks=nranks, gpu=gpu)
                 if line.local_rank is not None and line.rank is None:  # torchrun's `[default3]:` tag
@@ -227,6 +231,8 @@ class _Diagnosis:
             self._progress(src, number, line, fields)
         elif kind is ContextKind.IGNORED_EXCEPTION:
             src.ignored = number
+        elif kind is ContextKind.CONNECT_RETRY:
+            self.retries.hold(src, number, line, ctx.fields)
         elif kind is ContextKind.TRACEBACK:
             src.traceback(number, line)
         elif kind is ContextKind.EXCEPTION:
@@ -327,6 +333,9 @@ class _Diagnosis:
             return (spec is not None and spec.symptom) or f.class_id in xid_symptoms
 
         self._uncaught()
+        connect = self.rules.rule(SOCKET_CONNECT_ERROR)
+        for src, number, line, fields in self.retries.unanswered():
+            self._finding(src, number, line, Match(connect, fields, len(connect.signatures)))
         name_stopped_workers(self.identity, self.sources)
         bind_to_failed_worker(self.collapser, self.identity, self.sources, ENDS)
         ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]

@@ -47,3 +47,23 @@ def test_an_uncaught_exception_that_ends_the_output_is_still_a_death() -> None:
         [(None, [b"epoch 3\nTraceback (most recent call last):\n", b"  File \"t.py\"\nKeyError: 'x'", b"\n\n"])]
     )
     assert [f.class_id for f in in_chunks.findings] == ["job_failed_unclassified"]
+
+
+RETRY = (
+    "gpu-node-01:2311:2311 [0] NCCL INFO socketStartConnect: connect to 10.0.0.12<43321> returned Connection timed "
+    "out, retrying ({0}/34) after sleep for {1} msec"
+)
+INIT = "gpu-node-01:2311:2311 [0] NCCL INFO ncclCommInitRank comm 0x55d4b0c0 rank 3 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 commId 0x8e1c5a2f0b7d4c61 - Init COMPLETE"
+
+
+def test_connect_retries_followed_by_init_complete_are_a_slow_peer() -> None:
+    assert _text(RETRY.format(1, 100), RETRY.format(2, 200), INIT, "epoch 1 step 10 loss 2.3").findings == []
+
+
+def test_connect_retries_without_a_completed_init_are_a_connect_error() -> None:
+    [finding] = _text(RETRY.format(1, 100), RETRY.format(2, 200)).findings
+    assert (finding.class_id, finding.host, finding.count) == ("socket_connect_error", "gpu-node-01", 2)
+    assert finding.details["peer"] == "10.0.0.12<43321>"
+    # Another process's init says nothing of this one's connect.
+    other = INIT.replace("2311:2311", "2400:2400")
+    assert [f.class_id for f in _text(RETRY.format(1, 100), other).findings] == ["socket_connect_error"]
