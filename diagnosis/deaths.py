@@ -3,7 +3,7 @@
 Signs that a process died are findings of class `job_failed_unclassified` from the rules (a launcher's
 non-zero exit report, ChildFailedError, `terminate called`, Slurm's CANCELLED, …) and, from
 `source_state`, Python tracebacks that were not caught: printed by PyTorch's excepthook
-(`[rank3]: Traceback …`), or followed within a few lines by the end of their input or by a
+(`[rank3]: Traceback …`), or followed by nothing but the end of their input (blank lines aside) or by a
 launcher's exit report there. A SIGABRT (`process_segfault` with an `abort` field) is a death too:
 PyTorch ends a process that way on purpose once its watchdog has seen a timeout or an NCCL or CUDA
 error (TORCH_NCCL_ASYNC_ERROR_HANDLING: `terminate called after throwing … DistBackendError`,
@@ -23,26 +23,58 @@ generic death ranks before the symptoms it causes on the other ranks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.root_cause import Ranked, order
 from gpu_triage.diagnosis.rule_model import HOST_OOM_KILLED, JOB_FAILED, PROCESS_SEGFAULT
 from gpu_triage.diagnosis.source_state import SourceState, Traceback
 
-TAIL_LINES = 5  # an exception this close to the end of its input ended the process
 MAX_EVIDENCE = 6  # evidence lines a finding keeps when deaths fold into it
 ENDS = frozenset({JOB_FAILED, PROCESS_SEGFAULT, HOST_OOM_KILLED})  # classes that report a process's end
 
 
-def uncaught(state: SourceState, *, exit_reported: bool) -> list[Traceback]:
-    """The tracebacks of one input that killed their process."""
+class TextEnd:
+    """Where an input's text ends: the number of its last line that is not blank.
+
+    Only the lines a signature flags reach the classifier, so this is counted on the chunks as they
+    pass (`watch`), with two C-speed passes over each.
+    """
+
+    def __init__(self) -> None:
+        self.newlines = 0
+        self.line = 0  # 1-based, as the line scanner numbers lines; 0: nothing but blanks
+
+    def watch(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            data = chunk if isinstance(chunk, bytes) else bytes(chunk)
+            text = len(data.rstrip())
+            if text:
+                self.line = self.newlines + data.count(b"\n", 0, text) + 1
+            self.newlines += data.count(b"\n")
+            yield data
+
+
+def uncaught(
+    state: SourceState, *, exit_reported: bool, text_end: int, wrap_width: int | None = None
+) -> list[Traceback]:
+    """The tracebacks of one input that killed their process.
+
+    Certain: PyTorch's excepthook printed it. Otherwise only the last traceback, and only when a launcher
+    reported a process's end or its exception is the input's last output (`text_end`: blank lines may
+    follow). A handled exception logged with its traceback is followed by more output, if only by
+    "Checkpoint saved"; a count of lines after it would take one printed just before a clean exit for a
+    death.
+    """
     # One whose exception line a rule classified is told by that finding.
     traces = [t for t in state.tracebacks if not t.classified]
     out = [t for t in traces if t.hooked]
     last = traces[-1] if traces else None
-    if last is not None and not last.hooked and (exit_reported or state.lines - last.line <= TAIL_LINES):
-        out.append(last)
+    if last is not None and not last.hooked:
+        # A hard-wrapped input numbers a joined line by its first piece; its last piece may end the text.
+        pieces = (len(last.text) - 1) // wrap_width + 1 if wrap_width else 1
+        if exit_reported or 0 <= text_end - last.line < pieces:
+            out.append(last)
     return out
 
 

@@ -91,12 +91,13 @@ def link_symptoms(findings: list[Finding], is_symptom: Callable[[Finding], bool]
     """Point each symptom at the root cause (`details.likely_caused_by`), unless it is a symptom too.
 
     When the root cause is an XID, whatever else went wrong on that GPU (a CUDA error of its rank) is
-    its consequence too.
+    its consequence too; but not another XID there, which the GPU's incidents judged already: one of
+    its burst is a symptom, one of another burst (hours apart) is a fault of its own.
     """
     if not findings or is_symptom(findings[0]):
         return
     root = findings[0]
     xid = root.class_id.startswith("xid_")
     for finding in findings[1:]:
-        if is_symptom(finding) or (xid and _on_gpu(root, finding)):
+        if is_symptom(finding) or (xid and not finding.class_id.startswith("xid_") and _on_gpu(root, finding)):
             finding.details["likely_caused_by"] = root.id

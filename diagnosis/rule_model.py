@@ -62,6 +62,7 @@ class ContextKind(StrEnum):
     TRACEBACK = "traceback"  # Python: `Traceback (most recent call last):`
     EXCEPTION = "exception"  # the `SomeError: message` line that ends a traceback
     LAUNCHER_ARGV = "launcher_argv"  # `--local_rank=N` in the command line a launcher reports a worker's end with
+    CONNECT_RETRY = "connect_retry"  # NCCL retrying a connect: a socket_connect_error unless its init completes
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +182,7 @@ NCCL_LIB_MISMATCH = "nccl_lib_mismatch"  # reported when ranks print different N
 PROCESS_SEGFAULT = "process_segfault"  # a SIGABRT of it ranks after the symptoms
 JOB_FAILED = "job_failed_unclassified"  # a death nothing more specific explains
 HOST_OOM_KILLED = "host_oom_killed"  # a SIGKILL: reports the end of a process, like the two above
+SOCKET_CONNECT_ERROR = "socket_connect_error"  # what NCCL's connect retries are when its init never completes
 REQUIRED_CLASSES = (
     CUDA_ILLEGAL_ADDRESS,
     COLLECTIVE_TIMEOUT,
@@ -189,4 +191,5 @@ REQUIRED_CLASSES = (
     PROCESS_SEGFAULT,
     JOB_FAILED,
     HOST_OOM_KILLED,
+    SOCKET_CONNECT_ERROR,
 )

@@ -27,7 +27,7 @@ from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for, skip_test_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
-from gpu_triage.diagnosis.deaths import ENDS, settle, uncaught
+from gpu_triage.diagnosis.deaths import ENDS, TextEnd, settle, uncaught
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.fold import fold
 from gpu_triage.diagnosis.identity import IdentityBook, Who
@@ -35,11 +35,13 @@ from gpu_triage.diagnosis.input_lines import InputLines
 from gpu_triage.diagnosis.kernel_log import has_trigger
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.log_lines import LogLine, normalise
+from gpu_triage.diagnosis.retries import Retries
 from gpu_triage.diagnosis.root_cause import kernel_first, link_symptoms, order
 from gpu_triage.diagnosis.rule_model import (
     COLLECTIVE_TIMEOUT,
     JOB_FAILED,
     PROCESS_SEGFAULT,
+    SOCKET_CONNECT_ERROR,
     ContextKind,
     ContextMatch,
     Match,
@@ -101,7 +103,9 @@ class _Diagnosis:
         self.versions: dict[str, Seen] = {}
         self.progress = ProgressTracker()
         self.works = WorkTracker()
+        self.retries = Retries()
         self.sources: list[SourceState] = []
+        self.text_ends: list[tuple[int, int | None]] = []  # per input: its last non-blank line, its wrap width
         self._lines: dict[str, tuple[LogLine, Match | None, ContextMatch | None]] = {}
         self._verdicts: dict[str, tuple[Match | None, ContextMatch | None]] = {}
 
@@ -114,11 +118,13 @@ class _Diagnosis:
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
         reader = InputLines(finder, skip_test=skip_test_for(self.literals))
         kernel = KernelLogParser()
-        for cand in reader.read(chunks):
+        end = TextEnd()
+        for cand in reader.read(end.watch(chunks)):
             self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
         for event in kernel.finish():
             self.kernel.add(src.index, normalise(event.text), event)
         src.lines = reader.lines
+        self.text_ends.append((end.line, reader.width))
         return reader.lines, reader.skipped
 
     def _line(self, src: SourceState, kernel: KernelLogParser, number: int, text: str) -> None:
@@ -194,6 +200,7 @@ class _Diagnosis:
         kind = ctx.kind
         if kind is ContextKind.COMM_INIT:
             if line.host is not None and line.pid is not None:
+                self.retries.completed(src.index, line.host, line.pid)
                 rank, nranks = int(fields["rank"]), int(fields["nranks"])
                 self.identity.comm_init(src.index, line.host, line.pid, rank=rank, nranks=nranks, gpu=gpu)
                 if line.local_rank is not None and line.rank is None:  # torchrun's `[default3]:` tag
@@ -225,6 +232,8 @@ class _Diagnosis:
             self._progress(src, number, line, fields)
         elif kind is ContextKind.IGNORED_EXCEPTION:
             src.ignore(number, line)
+        elif kind is ContextKind.CONNECT_RETRY:
+            self.retries.hold(src, number, line, ctx.fields)
         elif kind is ContextKind.TRACEBACK:
             src.traceback(number, line)
         elif kind is ContextKind.EXCEPTION:
@@ -325,6 +334,9 @@ class _Diagnosis:
             return (spec is not None and spec.symptom) or f.class_id in xid_symptoms
 
         self._uncaught()
+        connect = self.rules.rule(SOCKET_CONNECT_ERROR)
+        for src, number, line, fields in self.retries.unanswered():
+            self._finding(src, number, line, Match(connect, fields, len(connect.signatures)))
         name_stopped_workers(self.identity, self.sources)
         bind_to_failed_worker(self.collapser, self.identity, self.sources, ENDS)
         ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
@@ -347,8 +359,8 @@ class _Diagnosis:
 
     def _uncaught(self) -> None:
         """Uncaught Python exceptions are deaths (see diagnosis/deaths.py), placed like any finding."""
-        for src in self.sources:
-            for trace in uncaught(src, exit_reported=src.exit_reported):
+        for src, (text_end, width) in zip(self.sources, self.text_ends, strict=True):
+            for trace in uncaught(src, exit_reported=src.exit_reported, text_end=text_end, wrap_width=width):
                 seen = Seen(src.index, trace.line, trace.text[:EVIDENCE_CHARS], None, -1)
                 who = Who(src.index, trace.host, None, trace.rank, trace.local_rank, task=trace.task)
                 self.collapser.add(who, self.specs[JOB_FAILED], seen, {})

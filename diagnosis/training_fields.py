@@ -11,6 +11,10 @@ from gpu_triage.diagnosis.pci import canonical_bus_id
 from gpu_triage.diagnosis.rule_model import FIELDS, FieldKind
 
 MAX_TEXT = 200
+# C++ prints an unset `size_t` (PyTorch's `numelIn_ = -1` of a coalesced or barrier work) as 2^64-1:
+# not a size, and never to be compared as one.
+UNSET_SIZE = 2**64 - 1
+UNKNOWN = "unknown"
 
 _NCCL_CODES = {
     "ncclUnhandledCudaError": 1,
@@ -49,7 +53,8 @@ def convert(fields: dict[str, str]) -> tuple[dict[str, str | int], str | None]:
     for name, value in fields.items():
         kind = FIELDS[name]
         if kind is FieldKind.INT:
-            out[name] = int(value)
+            number = int(value)
+            out[name] = UNKNOWN if number == UNSET_SIZE else number
         elif kind is FieldKind.BUS_ID:
             gpu = canonical_bus_id(value) or gpu
         elif kind is FieldKind.NCCL_BUS_ID:

@@ -21,6 +21,7 @@ ranks last.
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 from typing import Any
 
 from gpu_triage.diagnosis.actions import Action, Severity
@@ -29,6 +30,7 @@ from gpu_triage.diagnosis.identity import Who, short_host
 from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide
 from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
 from gpu_triage.diagnosis.log_lines import LogLine
+from gpu_triage.diagnosis.log_stamps import Stamp
 from gpu_triage.diagnosis.rule_model import CUDA_ILLEGAL_ADDRESS, RuleSet
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID, XidEntry
 from gpu_triage.diagnosis.xid_data import load_catalog
@@ -99,6 +101,23 @@ def _first_symptom(rules: RuleSet) -> float:
     return float(min((r.specificity for r in rules.rules if r.symptom), default=len(rules.rules)))
 
 
+def _timed(seen: list[tuple[Occurrence, Stamp | None]]) -> list[Occurrence]:
+    """One GPU's XIDs with the times incidents.decide splits bursts by.
+
+    The burst gap only needs differences, so any one kind of stamp will do when every XID of the GPU
+    carries it: plain `dmesg`'s seconds since boot, syslog's date without a year, or an absolute time.
+    Stamps of mixed kinds do not compare, and neither do uptimes that go back (a reboot inside the
+    input): then the XIDs keep input order and count as one burst.
+    """
+    kinds = {stamp.kind if stamp is not None else None for _, stamp in seen}
+    if len(kinds) != 1 or None in kinds:
+        return [occurrence for occurrence, _ in seen]
+    values = [stamp.value for _, stamp in seen if stamp is not None]
+    if kinds == {"uptime"} and any(after < before for before, after in pairwise(values)):
+        return [occurrence for occurrence, _ in seen]
+    return [replace(occurrence, ts=value) for (occurrence, _), value in zip(seen, values, strict=True)]
+
+
 class KernelFindings:
     """XID and SXid events of one diagnosis, the findings they make, and the XID verdicts."""
 
@@ -109,7 +128,7 @@ class KernelFindings:
         self.dropped = 0
         self._xid_specs: dict[int, tuple[Spec, XidEntry | None]] = {}
         # By (input, host, GPU): every node has a GPU at 3b:00, so a bus id names a GPU only with its host.
-        self.occurrences: dict[tuple[int, str | None, str | None], list[Occurrence]] = {}
+        self.occurrences: dict[tuple[int, str | None, str | None], list[tuple[Occurrence, Stamp | None]]] = {}
 
     def add(self, source: int, line: LogLine, event: KernelEvent) -> None:
         if event.code is None or event.kind is EventKind.GPU_BINDING:
@@ -163,21 +182,18 @@ class KernelFindings:
         who = Who(source, host=line.host, gpu=event.pci_bus_id, subject_pid=event.pid)
         self.collapser.add(who, spec, seen, details)
         if listed:  # the same bound as the events listed
-            # Only an absolute time compares across lines the way incidents.decide needs; without one
-            # the XIDs keep input order and count as one burst.
-            ts = line.stamp.value if line.stamp is not None and line.stamp.kind == "abs" else None
-            occurrence = Occurrence(event.code, event.text, ts, ref=event.line, details=event.details)
+            occurrence = Occurrence(event.code, event.text, None, ref=event.line, details=event.details)
             key = (source, short_host(line.host), event.pci_bus_id)
-            self.occurrences.setdefault(key, []).append(occurrence)
+            self.occurrences.setdefault(key, []).append((occurrence, line.stamp))
 
     def judge(self) -> set[str]:
         """Judge each GPU's XIDs together, as the daemon does (`incidents.decide`): the root cause of a
         burst keeps the action its neighbours call for (Xid 154's recovery action, 48 with 63/64), the
         rest are symptoms. Returns the XID classes that were only ever symptoms."""
         verdicts: dict[tuple[int, str | None, str | None], dict[int, Decision]] = {}
-        for key, occurrences in self.occurrences.items():
+        for key, seen in self.occurrences.items():
             lead: dict[int, Decision] = {}
-            for d in decide(occurrences):
+            for d in decide(_timed(seen)):
                 held = lead.get(d.occurrence.code)
                 if held is None or (d.root and (not held.root or d.action.rank < held.action.rank)):
                     lead[d.occurrence.code] = d

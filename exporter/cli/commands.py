@@ -8,11 +8,13 @@ import sys
 import textwrap
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import yaml
 
+from gpu_triage.diagnosis.actions import Action
 from gpu_triage.exporter.http.diagnosis import xid_json
 
 
@@ -74,43 +76,83 @@ class _Progress:
 PROGRESS_MIN_BYTES = 64 << 20
 
 
+class _UnreadableError(Exception):
+    """An input that cannot be opened; the message is for the user."""
+
+
+class _Inputs:
+    """The inputs as `diagnose` reads them: each file is opened when the diagnosis reaches it and closed
+    after its last chunk, so a job's thousand per-rank files never hold a thousand descriptors at once
+    (the default soft limit is 1024)."""
+
+    def __init__(self, paths: list[str], err: TextIO, stdin: BinaryIO | None) -> None:
+        self.paths, self.err, self.stdin = paths, err, stdin
+        self.open: BinaryIO | None = None  # the file being read, closed by `close` if the diagnosis stops early
+
+    def check(self) -> None:
+        """Fail before the work, not after it, on a path that is not there: stat holds no descriptor."""
+        for path in self.paths:
+            if path != "-":
+                try:
+                    Path(path).stat()
+                except OSError as e:
+                    raise _UnreadableError(f"cannot read {path}: {e.strerror or e}") from None
+
+    def __iter__(self) -> Iterator[tuple[str, Iterator[bytes]]]:
+        from gpu_triage.exporter.log_input import decoded
+
+        for path in self.paths:
+            yield ("stdin" if path == "-" else path), decoded(self._chunks(path))
+
+    def _chunks(self, path: str) -> Iterator[bytes]:
+        from gpu_triage.exporter.log_input import read_chunks
+
+        if path == "-":
+            f = self.stdin or sys.stdin.buffer
+            if f.isatty():
+                self.err.write("gpu-triage: reading the log from stdin (end it with Ctrl-D), or name log files\n")
+            yield from read_chunks(f)
+            return
+        self.close()  # the previous input's, should its reader have stopped before its end
+        try:
+            f = self.open = Path(path).open("rb")  # noqa: SIM115 - closed below, after the last chunk
+        except OSError as e:
+            raise _UnreadableError(f"cannot read {path}: {e.strerror or e}") from None
+        try:
+            progress = None
+            if self.err.isatty() and (size := os.fstat(f.fileno()).st_size) >= PROGRESS_MIN_BYTES:
+                progress = _Progress(path, size, self.err)
+            yield from read_chunks(f, progress)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.open is not None:
+            self.open.close()
+            self.open = None
+
+
 def diagnose_files(
     paths: list[str], as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr, stdin: BinaryIO | None = None
 ) -> int:
-    """Offline diagnosis of kernel and training logs. Exit 0: nothing found, 1: findings, 2: cannot read or empty."""
+    """Offline diagnosis of kernel and training logs. Exit 0: nothing found (or only events the verdicts
+    ignore), 1: findings, 2: cannot read or empty."""
     from gpu_triage.diagnosis.training import diagnose
     from gpu_triage.exporter.cli.report_text import render
-    from gpu_triage.exporter.log_input import decoded, read_chunks, scan_engine
+    from gpu_triage.exporter.log_input import scan_engine
 
-    files: list[BinaryIO] = []
-    sources = []
+    inputs = _Inputs(paths or ["-"], err, stdin)
     try:
-        for path in paths or ["-"]:
-            if path == "-":
-                f = stdin or sys.stdin.buffer
-                name = "stdin"
-                if f.isatty():
-                    err.write("gpu-triage: reading the log from stdin (end it with Ctrl-D), or name log files\n")
-            else:
-                try:
-                    f = Path(path).open("rb")  # noqa: SIM115 - closed below, after the lazy read
-                except OSError as e:
-                    err.write(f"gpu-triage: cannot read {path}: {e.strerror or e}\n")
-                    return 2
-                files.append(f)
-                name = path
-            progress = None
-            if err.isatty() and path != "-" and (size := os.fstat(f.fileno()).st_size) >= PROGRESS_MIN_BYTES:
-                progress = _Progress(name, size, err)
-            sources.append((name, decoded(read_chunks(f, progress))))
-        try:
-            report = diagnose(sources, engine=scan_engine()).to_json()
-        except (zlib.error, EOFError) as e:
-            err.write(f"gpu-triage: an input looks gzip-compressed but does not decompress: {e}\n")
-            return 2
+        inputs.check()
+        report = diagnose(inputs, engine=scan_engine()).to_json()
+    except _UnreadableError as e:
+        err.write(f"gpu-triage: {e}\n")
+        return 2
+    except (zlib.error, EOFError) as e:
+        err.write(f"gpu-triage: an input looks gzip-compressed but does not decompress: {e}\n")
+        return 2
     finally:
-        for f in files:
-            f.close()
+        inputs.close()
     if report["summary"]["lines_read"] == 0:
         # An empty input is a pipeline that failed upstream (`kubectl logs … |`), never a healthy job.
         err.write("gpu-triage: no log lines read\n")
@@ -120,7 +162,13 @@ def diagnose_files(
         out.write("\n")
     else:
         out.write(render(report, colour=out.isatty() and not os.environ.get("NO_COLOR")))
-    return 1 if report["findings"] else 0
+    return 1 if problems(report) else 0
+
+
+def problems(report: dict[str, Any]) -> bool:
+    """Whether the report calls for anything: an event whose verdict is IGNORE (a lone Xid 43, a user
+    program's own fault the driver recovered from) is listed, but a job with only those is healthy."""
+    return any(f["action"] != Action.IGNORE for f in report["findings"])
 
 
 def render_alerts(

@@ -8,13 +8,31 @@ writing to a terminal (and NO_COLOR is unset): a pipe or a file gets plain text.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Any
+
+from gpu_triage.diagnosis.actions import Action
 
 _COLOURS = {"critical": "\033[1;31m", "unknown": "\033[1;35m", "warning": "\033[33m", "info": "\033[2m"}
 _BOLD, _RESET = "\033[1m", "\033[0m"
 MAX_SHOWN = 12  # findings printed; the rest are counted
 _EVIDENCE_CHARS = 160
+# What a log line may carry that a terminal would act on instead of printing: C0 controls but tab (BEL,
+# backspace, ESC starting a CSI or an OSC such as a hyperlink), DEL, C1 controls (U+009B is a CSI on its
+# own), and the bidirectional overrides that reorder what is shown. Evidence is the log's text, and the
+# on-call engineer must read what it says, not what it makes the terminal draw.
+_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(text: object) -> str:
+    """`text` with every character a terminal would act on written out as an escape (`\\x1b`)."""
+    return _CONTROLS.sub(_escape, str(text))
 
 
 def _where(finding: dict[str, Any]) -> str:
@@ -32,14 +50,14 @@ def _where(finding: dict[str, Any]) -> str:
         parts.append(f"NVSwitch {finding['details']['switch']}")
     if not parts and finding.get("ranks"):
         parts.append(f"{len(finding['ranks'])} ranks")
-    where = ", ".join(parts) or "(not named in the logs)"
+    where = safe(", ".join(parts)) or "(not named in the logs)"
     return where + (" (inferred)" if finding.get("place_inferred") and parts else "")
 
 
 def _evidence(e: dict[str, Any]) -> str:
-    where = f"{e['file']}:{e['line']}" if e.get("file") else f"line {e['line']}"
+    where = f"{safe(e['file'])}:{e['line']}" if e.get("file") else f"line {e['line']}"
     text = e["text"].strip()
-    return f"{where}  {text[:_EVIDENCE_CHARS]}{'…' if len(text) > _EVIDENCE_CHARS else ''}"
+    return f"{where}  {safe(text[:_EVIDENCE_CHARS])}{'…' if len(text) > _EVIDENCE_CHARS else ''}"
 
 
 def render(report: dict[str, Any], colour: bool = False) -> str:
@@ -53,16 +71,26 @@ def render(report: dict[str, Any], colour: bool = False) -> str:
     lines: list[str] = []
     if not findings:
         lines.append("No problem found.")
+    elif all(f["action"] == Action.IGNORE for f in findings):
+        # Listed for the record, but nothing to do: not a root cause.
+        events = sum(f.get("count", 1) for f in findings)
+        lines.append(f"No problem found ({events} ignorable event{'s' if events != 1 else ''}).")
+        for f in findings[:MAX_SHOWN]:
+            lines.append(paint(f"    ignored: {safe(f['title'])}; {f['class']}; where: {_where(f)}", _COLOURS["info"]))
+        if len(findings) > MAX_SHOWN:
+            lines.append(f"    … and {len(findings) - MAX_SHOWN} more (gpu-triage diagnose --json lists them all)")
+        findings = []  # nothing below is a problem
     for i, f in enumerate(findings[:MAX_SHOWN]):
         head = "Root cause:" if i == 0 else f"{i + 1}."
         severity = paint(f"[{f['severity']}]", _COLOURS.get(f["severity"], ""))
         count = f"  (x{f['count']})" if f.get("count", 1) > 1 else ""
-        lines.append(f"{paint(head, _BOLD)} {f['title']}  {severity}{count}")
+        lines.append(f"{paint(head, _BOLD)} {safe(f['title'])}  {severity}{count}")
         caused = f["details"].get("likely_caused_by")
-        lines.append(f"    {f['class']}; where: {_where(f)}" + (f"; likely a symptom of {caused}" if caused else ""))
+        symptom_of = f"; likely a symptom of {safe(caused)}" if caused else ""
+        lines.append(f"    {f['class']}; where: {_where(f)}{symptom_of}")
         if i == 0:
             if f["details"].get("note"):
-                lines.append(f"    why: {f['details']['note']}")
+                lines.append(f"    why: {safe(f['details']['note'])}")
             lines.append(f"    do now: {paint(f['action'], _BOLD)}")
             for n, step in enumerate(f.get("steps", []), 1):
                 lines.extend(textwrap.wrap(step, 96, initial_indent=f"      {n}. ", subsequent_indent="         "))

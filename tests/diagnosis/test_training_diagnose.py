@@ -455,3 +455,66 @@ def test_a_dead_job_with_only_a_launcher_report_is_not_healthy() -> None:
     report = _text("srun: error: gpu07: task 3: Exited with exit code 2")
     [finding] = report.findings
     assert (finding.class_id, finding.host, finding.rank) == ("job_failed_unclassified", "gpu07", 3)
+
+
+COALESCED_TIMEOUT = (
+    "[rank{0}]:[E0501 00:00:00.000 1 ProcessGroupNCCL.cpp:1] [PG ID 1 PG GUID 1 Rank {0}] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=7, OpType={1}, NumelIn={2}, NumelOut={2}, Timeout(ms)=600000) ran for "
+    "600001 milliseconds before timing out."
+)
+
+
+def test_a_work_without_a_size_keeps_its_seq_and_op() -> None:
+    """PyTorch prints the unset `size_t numelIn_` of a coalesced work as 2^64-1, 20 digits: still the
+    watchdog's timeout with its SeqNum and OpType, the size unknown rather than a number to compare."""
+    unset = 2**64 - 1
+    report = _text(COALESCED_TIMEOUT.format(2, "COALESCED", unset), COALESCED_TIMEOUT.format(3, "ALLREDUCE", 4))
+    timeouts = {f.rank: f for f in report.findings if f.class_id == "collective_timeout"}
+    assert (timeouts[2].details["seq"], timeouts[2].details["op"]) == (7, "COALESCED")
+    assert timeouts[2].details["numel_in"] == "unknown"
+    [mismatch] = [f for f in report.findings if f.class_id == "collective_mismatch"]
+    assert str(unset) not in mismatch.title
+
+
+def test_xids_a_day_apart_in_plain_dmesg_are_two_incidents() -> None:
+    """Plain `dmesg` stamps seconds since boot: they compare with each other, so Xid 31 at 100 s is not
+    a symptom of an Xid 79 25 hours later on the same GPU."""
+    xid31 = "[  100.1] NVRM: Xid (PCI:0000:3b:00): 31, pid=555, name=python3, Ch 00000008, intr 00000000. MMU Fault"
+    xid79 = "[90000.1] NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has fallen off the bus."
+    apart = {f.class_id: f for f in _text(xid31, xid79).findings}
+    assert "likely_caused_by" not in apart["xid_31"].details and apart["xid_31"].severity is not Severity.INFO
+    close = {f.class_id: f for f in _text(xid31, xid79.replace("90000.1", "  130.1")).findings}
+    assert close["xid_31"].details.get("likely_caused_by", "").startswith("xid_79")
+
+
+def test_crash_handlers_of_ucx_and_abseil_are_crashes() -> None:
+    """UCX's `[host:pid:thread:tid] Caught signal %d (%s)` and abseil's `*** %s received at time=%ld ***`
+    are a process's own report of its crash; a SIGBUS among them is /dev/shm running out."""
+    [ucx] = _text(
+        "[node1:12345:0:12345] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x8)"
+    ).findings
+    assert (ucx.class_id, ucx.host, ucx.details["pid"], ucx.details["signal"]) == (
+        "process_segfault",
+        "node1",
+        12345,
+        "11",
+    )
+    [absl] = _text("*** SIGSEGV received at time=1714564800 on cpu 3 ***").findings
+    assert (absl.class_id, absl.details["signal"]) == ("process_segfault", "SEGV")
+    [bus] = _text("*** SIGBUS received at time=1714564800 on cpu 3 ***").findings
+    assert bus.class_id == "shm_unavailable"
+
+
+def test_cuda_unknown_error_is_a_gpu_fault_and_the_xid_beside_it_names_it() -> None:
+    [alone] = _text("[rank4]: RuntimeError: CUDA error: unknown error").findings
+    assert (alone.class_id, alone.rank, alone.action) == ("gpu_hw_fault", 4, Action.REBOOT_NODE)
+    report = _text(
+        "May  1 12:00:00 node07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=555, name=python3, GPU has fallen off the bus.",
+        "node07:555:600 [1] NCCL INFO comm 0x55d4b0c0 rank 4 nranks 8 cudaDev 1 busId 3b000 - Init COMPLETE",
+        "node07:555:600 [1] misc/strongstream.cc:395 NCCL WARN Cuda failure 999 'unknown error'",
+    )
+    root, cuda = report.findings
+    assert (root.class_id, cuda.class_id) == ("xid_79", "gpu_hw_fault")
+    assert cuda.details["likely_caused_by"] == root.id
+    warning = "UserWarning: CUDA unknown error - this may be due to an incorrectly set up environment"
+    assert all(f.class_id != "gpu_hw_fault" for f in _text(warning).findings)

@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,41 @@ def test_gpu_triage_scan_chooses_the_engine_for_the_cli_and_the_api(
     with TestClient(create_app(daemon)) as api:
         assert api.post("/api/v1/diagnose", content=XID79.read_bytes()).status_code == 200
     assert engines == [asked, asked]
+
+
+def test_a_thousand_per_rank_files_fit_under_the_default_descriptor_limit(tmp_path: Path) -> None:
+    """One file per rank is a normal layout; each is opened when the diagnosis reaches it, not all at once."""
+    logs = tmp_path / "many"
+    logs.mkdir()
+    names = []
+    for rank in range(1100):
+        line = "epoch 1 step 10 loss 2.3" if rank != 926 else "[rank926]: RuntimeError: CUDA error: out of memory"
+        (logs / f"r{rank}.log").write_text(line + "\n")
+        names.append(str(logs / f"r{rank}.log"))
+    limit = "import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))"
+    run = f"{limit}; from gpu_triage.exporter.cli.main import main; sys.exit(main())"
+    result = subprocess.run(
+        [sys.executable, "-c", run, "diagnose", "--json", *names],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr.decode()[-500:]
+    root = json.loads(result.stdout)["findings"][0]
+    assert (root["class"], root["rank"]) == ("cuda_oom", 926)
+
+
+def test_only_ignorable_events_is_a_healthy_job(client: TestClient) -> None:
+    """A lone Xid 43 (the driver recovered a channel after an application fault) is listed, not a root
+    cause: exit 0 and "No problem found"; the JSON the API answers keeps listing it, the same as --json."""
+    xid43 = b"[ 100.1] NVRM: Xid (PCI:0000:3b:00): 43, pid=555, name=python3, Ch 00000010\n"
+    text = cli("-", stdin=xid43)
+    assert text.returncode == 0
+    assert text.stdout.decode().splitlines()[0] == "No problem found (1 ignorable event)."
+    assert "Root cause" not in text.stdout.decode()
+    as_json = cli("--json", "-", stdin=xid43)
+    from_api = client.post("/api/v1/diagnose", content=xid43).json()
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == from_api
+    assert [f["action"] for f in from_api["findings"]] == ["IGNORE"] and from_api["root_cause"] is not None
+    sick = cli("-", stdin=xid43 + b"[rank0]: RuntimeError: CUDA error: out of memory\n")
+    assert sick.returncode == 1 and sick.stdout.decode().startswith("Root cause: GPU memory exhausted")

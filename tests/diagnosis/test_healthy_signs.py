@@ -1,0 +1,69 @@
+"""Output a healthy job prints that must not read as a failure: handled tracebacks, tracebacks of
+threads and asyncio tasks, NCCL's connect retries that then succeed."""
+
+from __future__ import annotations
+
+from gpu_triage.diagnosis.training import Report, diagnose
+
+
+def _text(*lines: str) -> Report:
+    return diagnose([(None, ["\n".join(lines).encode() + b"\n"])])
+
+
+def _traceback(exc: str) -> list[str]:
+    return ["Traceback (most recent call last):", '  File "/opt/venv/lib/python3.11/threading.py", line 1045', exc]
+
+
+def test_a_thread_s_exception_at_the_end_of_the_log_is_not_a_death() -> None:
+    """threading.excepthook's header: the thread died, the process did not."""
+    header = "Exception in thread Thread-3 (_pin_memory_loop):"
+    assert (
+        _text("epoch 3 step 900 loss 1.2", header, *_traceback("ConnectionResetError: [Errno 104] reset")).findings
+        == []
+    )
+    assert _text("epoch 3", header, *_traceback("RuntimeError: boom"), "", "").findings == []
+
+
+def test_an_asyncio_task_s_unretrieved_exception_is_not_a_death() -> None:
+    lines = [
+        "ERROR:asyncio:Task exception was never retrieved",
+        "future: <Task finished name='Task-7' coro=<upload() done, defined at /app/sync.py:12> exception=OSError()>",
+        *_traceback("OSError: [Errno 32] Broken pipe"),
+    ]
+    assert _text("epoch 3", *lines).findings == []
+
+
+def test_a_handled_traceback_followed_by_more_output_is_not_a_death() -> None:
+    """wandb's BrokenPipeError logged with its traceback, then the job finishes: any output after the
+    exception line means the process went on."""
+    handled = _text("Checkpoint saved", *_traceback("BrokenPipeError: [Errno 32] Broken pipe"), "Training complete.")
+    assert handled.findings == []
+
+
+def test_an_uncaught_exception_that_ends_the_output_is_still_a_death() -> None:
+    report = _text("epoch 3", *_traceback("ValueError: bad shape"), "", "  ")
+    assert [f.class_id for f in report.findings] == ["job_failed_unclassified"]
+    in_chunks = diagnose(
+        [(None, [b"epoch 3\nTraceback (most recent call last):\n", b"  File \"t.py\"\nKeyError: 'x'", b"\n\n"])]
+    )
+    assert [f.class_id for f in in_chunks.findings] == ["job_failed_unclassified"]
+
+
+RETRY = (
+    "gpu-node-01:2311:2311 [0] NCCL INFO socketStartConnect: connect to 10.0.0.12<43321> returned Connection timed "
+    "out, retrying ({0}/34) after sleep for {1} msec"
+)
+INIT = "gpu-node-01:2311:2311 [0] NCCL INFO ncclCommInitRank comm 0x55d4b0c0 rank 3 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 commId 0x8e1c5a2f0b7d4c61 - Init COMPLETE"
+
+
+def test_connect_retries_followed_by_init_complete_are_a_slow_peer() -> None:
+    assert _text(RETRY.format(1, 100), RETRY.format(2, 200), INIT, "epoch 1 step 10 loss 2.3").findings == []
+
+
+def test_connect_retries_without_a_completed_init_are_a_connect_error() -> None:
+    [finding] = _text(RETRY.format(1, 100), RETRY.format(2, 200)).findings
+    assert (finding.class_id, finding.host, finding.count) == ("socket_connect_error", "gpu-node-01", 2)
+    assert finding.details["peer"] == "10.0.0.12<43321>"
+    # Another process's init says nothing of this one's connect.
+    other = INIT.replace("2311:2311", "2400:2400")
+    assert [f.class_id for f in _text(RETRY.format(1, 100), other).findings] == ["socket_connect_error"]
