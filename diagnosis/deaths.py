@@ -3,12 +3,12 @@
 Signs that a process died are findings of class `job_failed_unclassified` from the rules (a launcher's
 non-zero exit report, ChildFailedError, `terminate called`, Slurm's CANCELLED, …) and, from
 `source_state`, Python tracebacks that were not caught: printed by PyTorch's excepthook
-(`[rank3]: Traceback …`), or followed by nothing but the end of their input (blank lines aside) or by a
-launcher's exit report there. A SIGABRT (`process_segfault` with an `abort` field) is a death too:
-PyTorch ends a process that way on purpose once its watchdog has seen a timeout or an NCCL or CUDA
-error (TORCH_NCCL_ASYNC_ERROR_HANDLING: `terminate called after throwing … DistBackendError`,
-`Terminating the process after attempting to dump debug info`), as does libstdc++ for any C++
-exception nobody caught.
+(`[rank3]: Traceback …`), or followed by nothing but what a process prints as it exits (PyTorch's and
+NCCL's teardown lines, wandb's summary, blank lines) or by a launcher's exit report. A SIGABRT
+(`process_segfault` with an `abort` field) is a death too: PyTorch ends a process that way on purpose
+once its watchdog has seen a timeout or an NCCL or CUDA error (TORCH_NCCL_ASYNC_ERROR_HANDLING:
+`terminate called after throwing … DistBackendError`, `Terminating the process after attempting to dump
+debug info`), as does libstdc++ for any C++ exception nobody caught.
 
 A death another finding explains is folded into that finding as evidence (the line that tells how the
 process ended), not reported on its own, whose playbook (core dumps, compute-sanitizer for an abort)
@@ -23,9 +23,11 @@ generic death ranks before the symptoms it causes on the other ranks.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 
 from gpu_triage.diagnosis.findings import Finding
+from gpu_triage.diagnosis.line_scan import strip_ansi
 from gpu_triage.diagnosis.root_cause import Ranked, order
 from gpu_triage.diagnosis.rule_model import HOST_OOM_KILLED, JOB_FAILED, PROCESS_SEGFAULT
 from gpu_triage.diagnosis.source_state import SourceState, Traceback
@@ -34,37 +36,58 @@ MAX_EVIDENCE = 6  # evidence lines a finding keeps when deaths fold into it
 ENDS = frozenset({JOB_FAILED, PROCESS_SEGFAULT, HOST_OOM_KILLED})  # classes that report a process's end
 
 
-class TextEnd:
-    """Where an input's text ends: the number of its last line that is not blank.
+# What a dying Python process may still print after the exception that ends it, from its exit handlers:
+# PyTorch's ProcessGroupNCCL destructor (`WARNING: destroy_process_group() was not called before program
+# exit`, 2.4 on; `process group has NOT been destroyed before we destruct ProcessGroupNCCL`, 2.2-2.3), NCCL's
+# INFO lines as its communicators are torn down, and wandb's run summary, each of whose lines it prints
+# as `wandb: …`. Anything else after a traceback means the process went on.
+_AT_EXIT = re.compile(
+    r"destroy_process_group\(\) was not called before program exit|process group has NOT been destroyed before"
+    r"|\bNCCL INFO\b|(?:^|[\s:\]])wandb: "
+)
+TAIL_BYTES = 8192  # how much of an input's end is kept to read what follows its last traceback
 
-    Only the lines a signature flags reach the classifier, so this is counted on the chunks as they
-    pass (`watch`), with two C-speed passes over each.
+
+class TextEnd:
+    """How an input ends: its last `TAIL_BYTES`, numbered, to tell whether a traceback is followed only by
+    what a process prints while it exits.
+
+    Only the lines a signature flags reach the classifier, so this is taken from the chunks as they pass
+    (`watch`), with one C-speed pass over each.
     """
 
     def __init__(self) -> None:
         self.newlines = 0
-        self.line = 0  # 1-based, as the line scanner numbers lines; 0: nothing but blanks
+        self._tail = b""
 
     def watch(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         for chunk in chunks:
             data = chunk if isinstance(chunk, bytes) else bytes(chunk)
-            text = len(data.rstrip())
-            if text:
-                self.line = self.newlines + data.count(b"\n", 0, text) + 1
             self.newlines += data.count(b"\n")
+            self._tail = (self._tail + data)[-TAIL_BYTES:]
             yield data
+
+    def lines_after(self, line: int) -> list[str] | None:
+        """The non-blank lines numbered after `line` (1-based, as the line scanner numbers them); None when
+        `line` is further back than the kept tail."""
+        pieces = self._tail.split(b"\n")
+        first = self.newlines - (len(pieces) - 1) + 1  # the number of the tail's first (maybe partial) line
+        if line < first:
+            return None
+        after = pieces[line - first + 1 :]
+        return [text for piece in after if (text := strip_ansi(piece).decode("utf-8", "replace").strip())]
 
 
 def uncaught(
-    state: SourceState, *, exit_reported: bool, text_end: int, wrap_width: int | None = None
+    state: SourceState, *, exit_reported: bool, end: TextEnd, wrap_width: int | None = None
 ) -> list[Traceback]:
     """The tracebacks of one input that killed their process.
 
     Certain: PyTorch's excepthook printed it. Otherwise only the last traceback, and only when a launcher
-    reported a process's end or its exception is the input's last output (`text_end`: blank lines may
-    follow). A handled exception logged with its traceback is followed by more output, if only by
-    "Checkpoint saved"; a count of lines after it would take one printed just before a clean exit for a
-    death.
+    reported a process's end or nothing follows its exception but blank lines and what a process prints as
+    it exits (`_AT_EXIT`). A handled exception logged with its traceback is followed by more output, if
+    only by "Checkpoint saved"; a count of lines after it would take one printed just before a clean exit
+    for a death.
     """
     # One whose exception line a rule classified is told by that finding.
     traces = [t for t in state.tracebacks if not t.classified]
@@ -73,7 +96,8 @@ def uncaught(
     if last is not None and not last.hooked:
         # A hard-wrapped input numbers a joined line by its first piece; its last piece may end the text.
         pieces = (len(last.text) - 1) // wrap_width + 1 if wrap_width else 1
-        if exit_reported or 0 <= text_end - last.line < pieces:
+        after = end.lines_after(last.line + pieces - 1)
+        if exit_reported or (after is not None and all(_AT_EXIT.search(text) for text in after)):
             out.append(last)
     return out
 

@@ -105,7 +105,7 @@ class _Diagnosis:
         self.works = WorkTracker()
         self.retries = Retries()
         self.sources: list[SourceState] = []
-        self.text_ends: list[tuple[int, int | None]] = []  # per input: its last non-blank line, its wrap width
+        self.text_ends: list[tuple[TextEnd, int | None]] = []  # per input: how it ends, its wrap width
         self._lines: dict[str, tuple[LogLine, Match | None, ContextMatch | None]] = {}
         self._verdicts: dict[str, tuple[Match | None, ContextMatch | None]] = {}
 
@@ -124,7 +124,7 @@ class _Diagnosis:
         for event in kernel.finish():
             self.kernel.add(src.index, normalise(event.text), event)
         src.lines = reader.lines
-        self.text_ends.append((end.line, reader.width))
+        self.text_ends.append((end, reader.width))
         return reader.lines, reader.skipped
 
     def _line(self, src: SourceState, kernel: KernelLogParser, number: int, text: str) -> None:
@@ -359,8 +359,8 @@ class _Diagnosis:
 
     def _uncaught(self) -> None:
         """Uncaught Python exceptions are deaths (see diagnosis/deaths.py), placed like any finding."""
-        for src, (text_end, width) in zip(self.sources, self.text_ends, strict=True):
-            for trace in uncaught(src, exit_reported=src.exit_reported, text_end=text_end, wrap_width=width):
+        for src, (end, width) in zip(self.sources, self.text_ends, strict=True):
+            for trace in uncaught(src, exit_reported=src.exit_reported, end=end, wrap_width=width):
                 seen = Seen(src.index, trace.line, trace.text[:EVIDENCE_CHARS], None, -1)
                 who = Who(src.index, trace.host, None, trace.rank, trace.local_rank, task=trace.task)
                 self.collapser.add(who, self.specs[JOB_FAILED], seen, {})

@@ -141,7 +141,8 @@ def _parser() -> argparse.ArgumentParser:
         help="diagnose kernel and training logs offline",
         description="Find what went wrong in kernel logs (XIDs) and training logs (NCCL, PyTorch distributed): "
         "root cause first, where (host, rank, GPU), what to do. Files may be gzipped; - reads stdin. "
-        "Exit status: 0 nothing found, 1 findings, 2 an input could not be read.",
+        "Exit status: 0 nothing found (or only ignorable events), 1 findings, "
+        "2 an input could not be read or was empty.",
     )
     diagnose.add_argument("files", nargs="*", metavar="FILE", help="log files, one per rank or interleaved (default -)")
     diagnose.add_argument(

@@ -3,6 +3,8 @@ threads and asyncio tasks, NCCL's connect retries that then succeed."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_triage.diagnosis.training import Report, diagnose
 
 
@@ -47,6 +49,38 @@ def test_an_uncaught_exception_that_ends_the_output_is_still_a_death() -> None:
         [(None, [b"epoch 3\nTraceback (most recent call last):\n", b"  File \"t.py\"\nKeyError: 'x'", b"\n\n"])]
     )
     assert [f.class_id for f in in_chunks.findings] == ["job_failed_unclassified"]
+
+
+@pytest.mark.parametrize(
+    "at_exit",
+    [
+        # PyTorch 2.4+'s ProcessGroupNCCL destructor, on the first rank of each node
+        "[rank0]:[W117 03:41:45.075470549 ProcessGroupNCCL.cpp:1524] Warning: WARNING: destroy_process_group() was "
+        "not called before program exit, which can leak resources. For more info, please see "
+        "https://pytorch.org/docs/stable/distributed.html#shutdown (function operator())",
+        # PyTorch 2.2-2.3's wording of it
+        "[rank0]:[W121 08:27:34.749346586 ProcessGroupNCCL.cpp:1250] Warning: WARNING: process group has NOT been "
+        "destroyed before we destruct ProcessGroupNCCL. On normal program exit, the application should call "
+        "destroy_process_group to ensure that any pending NCCL operations have finished in this process.",
+        # NCCL tearing its communicators down, and wandb's summary (colour and all)
+        "node1:4242:4300 [0] NCCL INFO comm 0x55d4b0c0 rank 0 nranks 8 cudaDev 0 busId 18000 - Destroy COMPLETE",
+        "\x1b[34m\x1b[1mwandb\x1b[0m: 🚀 View run fancy-sun-12 at: https://wandb.ai/team/proj/runs/abc123",
+    ],
+)
+def test_an_uncaught_exception_followed_only_by_exit_handlers_output_is_a_death(at_exit: str) -> None:
+    report = _text(
+        "epoch 3", *_traceback("TypeError: unsupported operand type(s) for *: 'int' and 'NoneType'"), at_exit
+    )
+    assert [f.class_id for f in report.findings] == ["job_failed_unclassified"]
+    went_on = _text("epoch 3", *_traceback("TypeError: x"), at_exit, "epoch 4 step 10 loss 2.1")
+    assert went_on.findings == [], "output of another kind after it: the process went on"
+
+
+def test_a_traceback_far_before_the_end_is_not_read_as_the_last_output() -> None:
+    filler = [
+        f"node1:4242:4300 [0] NCCL INFO Channel {i:02d}/32 : 0[18000] -> 1[2a000] via P2P/IPC" for i in range(400)
+    ]
+    assert _text("epoch 3", *_traceback("TypeError: x"), *filler).findings == []
 
 
 RETRY = (
