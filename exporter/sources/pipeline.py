@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 # A fault seen by both the kernel log and the driver's events arrives within this many seconds twice.
 MERGE_WINDOW_SECONDS = 10.0
 _MAX_WAITING = 10_000  # per (kind, GPU, code): a storm beyond this merges less, never slower
+# Bus ids a kernel log bound to a UUID: a node has a few dozen; a hostile or corrupt log cannot grow it past this.
+_MAX_BOUND = 1024
 _KERNEL = "kmsg"
 _RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)  # between attempts to write a batch the journal refused
 
@@ -281,7 +283,10 @@ class EventPipeline:
     def _from_kernel(self, ke: KernelEvent, record: Record, gpus: dict[str, GpuIdentity]) -> Event | None:
         if ke.kind is EventKind.GPU_BINDING:
             if ke.pci_bus_id and ke.uuid:
+                self._bound.pop(ke.pci_bus_id, None)  # newest last: the oldest binding is the one to forget
                 self._bound[ke.pci_bus_id] = ke.uuid
+                if len(self._bound) > _MAX_BOUND:
+                    del self._bound[next(iter(self._bound))]
                 # The driver prints this line when it brings the GPU up: before the GPU's first Xid of a
                 # boot, and on some drivers after a reset. Marked, it closes what a reset cures.
                 self._marks.append(Mark(record.ts, ke.uuid, "init", ke.pci_bus_id))

@@ -98,6 +98,24 @@ def test_unknown_bus_id_is_kept_and_bound_by_the_kernel_line(tmp_path: Path) -> 
     assert event.uuid == "GPU-0b11d014-6ba6-4f3e-9e6a-7e1a1234abcd"
 
 
+def test_a_log_full_of_bindings_keeps_the_newest_bounded(tmp_path: Path) -> None:
+    """A corrupt or hostile kernel log can bind any number of bus ids; the daemon keeps the newest."""
+    p, _ = pipeline(tmp_path)
+    bindings = [
+        line(
+            i,
+            1.0,
+            f"NVRM: GPU at PCI:0000:{i >> 8:02x}:{i & 0x1F:02x}.{(i >> 5) & 7}: GPU-{i:08x}-6ba6-4f3e-9e6a-7e1a1234abcd",
+        )
+        for i in range(1, 3001)
+    ]
+    p.process(bindings)
+    p.process([line(3001, 2.0, "NVRM: Xid (PCI:0000:0b:18.5): 79, pid=1, name=x, GPU has fallen off the bus.")])
+    assert p.journal.events()[-1].uuid == f"GPU-{3000:08x}-6ba6-4f3e-9e6a-7e1a1234abcd"
+    p.process([line(3002, 3.0, "NVRM: Xid (PCI:0000:00:01.0): 79, pid=1, name=x, GPU has fallen off the bus.")])
+    assert p.journal.events()[-1].uuid is None, "the oldest binding was let go"
+
+
 def test_sxids_are_their_own_kind(tmp_path: Path) -> None:
     p, _ = pipeline(tmp_path)
     p.process([line(1, 1.0, "nvidia-nvswitch0: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up")])
