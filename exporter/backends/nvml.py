@@ -61,6 +61,7 @@ from gpu_triage.exporter.backends.readings import (
     Remapping,
     Thermal,
     Utilization,
+    cuda_version,
 )
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,6 @@ def _int(value: float | None) -> int | None:
 
 def _ratio(percent: float | None) -> float | None:
     return None if percent is None else percent / 100.0
-
-
-def _cuda_version(raw: int | None) -> str | None:
-    return None if raw is None else f"{raw // 1000}.{raw % 1000 // 10}"
 
 
 def _pstate(value: int | None) -> int | None:
@@ -254,7 +251,7 @@ class NvmlBackend:
             serial=text(q("serial", pynvml.nvmlDeviceGetSerial, h)),
             vbios_version=text(q("vbios_version", pynvml.nvmlDeviceGetVbiosVersion, h)),
             driver_version=text(q("driver_version", pynvml.nvmlSystemGetDriverVersion)),
-            cuda_driver_version=_cuda_version(q("cuda_driver_version", pynvml.nvmlSystemGetCudaDriverVersion)),
+            cuda_driver_version=cuda_version(q("cuda_driver_version", pynvml.nvmlSystemGetCudaDriverVersion)),
             mig_enabled=None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
         )
 

@@ -37,6 +37,7 @@ from gpu_triage.exporter.backends.readings import (
     Remapping,
     Thermal,
     Utilization,
+    cuda_version,
 )
 from gpu_triage.exporter.backends.readings import ClockDomain as Domain
 
@@ -76,13 +77,12 @@ def _flag(value: int | None) -> bool | None:
 def _inventory(r: Read) -> Reading:
     ids = (fid.NAME, fid.SERIAL, fid.VBIOS_VERSION, fid.DRIVER_VERSION, fid.CUDA_DRIVER_VERSION, fid.MIG_MODE)
     e = r.fields(ids)
-    cuda = e.integer(fid.CUDA_DRIVER_VERSION)
     return Inventory(
         name=e.text(fid.NAME),
         serial=e.text(fid.SERIAL),
         vbios_version=e.text(fid.VBIOS_VERSION),
         driver_version=e.text(fid.DRIVER_VERSION),
-        cuda_driver_version=None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}",
+        cuda_driver_version=cuda_version(e.integer(fid.CUDA_DRIVER_VERSION)),
         mig_enabled=_flag(e.integer(fid.MIG_MODE)),
     )
 

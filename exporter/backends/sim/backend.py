@@ -49,7 +49,7 @@ from gpu_triage.exporter.backends.readings import (
 )
 from gpu_triage.exporter.backends.sim.activity import activity, memory_controller, pcie
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
-from gpu_triage.exporter.backends.sim.mig import SimInstance, instances
+from gpu_triage.exporter.backends.sim.mig import COMPUTE_SLICES, SimInstance, instances
 from gpu_triage.exporter.backends.sim.model import GpuState, NodeModel, clock_reasons, mix64, noise
 from gpu_triage.exporter.backends.sim.scenario import GpuShape, NodeShape, Scenario
 
@@ -355,7 +355,9 @@ def _profiling(v: _View) -> Profiling:
     )
     utilization = v.state.utilization
     if v.mig:  # the whole GPU: its instances' activity, weighted by their share of the SMs
-        utilization = sum(v.instance_utilization(i) * inst.slices for i, inst in enumerate(v.instances)) / 7
+        utilization = (
+            sum(v.instance_utilization(i) * inst.slices for i, inst in enumerate(v.instances)) / COMPUTE_SLICES
+        )
     whole = activity(utilization, v.noise, links=v.shape.nvlink_links, down=down)
     return Profiling(source="sim", status="simulated", gpu=whole, instances=parts)
 
