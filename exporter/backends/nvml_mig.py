@@ -6,7 +6,7 @@ only to root; so on a MIG-enabled GPU the processes are listed per device, which
 device each runs on. Devices are listed afresh on every read: NVML reuses handles when instances are
 destroyed and created, so a kept handle can point at another instance.
 
-These wrap the NVML backend's own readers (nvml.py) and take its `Query`, so NVML's error policy
+These wrap the NVML backend's own readers (nvml_readers.py) and take its `Query`, so NVML's error policy
 applies unchanged.
 """
 
@@ -90,7 +90,7 @@ def with_instance_processes(read_processes: Reader) -> Reader:
             for p in q("mig_processes", pynvml.nvmlDeviceGetComputeRunningProcesses, mh) or []:
                 pid = int(p.pid)
                 used = None if p.usedGpuMemory is None else int(p.usedGpuMemory)
-                found.append(ProcessReading(pid, backend._process_name(pid), used, mig))
+                found.append(ProcessReading(pid, backend.process_name(pid), used, mig))
         return Processes(tuple(found), tuple(mig for mig, _ in devices))
 
     return read

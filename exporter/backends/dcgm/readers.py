@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 MIB = 1024 * 1024
 MHZ = 1e6
 _LINK_UP, _LINK_NOT_SUPPORTED = 3, 0  # DcgmNvLinkLinkState*: 0 not supported, 1 disabled, 2 down, 3 up
-KB = 1000.0  # DCGM passes on NVML's PCIe throughput, in NVML's KB/s (see nvml.py's PCIE_KB)
+KB = 1000.0  # DCGM passes on NVML's PCIe throughput, in NVML's KB/s (see nvml_readers.py's PCIE_KB)
 _LINK_COUNTERS = (fid.LINK_REPLAY, fid.LINK_RECOVERY, fid.LINK_CRC_FLIT)
 
 
