@@ -24,6 +24,7 @@ from gpu_triage.diagnosis.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import BackendError, Collector, DriverXid, GpuIdentity, GpuLostError, Result
 from gpu_triage.exporter.backends.nvml_events import XidEvents
 from gpu_triage.exporter.backends.nvml_gpm import GpmProfiler
+from gpu_triage.exporter.backends.nvml_mig import MigDevice
 from gpu_triage.exporter.backends.nvml_query import (
     BROKEN,
     FieldLog,
@@ -35,6 +36,7 @@ from gpu_triage.exporter.backends.nvml_query import (
     text,
 )
 from gpu_triage.exporter.backends.nvml_readers import READERS
+from gpu_triage.exporter.backends.per_poll import PerPoll
 
 log = logging.getLogger(__name__)
 # The initial PID namespace's inode number, fixed by the kernel (PROC_PID_INIT_INO, include/linux/proc_ns.h).
@@ -69,6 +71,7 @@ class NvmlBackend:
         self._log = FieldLog()
         self._events = XidEvents(lambda: dict(self._handles))
         self.gpm = GpmProfiler()
+        self.mig_listings: PerPoll[int, list[MigDevice]] = PerPoll()  # by GPU index (nvml_mig.listed)
         self._proc = proc
         # In a container with a PID namespace of its own, /proc/<pid> of an NVML PID is some other
         # process or none: the process label is left out rather than wrong.
@@ -111,8 +114,9 @@ class NvmlBackend:
         q = Query(gpu.index, self._log, handle)
         try:
             reading = READERS[collector](self, q, handle, gpu.index)
-        except HandleLostError:
-            if gpu.index not in self._stale:
+        except BaseException as e:
+            self.mig_listings.forget(gpu.index)  # a GPU that failed a read is listed afresh
+            if isinstance(e, HandleLostError) and gpu.index not in self._stale:
                 self._stale.add(gpu.index)
                 log.warning(
                     "GPU handle no longer valid (a reset or an unbind?): the GPU is down until the next "
@@ -157,6 +161,7 @@ class NvmlBackend:
             self._stale.discard(gpu.index)
             self._events.renew()  # registrations belong to the old handle
             self.gpm.forget(gpu.index)
+            self.mig_listings.forget(gpu.index)  # listed through the old handle
             log.info("GPU handle looked up again; the GPU answers", extra={"gpu": gpu.index, "by": by})
 
     def close(self) -> None:
