@@ -145,11 +145,7 @@ def _pcie(r: Read) -> Reading:
 
 
 def _nvlink(r: Read) -> Reading:
-    status = r.session.b.agent.dcgmGetNvLinkLinkStatus(r.session.handle)
-    states: list[int] = []
-    for gpu in status.gpus[: status.numGpus]:
-        if gpu.entityId == r.gpu_id:
-            states = [int(s) for s in gpu.linkState]
+    states = r.session.link_states(r.gpu_id)
     links = [i for i, s in enumerate(states) if s != _LINK_NOT_SUPPORTED]
     e = r.fields(fid.NVLINK)
     out = []
