@@ -23,6 +23,7 @@ from gpu_triage.diagnosis.health import NodeVerdict
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.metrics.exposition import MetricsCache
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
+from gpu_triage.exporter.metrics.verdicts import verdict_families
 from gpu_triage.exporter.metrics.workloads import workload_families
 from gpu_triage.exporter.metrics.xid import journal_families, source_families, xid_families
 from gpu_triage.exporter.polling.poller import Poller
@@ -32,7 +33,8 @@ from gpu_triage.exporter.sources.driver_events import DriverEvents
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark, Total
 from gpu_triage.exporter.sources.kmsg import KmsgFollower, boot_time
 from gpu_triage.exporter.sources.pipeline import EventPipeline
-from gpu_triage.exporter.verdicts import Verdicts, diagnosis_json, summary, verdict_families
+from gpu_triage.exporter.verdict_report import diagnosis_json, summary
+from gpu_triage.exporter.verdicts import Verdicts
 from gpu_triage.exporter.workloads.tracker import ByGpu, Workloads
 
 log = logging.getLogger(__name__)

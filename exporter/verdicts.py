@@ -5,6 +5,8 @@ turns them into diagnosis/health inputs, asks for the verdict and exposes it as 
 A GPU's recent XIDs and its marks (the latest acknowledgement, the latest resets) are kept in memory,
 loaded from the journal at start and kept current as they are journaled: a verdict reads nothing from
 the journal, however many marks it holds.
+
+How the verdict is shown: metrics/verdicts.py (/metrics), verdict_report.py (JSON and the summary line).
 """
 
 from __future__ import annotations
@@ -12,15 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections import OrderedDict, deque
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from typing import Any
-
-from prometheus_client.core import GaugeMetricFamily, Metric
+from collections.abc import Collection, Mapping, Sequence
 
 from gpu_triage.diagnosis.actions import Action, GpuStatus, Health
-from gpu_triage.diagnosis.findings import Finding, Workload, urgency
+from gpu_triage.diagnosis.findings import Finding, Workload
 from gpu_triage.diagnosis.health import (
     GpuVerdict,
     NodeVerdict,
@@ -28,7 +26,6 @@ from gpu_triage.diagnosis.health import (
     assess_gpu,
     assess_node,
     sxid_findings,
-    verdict_json,
 )
 from gpu_triage.diagnosis.incidents import Occurrence
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID
@@ -46,6 +43,7 @@ from gpu_triage.exporter.backends.readings import (
 )
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark
+from gpu_triage.exporter.verdict_report import all_findings, summary
 
 log = logging.getLogger(__name__)
 HISTORY_SECONDS = 7 * 86400.0  # what the classifier looks back on (repeats, returns after a reboot)
@@ -124,10 +122,6 @@ class Verdicts:
                 elif m.kind == "init":
                     self._resets.setdefault(m.uuid, deque(maxlen=MARKS_PER_GPU)).append(m.ts)
 
-    def marks_held(self) -> int:
-        with self._lock:
-            return len(self._acknowledged) + sum(len(r) for r in self._resets.values())
-
     def add(self, event: Event) -> None:
         """A new event, or a journaled one another source made richer (same id): replaced, not added.
         A new one is logged, once."""
@@ -188,12 +182,13 @@ class Verdicts:
             self._stamp(node, now, workloads or {}, settled)
             indexes = {s.identity.pci_bus_id: s.identity for s in snapshot.gpus}
             _fill_steps(node, {bus: g.index for bus, g in indexes.items()})
-            self._log_changes(node, indexes, summary(snapshot, node))
+            self._log_changes(node, indexes, snapshot)
         return node
 
-    def _log_changes(self, node: NodeVerdict, gpus: dict[str, GpuIdentity], line: str) -> None:
+    def _log_changes(self, node: NodeVerdict, gpus: dict[str, GpuIdentity], snapshot: Snapshot) -> None:
         """Each GPU's verdict, and the node's, when it differs from the last one logged (at start: from
-        healthy, so a healthy node starts quietly)."""
+        healthy, so a healthy node starts quietly). The summary is built only for a change: every render
+        passes here, and a change is rare."""
         for v in node.gpus:
             was = self._told.get(v.gpu, _FINE)
             if (v.health, v.action) == was:
@@ -221,7 +216,7 @@ class Verdicts:
                     "health": node.health.value,
                     "action": node.action.value,
                     "was": f"{was[0].value} {was[1].value}",
-                    "summary": line,
+                    "summary": summary(snapshot, node),
                 },
             )
 
@@ -257,7 +252,7 @@ class Verdicts:
         """Give every open finding a `since` (its first XID, or when we first saw the condition) and the
         workloads on its GPU then: the job that hit an XID, not whichever job runs on the GPU an hour later."""
         open_ids = set()
-        for finding in _all_findings(node):
+        for finding in all_findings(node):
             open_ids.add(finding.id)
             first = finding.details.get("first_seen")
             finding.details["since"] = int(first) if first is not None else int(self._since.setdefault(finding.id, now))
@@ -272,7 +267,7 @@ class Verdicts:
             del self._who[stale]
 
     def open_findings(self) -> list[Finding]:
-        return _all_findings(self.node)
+        return all_findings(self.node)
 
 
 _FINE = (Health.HEALTHY, Action.IGNORE)
@@ -310,105 +305,3 @@ def _fill_steps(node: NodeVerdict, indexes: dict[str, int]) -> None:
                     f"`curl -s -XPOST localhost:9481/api/v1/gpus/{index}/acknowledge` (a reboot closes it too)."
                 )
             f.steps = steps
-
-
-def _all_findings(node: NodeVerdict) -> list[Finding]:
-    return [f for g in node.gpus for f in g.findings] + list(node.findings)
-
-
-def verdict_families(snapshot: Snapshot, node: NodeVerdict) -> Iterator[Metric]:
-    """nvidia_gpu_health{status} and nvidia_gpu_recommended_action{action}, as state sets (one 1, rest 0)."""
-    by_bus = {v.gpu: v for v in node.gpus}
-    health = GaugeMetricFamily(
-        "nvidia_gpu_health",
-        "1 for the GPU's current health (healthy, degraded, unhealthy, unknown), 0 for the others.",
-        labels=["gpu", "uuid", "status"],
-    )
-    action = GaugeMetricFamily(
-        "nvidia_gpu_recommended_action",
-        "1 for the one action the GPU needs now (IGNORE when none), 0 for the others; see /api/v1/diagnosis.",
-        labels=["gpu", "uuid", "action"],
-    )
-    for state in snapshot.gpus:
-        g = state.identity
-        verdict = by_bus.get(g.pci_bus_id)
-        labels = [str(g.index), g.uuid]
-        for h in Health:
-            health.add_metric([*labels, h.value], 1.0 if verdict and verdict.health is h else 0.0)
-        for a in Action:
-            action.add_metric([*labels, a.value], 1.0 if verdict and verdict.action is a else 0.0)
-    yield health
-    yield action
-    node_health = GaugeMetricFamily(
-        "gpu_triage_node_health",
-        "1 for the node's health (its worst GPU or NVSwitch), 0 for the others.",
-        labels=["status"],
-    )
-    for h in Health:
-        node_health.add_metric([h.value], 1.0 if node.health is h else 0.0)
-    yield node_health
-
-
-def diagnosis_json(
-    snapshot: Snapshot,
-    node: NodeVerdict,
-    boot_id: str,
-    now: float,
-    workloads: Mapping[str, tuple[Workload, ...]] | None = None,
-) -> dict[str, Any]:
-    """/api/v1/diagnosis. `workloads` (by GPU uuid): who uses each GPU now; each finding carries who did
-    when it opened."""
-    by_bus: dict[str, GpuVerdict] = {v.gpu: v for v in node.gpus}
-    using = workloads or {}
-    gpus = []
-    for state in snapshot.gpus:
-        g = state.identity
-        verdict = by_bus.pop(g.pci_bus_id, None)
-        gpus.append(
-            {
-                "gpu": g.index,
-                "uuid": g.uuid,
-                "status": state.status,
-                **(verdict_json(verdict) if verdict else {}),
-                "workloads": [w.to_json() for w in using.get(g.uuid, ())],
-            }
-        )
-    for missing in by_bus.values():  # known only from the kernel log
-        gpus.append({"gpu": None, "uuid": None, "status": "missing", **verdict_json(missing), "workloads": []})
-    findings = [f.to_json() for f in sorted(_all_findings(node), key=urgency)]
-    for finding in [*findings, *(f for g in gpus for f in g.get("findings", []))]:
-        finding.setdefault("workloads", [])
-        details = finding["details"]
-        for key in _TIMES:
-            if isinstance(details.get(key), int | float):
-                details[f"{key}_iso"] = iso_time(details[key])
-    return {
-        "node": {"health": node.health.value, "action": node.action.value, "summary": summary(snapshot, node)},
-        "gpus": gpus,
-        "findings": findings,
-        "boot_id": boot_id,
-        "generated_at": now,
-        "generated_at_iso": iso_time(now),
-    }
-
-
-_TIMES = ("first_seen", "last_seen", "since")  # unix seconds in a finding's details
-
-
-def iso_time(seconds: float) -> str:
-    """Unix seconds as ISO 8601 in UTC, to the second: what a person reads next to the number."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
-def summary(snapshot: Snapshot, node: NodeVerdict) -> str:
-    """One line for STATUS=, the landing page and `gpu-triage check`."""
-    up = sum(g.up for g in snapshot.gpus)
-    line = f"{len(snapshot.gpus)} GPUs, {up} up; node {node.health.value}"
-    if node.action is not Action.IGNORE:
-        worst = next((v for v in node.gpus if v.action is node.action), None)
-        where = ""
-        if worst is not None:
-            index = next((g.identity.index for g in snapshot.gpus if g.identity.pci_bus_id == worst.gpu), None)
-            where = f" on GPU {index}" if index is not None else f" on {worst.gpu}"
-        line += f": {node.action.value}{where}"
-    return line

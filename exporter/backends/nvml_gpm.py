@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
-from gpu_triage.exporter.backends.nvml_mig import mig_devices
+from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.nvml_mig import MigDevice, listed
 from gpu_triage.exporter.backends.nvml_query import Query
 from gpu_triage.exporter.backends.readings import Activity, InstanceActivity, LinkThroughput, MigInstance, Profiling
 
@@ -109,14 +110,15 @@ class GpmProfiler:
         for s in kept:
             _free(s.sample)
 
-    def read(self, q: Query, h: Any, gpu: int) -> Profiling:
+    def read(self, q: Query, h: Any, gpu: int, migs: Callable[[], list[MigDevice]]) -> Profiling:
+        """`migs` lists the GPU's MIG devices, when they are needed."""
         if self.off is not None:
             return Profiling(None, self.off)
         if (why_not := self._why_unsupported(q, h, gpu)) is not None:
             return Profiling(None, why_not)
         with self._round(gpu) as this:
             targets = [_Target((gpu, ""), h, None)]
-            targets += [_Target((gpu, mig.uuid), mh, mig) for mig, mh in mig_devices(q, h)]
+            targets += [_Target((gpu, mig.uuid), mh, mig) for mig, mh in migs()]
             this.targets = {t.key for t in targets}
             pairs = self._pairs(q, targets, this)
             whole, parts = None, []
@@ -246,4 +248,4 @@ def _scaled(value: float | None, factor: float) -> float | None:
 
 def read_profiling(backend: NvmlBackend, q: Query, h: Any, gpu: int) -> Profiling:
     """The NVML backend's profiling reader."""
-    return backend.gpm.read(q, h, gpu)
+    return backend.gpm.read(q, h, gpu, lambda: listed(backend, q, h, Collector.PROFILING))

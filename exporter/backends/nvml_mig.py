@@ -3,10 +3,12 @@
 A MIG device (a compute instance in a GPU instance) has its own NVML handle. Memory and the process
 list per device need no privileges through that handle, while the parent's handle gives aggregates
 only to root; so on a MIG-enabled GPU the processes are listed per device, which also says which
-device each runs on. Devices are listed afresh on every read: NVML reuses handles when instances are
-destroyed and created, so a kept handle can point at another instance.
+device each runs on. Listing them costs about five calls per device, and the memory, process and
+profiling reads all need them: `listed` lists them once per poll for all three (per_poll.py). Never
+longer: NVML reuses handles when instances are destroyed and created, so a kept handle can point at
+another instance.
 
-These wrap the NVML backend's own readers (nvml.py) and take its `Query`, so NVML's error policy
+These wrap the NVML backend's own readers (nvml_readers.py) and take its `Query`, so NVML's error policy
 applies unchanged.
 """
 
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.backends.nvml_query import Query, text
 from gpu_triage.exporter.backends.readings import InstanceMemory, Memory, MigInstance, Processes, ProcessReading
 
@@ -62,13 +65,24 @@ def mig_devices(q: Query, h: Any) -> list[MigDevice]:
     return out
 
 
+def listed(backend: NvmlBackend, q: Query, h: Any, reader: Collector) -> list[MigDevice]:
+    """`mig_devices`, shared by the reads of one poll; a listing with a failed call is not shared."""
+
+    def ask() -> tuple[list[MigDevice], bool]:
+        failed = len(q.failed)
+        devices = mig_devices(q, h)
+        return devices, len(q.failed) == failed
+
+    return backend.mig_listings.get(q.gpu, reader, ask)
+
+
 def with_instance_memory(read_memory: Reader) -> Reader:
     """The NVML memory reader, plus each MIG device's memory."""
 
     def read(backend: NvmlBackend, q: Query, h: Any, gpu: int) -> Memory:
         memory: Memory = read_memory(backend, q, h, gpu)
         parts = []
-        for mig, mh in mig_devices(q, h):
+        for mig, mh in listed(backend, q, h, Collector.MEMORY):
             info = q("mig_memory", pynvml.nvmlDeviceGetMemoryInfo, mh)
             used, total = (None, None) if info is None else (int(info.used), int(info.total))
             parts.append(InstanceMemory(mig, used, total))
@@ -81,7 +95,7 @@ def with_instance_processes(read_processes: Reader) -> Reader:
     """The NVML process reader; on a MIG-enabled GPU, the processes of each MIG device instead."""
 
     def read(backend: NvmlBackend, q: Query, h: Any, gpu: int) -> Processes:
-        devices = mig_devices(q, h)
+        devices = listed(backend, q, h, Collector.PROCESSES)
         if not devices:
             processes: Processes = read_processes(backend, q, h, gpu)
             return processes
@@ -90,7 +104,7 @@ def with_instance_processes(read_processes: Reader) -> Reader:
             for p in q("mig_processes", pynvml.nvmlDeviceGetComputeRunningProcesses, mh) or []:
                 pid = int(p.pid)
                 used = None if p.usedGpuMemory is None else int(p.usedGpuMemory)
-                found.append(ProcessReading(pid, backend._process_name(pid), used, mig))
+                found.append(ProcessReading(pid, backend.process_name(pid), used, mig))
         return Processes(tuple(found), tuple(mig for mig, _ in devices))
 
     return read

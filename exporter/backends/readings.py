@@ -96,6 +96,11 @@ class Inventory(Reading, collector=Collector.INVENTORY):
     mig_enabled: bool | None = series(f.MIG_ENABLED)
 
 
+def cuda_version(raw: int | None) -> str | None:
+    """The CUDA version as the driver encodes it (1000 * major + 10 * minor: 12080) as "12.8"."""
+    return None if raw is None else f"{raw // 1000}.{raw % 1000 // 10}"
+
+
 @dataclass(frozen=True, slots=True)
 class Utilization(Reading, collector=Collector.UTILIZATION):
     gpu_ratio: float | None = series(f.UTILIZATION)

@@ -15,6 +15,7 @@ from gpu_triage import __version__
 from gpu_triage.exporter.backends.sim import SimBackend
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.diagnosis import DIAGNOSE_PATH, diagnose_router, diagnosis_router
+from gpu_triage.exporter.http.errors import error
 from gpu_triage.exporter.http.gpus import gpus_router
 from gpu_triage.exporter.http.guard import BodyLimit, WriteGuard
 from gpu_triage.exporter.http.landing import landing_page
@@ -23,11 +24,6 @@ from gpu_triage.exporter.http.sim_faults import shown_by, sim_router
 from gpu_triage.exporter.http.web_config import WebConfig, WebConfigMiddleware
 
 log = logging.getLogger(__name__)
-
-
-def error(status: int, message: str, **extra: object) -> JSONResponse:
-    """Every error the API answers has this shape."""
-    return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
 
 
 def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:

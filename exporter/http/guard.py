@@ -14,37 +14,14 @@ always with --web.read-only. Basic auth, where the web config defines users, com
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+from gpu_triage.exporter.http.asgi import App, Message, Receive, Scope, Send, header
+from gpu_triage.exporter.http.errors import refuse
 
 JSON_BODY_LIMIT = 16 * 1024  # the largest JSON the API takes is a fault with a 1024-character message
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-async def refuse(send: Send, status: int, message: str, *, close: bool = False) -> None:
-    """The API's error shape, sent from a middleware. `close`: the body was not read, so the connection
-    cannot carry another request (uvicorn would otherwise read the rest of it, however large)."""
-    body = json.dumps({"error": message, "status": status}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope.get("headers", []):
-        if key == name:
-            return bytes(value)
-    return None
 
 
 def _size(limit: int) -> str:

@@ -8,11 +8,11 @@ Content-Security-Policy forbids scripts should an escape ever be missed.
 from __future__ import annotations
 
 import html
-import time
 
 from fastapi.responses import HTMLResponse
 
 from gpu_triage.diagnosis.actions import Health, Severity
+from gpu_triage.exporter.verdict_report import iso_time
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 _STYLE = """
@@ -47,11 +47,12 @@ def badge(level: Severity | Health) -> str:
 
 
 def utc(seconds: float | str | int | None) -> str:
-    """Unix seconds as UTC; anything else is shown as it came, escaped."""
+    """Unix seconds as the API writes them (`first_seen_iso`), so a time on a page can be searched for in
+    its JSON; anything else is shown as it came, escaped."""
     if seconds is None:
         return "—"
     try:
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(seconds)))
+        return iso_time(float(seconds))
     except (ValueError, OverflowError, OSError):
         return esc(seconds)
 

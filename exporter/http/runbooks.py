@@ -19,6 +19,7 @@ from gpu_triage.diagnosis.conditions import load_conditions
 from gpu_triage.diagnosis.data_check import playbook_references
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, load_playbooks
+from gpu_triage.exporter.http.errors import error
 from gpu_triage.exporter.http.page import badge, document, esc, utc
 
 log = logging.getLogger(__name__)
@@ -186,8 +187,7 @@ def runbooks_router(
     router = APIRouter(prefix="/runbooks", tags=["runbooks"])
 
     def not_found(pid: str) -> JSONResponse:
-        message = f"no runbook {pid!r}; valid ids: {', '.join(valid)}"
-        return JSONResponse({"error": message, "status": 404, "valid": valid}, status_code=404)
+        return error(404, f"no runbook {pid!r}; valid ids: {', '.join(valid)}", valid=valid)
 
     def live() -> tuple[dict[str, list[Finding]], str]:
         # The pages must open even when the daemon cannot say what is live: they are the fallback.

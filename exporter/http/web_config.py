@@ -13,10 +13,9 @@ import asyncio
 import base64
 import functools
 import hashlib
-import json
 import ssl
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,9 @@ from typing import Any
 
 import bcrypt
 import yaml
+
+from gpu_triage.exporter.http.asgi import App, Message, Receive, Scope, Send, header
+from gpu_triage.exporter.http.errors import refuse
 
 _TOP = {"tls_server_config", "http_server_config", "basic_auth_users"}
 _TLS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
@@ -175,10 +177,8 @@ def _headers(section: Any, problems: list[str]) -> dict[str, str]:
     return {str(k): str(v) for k, v in headers.items() if k in _HEADERS}
 
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
+_RETRY = (b"retry-after", b"1")
+_CHALLENGE = (b"www-authenticate", b'Basic realm="gpu-triage"')
 
 
 def _password_ok(hashed: bytes, password: bytes) -> bool:
@@ -255,7 +255,7 @@ class WebConfigMiddleware:
                 await self._deny(send, busy=authorised is None)
                 return
 
-        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start" and self._headers:
                 message["headers"] = [*message.get("headers", []), *self._headers]
             await send(message)
@@ -264,8 +264,7 @@ class WebConfigMiddleware:
 
     async def _authorised(self, scope: Scope) -> bool | None:
         """None: the password could not be checked now (too many checks under way)."""
-        header = dict(scope.get("headers", [])).get(b"authorization", b"")
-        scheme, _, value = header.partition(b" ")
+        scheme, _, value = (header(scope, b"authorization") or b"").partition(b" ")
         if scheme.lower() != b"basic":
             return False
         try:
@@ -277,9 +276,7 @@ class WebConfigMiddleware:
         return await self._checks.check(user, password, self.config.users.get(user.decode(errors="replace")))
 
     async def _deny(self, send: Send, *, busy: bool) -> None:
-        status, error = (429, "too many password checks under way") if busy else (401, "authentication required")
-        body = json.dumps({"error": error, "status": status}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        headers.append((b"retry-after", b"1") if busy else (b"www-authenticate", b'Basic realm="gpu-triage"'))
-        await send({"type": "http.response.start", "status": status, "headers": [*headers, *self._headers]})
-        await send({"type": "http.response.body", "body": body})
+        if busy:
+            await refuse(send, 429, "too many password checks under way", extra_headers=[_RETRY, *self._headers])
+        else:
+            await refuse(send, 401, "authentication required", extra_headers=[_CHALLENGE, *self._headers])

@@ -3,8 +3,9 @@
 A scrape picks a cached body by its Accept header (classic text or OpenMetrics) and, when the
 client takes gzip, a compressed copy made once per render. It never builds metrics itself. The
 families are built at each change; their bytes are encoded by the first scrape that needs them
-(once per change, whatever the number of scrapes): the daemon polls every second and Prometheus
-scrapes far less often, so encoding every poll would be mostly for nobody.
+(once per change, whatever the number of scrapes): the daemon renders at every poll (every 5 s by
+default) and every XID batch, while Prometheus scrapes every 15 s to 1 min, so encoding each render
+would be mostly for nobody.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def _sample_lines(metric: Metric) -> str:
 
 def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
     """(classic text 0.0.4, OpenMetrics 1.0.0) for `families`."""
-    parts = _parts(list(families))
+    families = list(families)
+    _check_types(families)
+    parts = _parts(families)
     return _text(parts), _openmetrics(parts)
 
 
@@ -65,11 +68,16 @@ def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
 _Part = tuple[str, str, str, str, str, str, str]
 
 
-def _parts(families: list[Metric]) -> list[_Part]:
-    out = []
+def _check_types(families: list[Metric]) -> None:
     for metric in families:
         if metric.type not in _TEXT_TYPES:
             raise ValueError(f"{metric.name}: metric type {metric.type} is not supported by this encoder")
+
+
+def _parts(families: list[Metric]) -> list[_Part]:
+    """Families whose types `_check_types` passed."""
+    out = []
+    for metric in families:
         name = metric.name + _TEXT_SUFFIX.get(metric.type, "")
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append((name, _TEXT_TYPES[metric.type], doc, metric.name, metric.type, metric.unit, _sample_lines(metric)))
@@ -145,9 +153,7 @@ class MetricsCache:
 
     def update(self, families: list[Metric]) -> None:
         """Swap in `families`; a bad family fails here, in the render, never in a scrape."""
-        for metric in families:
-            if metric.type not in _TEXT_TYPES:
-                raise ValueError(f"{metric.name}: metric type {metric.type} is not supported by this encoder")
+        _check_types(families)
         self._render = _Render(families)  # one reference assignment: a scrape sees the old or the new
 
     def get(self, accept: str | None, accept_encoding: str | None) -> Scrape:

@@ -4,8 +4,13 @@ incrementally, a bounded few per GPU, and a pile of them slows neither an acknow
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from fastapi.testclient import TestClient
 
+from gpu_triage.diagnosis.health import GpuVerdict
+from gpu_triage.exporter import verdicts
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.sources.journal import Mark
 from gpu_triage.exporter.verdicts import MARKS_PER_GPU
@@ -42,7 +47,6 @@ def test_an_acknowledgement_closes_what_came_before_it_only(
     clock.advance(10)
     client.post("/api/v1/sim/faults", json={"gpu": 4, "kind": "xid", "xid": 79})
     wait_for(lambda: health(client, 4) == "unhealthy", 10, interval=0.02, what="the later XID to count")
-    assert daemon.verdicts.marks_held() <= 2 * MARKS_PER_GPU
 
 
 def test_a_reset_seen_in_the_kernel_log_while_running_closes_what_a_reset_cures(
@@ -60,9 +64,21 @@ def test_a_reset_seen_in_the_kernel_log_while_running_closes_what_a_reset_cures(
     wait_for(lambda: health(client, 3) == "healthy", 10, interval=0.02, what="the reset to close the finding")
 
 
-def test_marks_journaled_before_a_start_are_loaded_once(daemon: Daemon, clock: FakeClock) -> None:
+def test_marks_journaled_before_a_start_are_loaded_once_and_the_newest_count(
+    daemon: Daemon, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     uuid = daemon.snapshot.gpus[1].identity.uuid
-    for i in range(10 * MARKS_PER_GPU):
-        daemon.journal.mark(Mark(clock.now - 1000 + i, uuid, "init", "x"))
+    times = [clock.now - 1000 + i for i in range(10 * MARKS_PER_GPU)]
+    for t in times:
+        daemon.journal.mark(Mark(t, uuid, "init", "x"))
     daemon.verdicts.load(clock.now)
-    assert daemon.verdicts.marks_held() <= 2 * MARKS_PER_GPU
+    given: dict[str, list[float]] = {}
+
+    def assess_gpu(bus: str, *args: Any, resets: list[float], **kwargs: Any) -> GpuVerdict:
+        given[bus] = resets
+        return real(bus, *args, resets=resets, **kwargs)
+
+    real = verdicts.assess_gpu
+    monkeypatch.setattr(verdicts, "assess_gpu", assess_gpu)
+    daemon.refresh()
+    assert given[daemon.snapshot.gpus[1].identity.pci_bus_id] == times[-MARKS_PER_GPU:]

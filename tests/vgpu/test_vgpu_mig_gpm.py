@@ -176,3 +176,49 @@ def test_gpm_refused_and_freed(nvml: Worker, state: vs.StateWriter) -> None:
     nvml.call("nvmlGpmSampleFree", H("s1"))
     assert nvml.error("nvmlGpmSampleGet", H(0), H("s1")) == INVALID_ARGUMENT
     assert nvml.error("nvmlGpmSampleFree", H("s1")) == INVALID_ARGUMENT
+
+
+OTHER = vs.MigInstance(
+    gpu_instance_id=5,
+    compute_instance_id=0,
+    name="NVIDIA H100 80GB HBM3 MIG 2g.20gb",
+    uuid="MIG-0b5e7c2d-9a4f-5e1b-8d3c-7f6a5b4c3d2e",
+    memory_total=20 * GIB,
+    memory_used=5 * GIB,
+)
+
+
+def test_the_backend_lists_mig_devices_once_per_poll_and_sees_a_new_layout_at_the_next(
+    nvml: Worker, state: vs.StateWriter
+) -> None:
+    node = mig_node()
+    state.write(node)
+    # Each listing asks for the slot count once: counting that call counts the listings.
+    nvml.run(
+        "ops.start()\n"
+        "H['listings'] = listings = []\n"
+        "slots = n.nvmlDeviceGetMaxMigDeviceCount\n"
+        "n.nvmlDeviceGetMaxMigDeviceCount = lambda h: listings.append(1) or slots(h)"
+    )
+
+    def poll() -> tuple[list[str], list[tuple[int, str]], list[str]]:
+        """One poll's reads of GPU 0 that need its MIG devices: the devices each of them saw."""
+        memory = nvml.run("result = ops.read(0, 'memory')")["reading"]
+        processes = nvml.run("result = ops.read(0, 'processes')")["reading"]
+        return (
+            [m["instance"]["uuid"] for m in memory["instances"]],
+            sorted((p["pid"], p["instance"]["uuid"]) for p in processes["processes"]),
+            [i["uuid"] for i in processes["instances"]],
+        )
+
+    assert poll() == ([SMALL.uuid, LARGE.uuid], [(100, SMALL.uuid), (200, LARGE.uuid)], [SMALL.uuid, LARGE.uuid])
+    assert nvml.run("result = len(H['listings'])") == 1
+    # LARGE destroyed and another instance created in its slot: its handle now names the new one.
+    node[0].mig_instances = [SMALL, OTHER]
+    node[0].processes = [
+        vs.Process(100, GIB, gpu_instance_id=9, compute_instance_id=0),
+        vs.Process(300, GIB, gpu_instance_id=5, compute_instance_id=0),
+    ]
+    state.write(node)
+    assert poll() == ([SMALL.uuid, OTHER.uuid], [(100, SMALL.uuid), (300, OTHER.uuid)], [SMALL.uuid, OTHER.uuid])
+    assert nvml.run("result = len(H['listings'])") == 2

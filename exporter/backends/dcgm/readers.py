@@ -37,6 +37,7 @@ from gpu_triage.exporter.backends.readings import (
     Remapping,
     Thermal,
     Utilization,
+    cuda_version,
 )
 from gpu_triage.exporter.backends.readings import ClockDomain as Domain
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 MIB = 1024 * 1024
 MHZ = 1e6
 _LINK_UP, _LINK_NOT_SUPPORTED = 3, 0  # DcgmNvLinkLinkState*: 0 not supported, 1 disabled, 2 down, 3 up
-KB = 1000.0  # DCGM passes on NVML's PCIe throughput, in NVML's KB/s (see nvml.py's PCIE_KB)
+KB = 1000.0  # DCGM passes on NVML's PCIe throughput, in NVML's KB/s (see nvml_readers.py's PCIE_KB)
 _LINK_COUNTERS = (fid.LINK_REPLAY, fid.LINK_RECOVERY, fid.LINK_CRC_FLIT)
 
 
@@ -76,13 +77,12 @@ def _flag(value: int | None) -> bool | None:
 def _inventory(r: Read) -> Reading:
     ids = (fid.NAME, fid.SERIAL, fid.VBIOS_VERSION, fid.DRIVER_VERSION, fid.CUDA_DRIVER_VERSION, fid.MIG_MODE)
     e = r.fields(ids)
-    cuda = e.integer(fid.CUDA_DRIVER_VERSION)
     return Inventory(
         name=e.text(fid.NAME),
         serial=e.text(fid.SERIAL),
         vbios_version=e.text(fid.VBIOS_VERSION),
         driver_version=e.text(fid.DRIVER_VERSION),
-        cuda_driver_version=None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}",
+        cuda_driver_version=cuda_version(e.integer(fid.CUDA_DRIVER_VERSION)),
         mig_enabled=_flag(e.integer(fid.MIG_MODE)),
     )
 
@@ -145,11 +145,7 @@ def _pcie(r: Read) -> Reading:
 
 
 def _nvlink(r: Read) -> Reading:
-    status = r.session.b.agent.dcgmGetNvLinkLinkStatus(r.session.handle)
-    states: list[int] = []
-    for gpu in status.gpus[: status.numGpus]:
-        if gpu.entityId == r.gpu_id:
-            states = [int(s) for s in gpu.linkState]
+    states = r.session.link_states(r.gpu_id)
     links = [i for i, s in enumerate(states) if s != _LINK_NOT_SUPPORTED]
     e = r.fields(fid.NVLINK)
     out = []

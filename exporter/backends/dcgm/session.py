@@ -22,6 +22,7 @@ from gpu_triage.diagnosis.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import GpuIdentity
 from gpu_triage.exporter.backends.dcgm import fields
 from gpu_triage.exporter.backends.dcgm.bindings import Bindings
+from gpu_triage.exporter.backends.per_poll import PerPoll
 from gpu_triage.exporter.backends.readings import MigInstance
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Session:
     _groups: list[Any] = field(default_factory=list)
     _field_groups: list[Any] = field(default_factory=list)
     gpu_group: Any = None
+    _link_states: PerPoll[str, dict[int, list[int]]] = field(default_factory=PerPoll)
 
     # -- setting up ------------------------------------------------------------------------------
 
@@ -163,6 +165,16 @@ class Session:
             a.dcgmDisconnect(self.handle)
 
     # -- reading -----------------------------------------------------------------------------------
+
+    def link_states(self, gpu_id: int) -> list[int]:
+        """The DCGM link states (DcgmNvLinkLinkState*) of each NVLink of `gpu_id`. One call answers for
+        every GPU, so it is asked once per poll, not once per GPU (per_poll.py)."""
+
+        def ask() -> tuple[dict[int, list[int]], bool]:
+            status = self.b.agent.dcgmGetNvLinkLinkStatus(self.handle)
+            return {int(g.entityId): [int(s) for s in g.linkState] for g in status.gpus[: status.numGpus]}, True
+
+        return self._link_states.get("nvlink", gpu_id, ask).get(gpu_id, [])
 
     def latest(
         self, entities: list[tuple[int, int]], ids: tuple[int, ...], *, live: bool = False

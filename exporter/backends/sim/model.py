@@ -38,6 +38,11 @@ def noise(seed: int, gpu: int, tick: int, channel: int = 0) -> float:
     return (mix64(seed, gpu, tick, channel) / 2**63) - 1.0
 
 
+def hash_pair(seed: int, n: int) -> int:
+    """A deterministic 64-bit value for (seed, n): the simulated GPUs' serials and UUIDs."""
+    return mix64(seed, n, 0, 99)
+
+
 @dataclass
 class GpuState:
     """One simulated GPU's state at `tick` seconds after the scenario start."""

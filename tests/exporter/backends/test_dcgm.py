@@ -27,6 +27,7 @@ from gpu_triage.exporter.backends.readings import (
     HealthIncident,
     HealthWatch,
     Memory,
+    NvLink,
     Processes,
     Profiling,
     Recovery,
@@ -136,6 +137,26 @@ def test_every_collector_reads_what_the_gpu_has(dcgm: DcgmBackend, sim: SimBacke
         if collector is Collector.PROFILING:
             del mine["source"], mine["status"]
         assert_same(mine, in_dcgm_units(collector, sim.read(gpu, collector).reading), collector.value)
+
+
+def test_one_nvlink_status_call_per_poll_answers_for_every_gpu(
+    dcgm: DcgmBackend, engine: FakeHostEngine, sim: SimBackend
+) -> None:
+    def poll() -> dict[int, list[int]]:
+        """Every GPU's NVLink read: the links each says are down, for those with any."""
+        out = {}
+        for gpu in sim.discover():
+            reading = dcgm.read(gpu, Collector.NVLINK).reading
+            assert isinstance(reading, NvLink) and len(reading.links) == 18
+            if down := [link.link for link in reading.links if not link.up]:
+                out[gpu.index] = down
+        return out
+
+    assert poll() == {}
+    assert engine.calls["dcgmGetNvLinkLinkStatus"] == 1
+    sim.inject(FaultSpec(gpu=2, kind="nvlink_down", link=5))
+    assert poll() == {2: [5]}  # the next poll asks again
+    assert engine.calls["dcgmGetNvLinkLinkStatus"] == 2
 
 
 def test_gpus_are_found_by_nvml_index_and_uuid_not_dcgm_ids(dcgm: DcgmBackend, sim: SimBackend) -> None:

@@ -218,3 +218,28 @@ def test_mig_devices_have_their_memory_processes_and_activity(
     assert backend.read(backend.discover()[0], Collector.UTILIZATION).reading == Utilization(None, None)
     backend.close()
     assert gpm.samples == {}
+
+
+def test_the_reads_of_a_poll_share_one_listing_of_mig_devices_unless_a_read_failed_since(
+    timeline: Timeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim = SimBackend(load_scenario("h100-mig"), clock=timeline.clock)
+    timeline.clock.advance(300)
+    backend, gpm = _backend(sim, timeline, monkeypatch)
+    gpu = backend.discover()[0]
+
+    def listings() -> int:  # each listing asks for the slot count once
+        return gpm.calls.get("nvmlDeviceGetMaxMigDeviceCount", 0)
+
+    for collector in (Collector.MEMORY, Collector.PROCESSES, Collector.PROFILING):
+        backend.read(gpu, collector)
+    assert listings() == 1
+    backend.read(gpu, Collector.MEMORY)  # the next poll
+    assert listings() == 2
+    lost = sim.inject(FaultSpec(gpu=0, kind="gpu_lost"))
+    with pytest.raises(GpuLostError):
+        backend.read(gpu, Collector.PROCESSES)
+    sim.clear_fault(lost.id)
+    backend.read(gpu, Collector.PROFILING)  # has not taken the listing, but the GPU failed a read since
+    assert listings() == 3
+    backend.close()

@@ -113,7 +113,7 @@ def test_live_findings_go_on_top_of_their_own_playbook_only(client: TestClient, 
     assert text.index('<section class="live">') < text.index('<h2 id="meaning">')
     assert "Live on this node now (1)" in box
     assert "<code>GPU 1 (0000:3b:00.0)</code>" in box and "0000:86:00.0" not in box
-    assert "2023-11-14 22:13:20 UTC" in box and "2023-11-14 22:23:20 UTC" in box
+    assert "2023-11-14T22:13:20Z" in box and "2023-11-14T22:23:20Z" in box
     assert "REBOOT_NODE" in box and "sev-critical" in box and "<td>3</td>" in box
     assert "line 7: NVRM: Xid (PCI:0000:3b:00): 79" in box
     other = client.get("/runbooks/reset-gpu").text.split('<section class="live">', 1)[1].split("</section>", 1)[0]
