@@ -20,7 +20,7 @@ from gpu_triage.exporter.daemon import Daemon, Frame
 from gpu_triage.exporter.http.page import badge, document, esc, utc
 from gpu_triage.exporter.http.runbooks import gpu_name, used_by
 from gpu_triage.exporter.sources.journal import Total
-from gpu_triage.exporter.verdicts import summary
+from gpu_triage.exporter.verdict_report import summary
 
 
 def _findings(findings: Iterable[Finding], indexes: Mapping[str, int]) -> str:
