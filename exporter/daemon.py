@@ -137,6 +137,7 @@ class Daemon:
         self._render_lock = threading.Lock()
         self._purged_at = float("-inf")
         self._stopped = False
+        self._started = False
         self._resumed = False  # the journal is open and the XID history loaded
         self._sources_started = False
 
@@ -150,6 +151,7 @@ class Daemon:
         check_data()
         self.poller.discover()
         with self._render_lock:
+            self._started = True
             self._resume_xids()  # when the journal cannot be opened (a full disk), each render tries again
         # The first snapshot before the first XID: a verdict made without one would take every GPU with XID
         # history for a GPU the driver does not list, and call it lost.
@@ -242,7 +244,7 @@ class Daemon:
         with self._render_lock:
             if self._stopped:
                 return
-            if not self._resumed:
+            if self._started and not self._resumed:
                 self._resume_xids()
                 self._start_sources()
             snapshot = self.snapshot
