@@ -204,6 +204,10 @@ def test_restart_neither_loses_nor_double_counts(tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg.log"
     kmsg.write_text("".join(kmsg_line(seq, 31) for seq in range(1, 4)))
     d = start_daemon(tmp_path, "boot-1", kmsg)
+    # The reader notes its place before it reads the lines: wait for them, not for a moment of idleness.
+    deadline = time.monotonic() + 5
+    while xid_count(d, 31) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert d.pipeline.idle.wait(timeout=5)
     assert xid_count(d, 31) == 3
     d.stop()
