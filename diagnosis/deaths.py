@@ -38,14 +38,18 @@ ENDS = frozenset({JOB_FAILED, PROCESS_SEGFAULT, HOST_OOM_KILLED})  # classes tha
 
 # What a dying Python process may still print after the exception that ends it, from its exit handlers:
 # PyTorch's ProcessGroupNCCL destructor (`WARNING: destroy_process_group() was not called before program
-# exit`, 2.4 on; `process group has NOT been destroyed before we destruct ProcessGroupNCCL`, 2.2-2.3), NCCL's
-# INFO lines as its communicators are torn down, and wandb's run summary, each of whose lines it prints
-# as `wandb: …`. Anything else after a traceback means the process went on.
+# exit`, 2.4 on; `process group has NOT been destroyed before we destruct ProcessGroupNCCL`, 2.2-2.3), NCCL
+# tearing its communicators down (`comm %p rank %d nranks %d cudaDev %d busId %lx - Destroy COMPLETE`, or
+# `Abort COMPLETE`; `[Service thread] Connection closed by localRank %d`), and wandb's run summary, each of
+# whose lines it prints as `wandb: …`. Anything else after a traceback (an NCCL init, a training step)
+# means the process went on.
 _AT_EXIT = re.compile(
     r"destroy_process_group\(\) was not called before program exit|process group has NOT been destroyed before"
-    r"|\bNCCL INFO\b|(?:^|[\s:\]])wandb: "
+    r"| - (?:Destroy|Abort) COMPLETE|\[Service thread\] Connection closed by localRank|(?:^|[\s:\]])wandb: "
 )
-TAIL_BYTES = 8192  # how much of an input's end is kept to read what follows its last traceback
+# How much of an input's end is kept to read what follows its last traceback: wandb's summary of a large
+# run (every metric twice) and a node's NCCL teardown fit many times over.
+TAIL_BYTES = 256 * 1024
 
 
 class TextEnd:
@@ -64,7 +68,7 @@ class TextEnd:
         for chunk in chunks:
             data = chunk if isinstance(chunk, bytes) else bytes(chunk)
             self.newlines += data.count(b"\n")
-            self._tail = (self._tail + data)[-TAIL_BYTES:]
+            self._tail = data[-TAIL_BYTES:] if len(data) >= TAIL_BYTES else (self._tail + data)[-TAIL_BYTES:]
             yield data
 
     def lines_after(self, line: int) -> list[str] | None:

@@ -95,9 +95,13 @@ def abs_stamp(date: str, hms: str, frac: str | None, tz: str | None) -> Stamp | 
     return Stamp("abs", moment.timestamp() + _seconds("00:00:00", frac))
 
 
+# Days before each month in a leap year, so that 29 February has a place too.
+_DAYS_BEFORE = (0, 31, 60, 91, 121, 152, 182, 213, 244, 274, 305, 335)
+
+
 def md_stamp(month: int, day: int, hms: str, frac: str | None) -> Stamp:
-    # No year: order within a year is all glog and syslog can offer.
-    return Stamp("md", ((month * 32 + day) * 86400) + _seconds(hms, frac))
+    # No year: seconds into a year, so differences hold across a month's end; a year's end goes backwards.
+    return Stamp("md", ((_DAYS_BEFORE[(month - 1) % 12] + day - 1) * 86400) + _seconds(hms, frac))
 
 
 def _syslog_stamp(m: re.Match[str]) -> Stamp | None:

@@ -106,14 +106,14 @@ def _timed(seen: list[tuple[Occurrence, Stamp | None]]) -> list[Occurrence]:
 
     The burst gap only needs differences, so any one kind of stamp will do when every XID of the GPU
     carries it: plain `dmesg`'s seconds since boot, syslog's date without a year, or an absolute time.
-    Stamps of mixed kinds do not compare, and neither do uptimes that go back (a reboot inside the
-    input): then the XIDs keep input order and count as one burst.
+    Stamps of mixed kinds do not compare, and neither do uptimes or yearless dates that go back (a
+    reboot, or a new year, inside the input): then the XIDs keep input order and count as one burst.
     """
     kinds = {stamp.kind if stamp is not None else None for _, stamp in seen}
     if len(kinds) != 1 or None in kinds:
         return [occurrence for occurrence, _ in seen]
     values = [stamp.value for _, stamp in seen if stamp is not None]
-    if kinds == {"uptime"} and any(after < before for before, after in pairwise(values)):
+    if kinds != {"abs"} and any(after < before for before, after in pairwise(values)):
         return [occurrence for occurrence, _ in seen]
     return [replace(occurrence, ts=value) for (occurrence, _), value in zip(seen, values, strict=True)]
 

@@ -196,6 +196,8 @@ class Daemon:
 
     def stop(self) -> None:
         """Stop reading, let the journal finish what is queued, then let go of the driver."""
+        with self._render_lock:
+            self._started = False  # a render from now on must not start the XID path (a journal just opened)
         self.workloads.stop()
         for source in (self.kmsg, self.driver_events):
             if source is not None:
@@ -224,7 +226,13 @@ class Daemon:
 
     def xid_totals(self) -> list[Total]:
         """Every GPU's XID counts; none while the journal cannot be opened (the counters are absent, not 0)."""
-        return self.journal.totals() if self.journal.is_open else []
+        if not self.journal.is_open:
+            return []
+        try:
+            return self.journal.totals()
+        except sqlite3.Error:  # a read that fails now and then must not cost the render
+            log.warning("cannot read the XID totals from the journal", exc_info=True)
+            return []
 
     def acknowledge(self, uuid: str, note: str) -> None:
         """An operator says the GPU's XID findings so far are dealt with."""

@@ -151,7 +151,10 @@ class EventPipeline:
         """Pick up from the journal what the last run left: GPU bindings, and the events whose twin report may
         still come. Before `start`; the journal must be open."""
         marks, recent = self.journal.marks(), self.journal.events(since=self._clock() - MERGE_WINDOW_SECONDS)
-        self._bound = {m.note: m.uuid for m in marks if m.kind == "init"}
+        self._bound = {}
+        for m in marks:  # oldest first: the newest bindings are the ones kept
+            if m.kind == "init":
+                self._bind(m.note, m.uuid)
         self._waiting.clear()  # read again from the start when an earlier try failed half-way
         self._fallen.clear()
         for event in recent:
@@ -280,13 +283,16 @@ class EventPipeline:
         if event is not None:
             self._add(event, fresh, enriched)
 
+    def _bind(self, bus: str, uuid: str) -> None:
+        self._bound.pop(bus, None)  # newest last: the oldest binding is the one to forget
+        self._bound[bus] = uuid
+        if len(self._bound) > _MAX_BOUND:
+            del self._bound[next(iter(self._bound))]
+
     def _from_kernel(self, ke: KernelEvent, record: Record, gpus: dict[str, GpuIdentity]) -> Event | None:
         if ke.kind is EventKind.GPU_BINDING:
             if ke.pci_bus_id and ke.uuid:
-                self._bound.pop(ke.pci_bus_id, None)  # newest last: the oldest binding is the one to forget
-                self._bound[ke.pci_bus_id] = ke.uuid
-                if len(self._bound) > _MAX_BOUND:
-                    del self._bound[next(iter(self._bound))]
+                self._bind(ke.pci_bus_id, ke.uuid)
                 # The driver prints this line when it brings the GPU up: before the GPU's first Xid of a
                 # boot, and on some drivers after a reset. Marked, it closes what a reset cures.
                 self._marks.append(Mark(record.ts, ke.uuid, "init", ke.pci_bus_id))

@@ -76,11 +76,23 @@ def test_an_uncaught_exception_followed_only_by_exit_handlers_output_is_a_death(
     assert went_on.findings == [], "output of another kind after it: the process went on"
 
 
-def test_a_traceback_far_before_the_end_is_not_read_as_the_last_output() -> None:
-    filler = [
-        f"node1:4242:4300 [0] NCCL INFO Channel {i:02d}/32 : 0[18000] -> 1[2a000] via P2P/IPC" for i in range(400)
+def test_a_handled_traceback_followed_by_a_new_communicator_is_not_a_death() -> None:
+    """NCCL's init lines after a traceback mean the process went on (a hang, or a log taken mid-run)."""
+    init = [
+        "gpu1:2311:2400 [0] NCCL INFO Using network IB",
+        "gpu1:2311:2400 [0] NCCL INFO comm 0x55d0 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000 commId 0xabd - "
+        "Init START",
+        "gpu1:2311:2400 [0] NCCL INFO Channel 00/24 :    0   1   2   3   4   5   6   7",
     ]
-    assert _text("epoch 3", *_traceback("TypeError: x"), *filler).findings == []
+    assert _text("step 500 loss 1.9", *_traceback("ConnectionError: Max retries exceeded"), *init).findings == []
+
+
+def test_a_long_wandb_summary_after_an_uncaught_exception_is_still_read_through() -> None:
+    summary = [f"wandb:   train/metric_{i:03d} ▁▂▃▄▅▆▇█▁▂▃▄▅▆▇█▁▂▃▄▅▆▇█▁▂▃▄▅▆▇█▁▂▃▄" for i in range(1200)]
+    report = _text("step 100 loss 2.3", *_traceback("RuntimeError: shape mismatch in layer 4"), *summary)
+    assert [f.class_id for f in report.findings] == ["job_failed_unclassified"]
+    far = [f"step {i} loss 2.3" for i in range(20_000)]
+    assert _text(*_traceback("TypeError: x"), *far).findings == [], "a traceback long before the end"
 
 
 RETRY = (

@@ -518,3 +518,28 @@ def test_cuda_unknown_error_is_a_gpu_fault_and_the_xid_beside_it_names_it() -> N
     assert cuda.details["likely_caused_by"] == root.id
     warning = "UserWarning: CUDA unknown error - this may be due to an incorrectly set up environment"
     assert all(f.class_id != "gpu_hw_fault" for f in _text(warning).findings)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("Jan 15 23:59:30", "Jan 16 00:00:10"),
+        ("Jan 31 23:59:30", "Feb  1 00:00:10"),
+        ("Feb 29 23:59:30", "Mar  1 00:00:10"),
+        ("Dec 31 23:59:30", "Jan  1 00:00:10"),
+    ],
+)
+def test_syslog_dates_without_a_year_keep_a_burst_whole_across_a_month_or_a_year(first: str, second: str) -> None:
+    """40 s apart whatever the calendar says: Xid 63 stays a symptom of the DBE, which stays the root cause."""
+    xid48 = (
+        f"{first} node07 kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, name=python, An uncorrectable double bit "
+        "error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0."
+    )
+    xid63 = (
+        f"{second} node07 kernel: NVRM: Xid (PCI:0000:3b:00): 63, pid=1234, name=python, Row Remapper: New row "
+        "(0x00000000000abcde) Marked for Remapping, reset gpu to activate."
+    )
+    report = _text(xid48, xid63)
+    assert report.findings[0].class_id == "xid_48"
+    by_class = {f.class_id: f for f in report.findings}
+    assert by_class["xid_63"].details.get("likely_caused_by", "").startswith("xid_48")
