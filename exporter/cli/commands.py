@@ -15,16 +15,13 @@ from typing import Any, BinaryIO, TextIO
 import yaml
 
 from gpu_triage.diagnosis.actions import Action
-from gpu_triage.exporter.http.diagnosis import xid_json
+from gpu_triage.exporter.verdict_report import unknown_xid, xid_json
 
 
 def explain_xid(code: int, as_json: bool, out: TextIO = sys.stdout) -> int:
-    from fastapi import HTTPException
-
-    try:
-        entry = xid_json(code)
-    except HTTPException as e:
-        print(f"gpu-triage: {e.detail}", file=sys.stderr)
+    entry = xid_json(code)
+    if entry is None:
+        print(f"gpu-triage: {unknown_xid(code)}", file=sys.stderr)
         return 1
     if as_json:
         json.dump(entry, out, indent=2)

@@ -16,11 +16,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from gpu_triage.diagnosis.xid_data import load_catalog
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
 from gpu_triage.exporter.log_input import InputTooLargeError, decoded, scan_engine
 from gpu_triage.exporter.settings import parse_duration
+from gpu_triage.exporter.verdict_report import unknown_xid, xid_json
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT_DIAGNOSES = 2
@@ -46,32 +46,6 @@ def parse_time(value: str, now: float) -> float:
     if seconds is None or not math.isfinite(seconds):
         raise HTTPException(422, f"{value[:100]!r} is not a time: use unix seconds, ISO 8601 or a duration like 30m")
     return seconds
-
-
-def xid_json(code: int) -> dict[str, Any]:
-    entry = load_catalog().get(code)
-    if entry is None:
-        raise HTTPException(
-            404, f"Xid {code} is not in NVIDIA's catalog (this version knows {len(load_catalog())} codes)"
-        )
-    return {
-        "xid": entry.code,
-        "mnemonic": entry.mnemonic,
-        "nvidia_description": entry.nvidia_description,
-        "title": entry.title,
-        "causes": list(entry.causes),
-        "severity": entry.severity.value,
-        "action": entry.action.value,
-        "action_description": entry.action.description,
-        "nvidia_immediate_bucket": entry.immediate_bucket,
-        "nvidia_investigatory_bucket": entry.investigatory_bucket,
-        "deviation": entry.deviation,
-        "context": sorted(entry.context),
-        "xid154_linked": entry.xid154_linked,
-        "applies_to": list(entry.applies_to),
-        "playbook": entry.playbook,
-        "runbook": f"/runbooks/{entry.playbook}",
-    }
 
 
 def diagnosis_router(daemon: Daemon) -> APIRouter:
@@ -109,7 +83,10 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
 
     @router.get("/xid/{code}", summary="What an XID code means and what to do about it")
     async def explain(code: Annotated[int, Path(ge=0, le=MAX_XID)]) -> dict[str, Any]:
-        return xid_json(code)
+        found = xid_json(code)
+        if found is None:
+            raise HTTPException(404, unknown_xid(code))
+        return found
 
     @router.post("/gpus/{gpu}/acknowledge", summary="Mark a GPU's XID findings so far as dealt with")
     def acknowledge(gpu: GpuIndex, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:

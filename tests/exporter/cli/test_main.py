@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,6 +131,19 @@ def test_xid_explains_a_code() -> None:
     unknown = run("xid", "999")
     assert unknown.returncode == 1 and "not in NVIDIA's catalog" in unknown.stderr
     assert run("xid", "seventy-nine").returncode == 2
+
+
+@pytest.mark.parametrize("argv", [["xid", "79"], ["diagnose", "-"], ["alerts", "render"]])
+def test_one_shot_commands_do_not_load_the_web_server(argv: list[str]) -> None:
+    """`gpu-triage xid 79` at 3 a.m. should answer at once: FastAPI is for `serve`."""
+    probe = (
+        "import sys; from gpu_triage.exporter.cli.main import main; main(sys.argv[1:]); "
+        "sys.stderr.write('LOADED' if 'fastapi' in sys.modules else 'CLEAN')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *argv], input=b"epoch 1\n", capture_output=True, timeout=60, check=False
+    )
+    assert result.stderr.decode().endswith("CLEAN"), result.stderr.decode()[-500:]
 
 
 def test_check_exit_codes_follow_the_node_verdict(served: str) -> None:
