@@ -120,17 +120,27 @@ def reason(body: dict[str, Any]) -> str:
 
 def _text(body: dict[str, Any], base: str) -> str:
     lines = [f"{NAGIOS[Health(body['node']['health'])]} - {body['node']['summary']}"]
+    on_gpus: set[str] = set()
     for gpu in body["gpus"]:
+        where = f"GPU {gpu['gpu']}" if gpu["gpu"] is not None else gpu.get("pci_bus_id", "?")
         for finding in gpu.get("findings", []):
-            if finding["action"] == Action.IGNORE.value:
-                continue
-            where = f"GPU {gpu['gpu']}" if gpu["gpu"] is not None else gpu.get("pci_bus_id", "?")
-            line = f"  {where}: {finding['title']} [{finding['severity']}] -> {finding['action']}"
-            line += f" (runbook: {base}/runbooks/{finding['playbook']})"
-            if who := ", ".join(_describe(w) for w in finding.get("workloads", [])):
-                line += f"; used by {who}"
-            lines.append(line)
+            on_gpus.add(finding["id"])
+            lines += _finding_line(where, finding, base)
+    # The node's own findings (NVSwitch SXIDs): no GPU holds them, and a fatal one drives the verdict.
+    for finding in body["findings"]:
+        if finding["id"] not in on_gpus:
+            lines += _finding_line("NVSwitch", finding, base)
     return "\n".join(lines) + "\n"
+
+
+def _finding_line(where: str, finding: dict[str, Any], base: str) -> list[str]:
+    if finding["action"] == Action.IGNORE.value:
+        return []
+    line = f"  {where}: {finding['title']} [{finding['severity']}] -> {finding['action']}"
+    line += f" (runbook: {base}/runbooks/{finding['playbook']})"
+    if who := ", ".join(_describe(w) for w in finding.get("workloads", [])):
+        line += f"; used by {who}"
+    return [line]
 
 
 def _describe(w: dict[str, Any]) -> str:

@@ -123,6 +123,38 @@ def test_a_body_that_is_no_verdict_is_unknown() -> None:
     assert result.returncode == 3 and json.loads(result.stdout)["node"]["health"] == "unknown"
 
 
+def test_text_names_the_nvswitch_findings_no_gpu_holds() -> None:
+    """A fatal SXid makes the node unhealthy with every GPU healthy: the text must say why."""
+    sxid = {
+        "id": "sxid_fatal", "class": "sxid_fatal", "severity": "critical", "action": "REBOOT_NODE",
+        "title": "Fatal NVSwitch error", "playbook": "sxid-fatal", "gpu": None, "workloads": [],
+    }  # fmt: skip
+    answer = json.dumps(body("unhealthy", "REBOOT_NODE", [gpu(0, "0000:18:00.0", findings=[])], [sxid])).encode()
+
+    class Daemon(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Daemon)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = check(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 2
+    assert f"  NVSwitch: Fatal NVSwitch error [critical] -> REBOOT_NODE (runbook: {url}/runbooks/sxid-fatal)" in (
+        result.stdout.splitlines()
+    )
+
+
 # --- the reason line, on diagnosis bodies of the shapes the daemon gives -----------------------------------
 
 
