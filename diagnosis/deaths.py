@@ -56,26 +56,31 @@ class TextEnd:
     """How an input ends: its last `TAIL_BYTES`, numbered, to tell whether a traceback is followed only by
     what a process prints while it exits.
 
-    Only the lines a signature flags reach the classifier, so this is taken from the chunks as they pass
-    (`watch`), with one C-speed pass over each.
+    Only the lines a signature flags reach the classifier, so the tail is kept from the chunks as they
+    pass (`watch`); the line scanner, which counts every line anyway, says how many there were (`ended`).
     """
 
     def __init__(self) -> None:
-        self.newlines = 0
+        self.lines = 0
         self._tail = b""
 
     def watch(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         for chunk in chunks:
             data = chunk if isinstance(chunk, bytes) else bytes(chunk)
-            self.newlines += data.count(b"\n")
             self._tail = data[-TAIL_BYTES:] if len(data) >= TAIL_BYTES else (self._tail + data)[-TAIL_BYTES:]
             yield data
+
+    def ended(self, lines: int) -> None:
+        """The input had `lines` lines (a last one without a newline counts)."""
+        self.lines = lines
 
     def lines_after(self, line: int) -> list[str] | None:
         """The non-blank lines numbered after `line` (1-based, as the line scanner numbers them); None when
         `line` is further back than the kept tail."""
         pieces = self._tail.split(b"\n")
-        first = self.newlines - (len(pieces) - 1) + 1  # the number of the tail's first (maybe partial) line
+        if self._tail.endswith(b"\n"):
+            pieces.pop()  # what follows the last newline is no line
+        first = self.lines - len(pieces) + 1  # the number of the tail's first (maybe partial) line
         if line < first:
             return None
         after = pieces[line - first + 1 :]

@@ -124,6 +124,7 @@ class _Diagnosis:
         for event in kernel.finish():
             self.kernel.add(src.index, normalise(event.text), event)
         src.lines = reader.lines
+        end.ended(reader.lines)
         self.text_ends.append((end, reader.width))
         return reader.lines, reader.skipped
 
