@@ -130,4 +130,5 @@ def test_a_reset_is_noticed_and_recovered_from(node: tuple[Server, Daemon]) -> N
     wait_for(lambda: gauge(page(nvml), "nvidia_gpu_up", gpu="5") == 0.0, what="GPU 5 to read as down")
     wait_for(lambda: gauge(page(nvml), "nvidia_gpu_up", gpu="5") == 1.0, timeout=30, what="GPU 5 to come back")
     assert "GPU handle looked up again" in nvml.output()
-    assert gauge(page(nvml), "nvidia_gpu_power_watts", gpu="5") is not None
+    # The slow poll that looks the handle up again says the GPU is up; its readings follow at the next fast poll.
+    wait_for(lambda: gauge(page(nvml), "nvidia_gpu_power_watts", gpu="5") is not None, what="GPU 5's readings")
