@@ -67,18 +67,19 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
         until: Annotated[str | None, Query(max_length=64)] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> dict[str, Any]:
-        if not daemon.journal.is_open:
-            raise HTTPException(503, f"the event journal cannot be opened ({daemon.journal.stats.error})")
         now = time.time()
-        found = daemon.journal.events(
-            since=parse_time(since, now) if since else None,
-            until=parse_time(until, now) if until else None,
-            uuid=uuid,
-            gpu_index=gpu,
-            code=xid,
-            kind=kind,
-            limit=limit,
-        )
+        try:
+            found = daemon.journal.events(
+                since=parse_time(since, now) if since else None,
+                until=parse_time(until, now) if until else None,
+                uuid=uuid,
+                gpu_index=gpu,
+                code=xid,
+                kind=kind,
+                limit=limit,
+            )
+        except sqlite3.Error as e:  # not open yet (a full disk at start), or a read that failed: no 500
+            raise HTTPException(503, f"the event journal cannot be read ({e})") from e
         return {"events": [e.to_json() for e in found]}
 
     @router.get("/xid/{code}", summary="What an XID code means and what to do about it")
