@@ -74,17 +74,26 @@ class TextEnd:
         """The input had `lines` lines (a last one without a newline counts)."""
         self.lines = lines
 
-    def lines_after(self, line: int) -> list[str] | None:
-        """The non-blank lines numbered after `line` (1-based, as the line scanner numbers them); None when
-        `line` is further back than the kept tail."""
+    def lines_after(self, line: int, wrap_width: int | None = None) -> list[str] | None:
+        """The non-blank lines numbered after `line` (1-based, as the line scanner numbers them), a hard-wrapped
+        one joined back (a piece exactly `wrap_width` long goes on in the next); None when `line` is further
+        back than the kept tail."""
         pieces = self._tail.split(b"\n")
         if self._tail.endswith(b"\n"):
             pieces.pop()  # what follows the last newline is no line
         first = self.lines - len(pieces) + 1  # the number of the tail's first (maybe partial) line
         if line < first:
             return None
-        after = pieces[line - first + 1 :]
-        return [text for piece in after if (text := strip_ansi(piece).decode("utf-8", "replace").strip())]
+        texts: list[str] = []
+        cut = False
+        for piece in pieces[line - first + 1 :]:
+            text = strip_ansi(piece.rstrip(b"\r")).decode("utf-8", "replace")
+            if cut and texts:
+                texts[-1] += text
+            else:
+                texts.append(text)
+            cut = wrap_width is not None and len(text) == wrap_width
+        return [text.strip() for text in texts if text.strip()]
 
 
 def uncaught(
@@ -105,7 +114,7 @@ def uncaught(
     if last is not None and not last.hooked:
         # A hard-wrapped input numbers a joined line by its first piece; its last piece may end the text.
         pieces = (len(last.text) - 1) // wrap_width + 1 if wrap_width else 1
-        after = end.lines_after(last.line + pieces - 1)
+        after = end.lines_after(last.line + pieces - 1, wrap_width)
         if exit_reported or (after is not None and all(_AT_EXIT.search(text) for text in after)):
             out.append(last)
     return out

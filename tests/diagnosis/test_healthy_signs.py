@@ -76,6 +76,19 @@ def test_an_uncaught_exception_followed_only_by_exit_handlers_output_is_a_death(
     assert went_on.findings == [], "output of another kind after it: the process went on"
 
 
+def test_exit_handlers_output_hard_wrapped_after_an_uncaught_exception_is_still_read_as_such() -> None:
+    """A ticket that wrapped the log at 100 columns cuts PyTorch's destructor warning into pieces."""
+    warning = (
+        "[rank0]:[W117 03:41:45.075470549 ProcessGroupNCCL.cpp:1524] Warning: WARNING: destroy_process_group() was "
+        "not called before program exit, which can leak resources. For more info, please see "
+        "https://pytorch.org/docs/stable/distributed.html#shutdown (function operator())"
+    )
+    lines = ["epoch 3", *_traceback("TypeError: unsupported operand type(s) for *: 'int' and 'NoneType'"), warning]
+    wrapped = [line[i : i + 100] for line in lines for i in range(0, len(line), 100)]
+    assert len(wrapped) > len(lines) + 1, "the warning alone is cut twice"
+    assert [f.class_id for f in _text(*wrapped).findings] == ["job_failed_unclassified"]
+
+
 def test_a_handled_traceback_followed_by_a_new_communicator_is_not_a_death() -> None:
     """NCCL's init lines after a traceback mean the process went on (a hang, or a log taken mid-run)."""
     init = [
