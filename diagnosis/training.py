@@ -117,7 +117,7 @@ class _Diagnosis:
         finder = finder_for(self.patterns, self.literals, self.engine)
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
         reader = InputLines(finder, skip_test=skip_test_for(self.literals))
-        kernel = KernelLogParser()
+        kernel = KernelLogParser(strict=False)  # a pasted line may carry any prefix (kernel_log_parser)
         end = TextEnd()
         for cand in reader.read(end.watch(chunks)):
             self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))

@@ -223,7 +223,7 @@ class EventPipeline:
                 cursor = batch.cursor or cursor
                 for record in records:
                     self.stats.kmsg_lines += 1
-                    for ke in self._parser.feed(record.text, record.seq):
+                    for ke in self._parser.feed(record.text, record.seq, record.kernel):
                         self._add_kernel(ke, _record_of(ke, records, record), gpus, fresh, enriched)
                 # The driver prints both reports of a GPU falling off the bus at once: whatever the parser
                 # still holds back, waiting for the other one, is complete by the end of what was read.
