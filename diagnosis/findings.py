@@ -29,9 +29,10 @@ def urgency(judged: Judged) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """One input line that supports a finding. `line` counts from 1 within its input."""
+    """One input line that supports a finding. `line` counts from 1 within its input (the daemon: the kernel log's
+    sequence number); None for what no line says, such as a reading of the telemetry."""
 
-    line: int
+    line: int | None
     text: str
     source: str | None = None  # the file it came from, when several were read
 

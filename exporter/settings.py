@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     collector_timeout: Duration | None = None
     state_dir: Path = Path("/var/lib/gpu-triage")
     journal_retention: Duration = 30 * 86400.0
-    kmsg_path: Path = Path("/dev/kmsg")
+    kmsg_path: Path | None = None  # /dev/kmsg; the simulator's own file in state_dir (see Daemon)
     source_kmsg: bool = True
     source_events: bool = True
     diagnose_max_bytes: Size = 64 * 1024**2
@@ -278,7 +278,12 @@ OPTIONS = (
         "how long journaled events are kept (default 30d)",
         "DURATION",
     ),
-    Option("kmsg.path", "kmsg_path", "kernel log to follow: /dev/kmsg, or a file (default /dev/kmsg)", "PATH"),
+    Option(
+        "kmsg.path",
+        "kmsg_path",
+        "kernel log to follow: /dev/kmsg, or a file (default /dev/kmsg; with --backend sim, kmsg.log in --state.dir)",
+        "PATH",
+    ),
     Option("source.kmsg", "source_kmsg", "read XIDs from the kernel log (default on)", kind="toggle"),
     Option(
         "source.events",

@@ -157,7 +157,7 @@ class Query:
         if code in STALE and not absent:
             raise HandleLostError(f"GPU {self.gpu}: its NVML handle is no longer valid ({name})") from err
         if code in LOST:
-            raise GpuLostError(f"GPU {self.gpu}: {name}") from err
+            raise GpuLostError(f"GPU {self.gpu}: {name} (reading {field})") from err
         if code in BROKEN:
             raise BackendError(f"NVML: {name}") from err
         first = self._log.first(self.gpu, field, name)

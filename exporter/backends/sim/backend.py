@@ -24,6 +24,9 @@ from gpu_triage.exporter.backends.sim.scenario import Scenario
 
 # Where the eight GPUs of an HGX H100 baseboard usually sit on the PCI bus.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+# Xid 79, "GPU has fallen off the bus": from then on the driver cannot reach the GPU, and every NVML call to it
+# answers GPU_IS_LOST until the node is rebooted. A simulated one does the same: the GPU is lost until cleared.
+_FALLEN_OFF_THE_BUS = 79
 
 
 class FaultError(ValueError):
@@ -123,6 +126,9 @@ class SimBackend:
         with self._lock:
             self._model.apply_instantaneous(spec)
         if spec.kind is FaultKind.XID and spec.xid is not None:
+            if spec.xid == _FALLEN_OFF_THE_BUS:
+                lost = FaultSpec(gpu=spec.gpu, kind=FaultKind.GPU_LOST, duration_seconds=spec.duration_seconds)
+                self._book.add(lost, at, f"{source}: xid {spec.xid}")
             self._xids.put(DriverXid(spec.gpu, spec.xid, at, spec.message))
         return fault
 
