@@ -198,7 +198,7 @@ class LineScanner:
             if not self._readable(line):
                 self.skipped += self._has_hit(self._skip_test, line)
             elif self._has_hit(self._find, line):
-                yield Candidate(self.lines, _unpadded(line))
+                yield Candidate(self.lines, line if self._keep_binary else _unpadded(line))
         self._pending = b""
 
     def _clean(self, data: bytes) -> bytes:
@@ -280,7 +280,7 @@ class LineScanner:
             counted_to = line_end + 1
             line = data[line_start:line_end]
             if self._readable(line):
-                yield Candidate(number, _unpadded(line))
+                yield Candidate(number, line if self._keep_binary else _unpadded(line))
             elif own_test:
                 self.skipped += 1
         self.lines = number + data.count(b"\n", counted_to, end)

@@ -27,7 +27,9 @@ OTHER_DEVICES = "other"
 class Blind:
     """A source the verdict depends on that the daemon cannot read now, and why."""
 
-    source: str  # kmsg, the driver's event source (nvml, dcgm, sim), journal, or xid (no XID source at all)
+    # kmsg, the driver's event source (nvml, dcgm, sim), journal, xid (no XID source at all), or backend (the GPUs'
+    # readings: the backend fails, or they are stale)
+    source: str
     problem: str
     starting: bool = False  # not read yet, rather than failing: the daemon has just started
 
@@ -96,7 +98,12 @@ def unknown_device_findings(
 
 
 # The conditions of a source the verdict cannot do without; any other name is the driver's event source.
-_BLIND = {"kmsg": "kernel_log_unreadable", "journal": "journal_unwritable", "xid": "no_xid_source"}
+_BLIND = {
+    "kmsg": "kernel_log_unreadable",
+    "journal": "journal_unwritable",
+    "xid": "no_xid_source",
+    "backend": "backend_failing",
+}
 BLIND_CLASSES = frozenset({*_BLIND.values(), "driver_events_down"})
 
 
@@ -119,9 +126,11 @@ def assess_node(
     """The node's health is its worst GPU's (or NVSwitch's, or unknown device's); its action the most urgent of
     all. A source it cannot read makes it unknown, unless something already makes it unhealthy: a daemon that
     cannot see is never healthy, and what it did see still counts."""
-    found = [*node_findings, *blind_findings(incomplete)]
+    blind = blind_findings(incomplete)
+    found = [*node_findings, *blind]
     healths = [g.health for g in gpus]
-    driving = [f for f in found if drives(f)]
+    # What the daemon cannot see makes the node unknown, never unhealthy: only what it saw can do that.
+    driving = [f for f in node_findings if drives(f)]
     if any(f.severity is Severity.CRITICAL for f in driving):
         healths.append(Health.UNHEALTHY)
     elif driving:
@@ -129,5 +138,5 @@ def assess_node(
     if incomplete:
         healths.append(Health.UNKNOWN)
     health = next((h for h in _WORST if h in healths), Health.UNKNOWN if not gpus else Health.HEALTHY)
-    action = most_urgent([g.action for g in gpus] + [f.action for f in driving])
+    action = most_urgent([g.action for g in gpus] + [f.action for f in [*driving, *blind]])
     return NodeVerdict(health, action, tuple(gpus), tuple(sorted(found, key=urgency)), tuple(incomplete))

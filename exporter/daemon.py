@@ -28,7 +28,7 @@ from gpu_triage.exporter.metrics.workloads import workload_families
 from gpu_triage.exporter.metrics.xid import journal_families, source_families, xid_families
 from gpu_triage.exporter.polling.poller import Poller
 from gpu_triage.exporter.polling.snapshot import Snapshot
-from gpu_triage.exporter.settings import Settings
+from gpu_triage.exporter.settings import DEV_KMSG, Settings
 from gpu_triage.exporter.sources.driver_events import DriverEvents
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark, Total
 from gpu_triage.exporter.sources.kmsg import KmsgFollower, boot_time
@@ -67,12 +67,10 @@ def _workloads(by_gpu: ByGpu) -> dict[str, tuple[Workload, ...]]:
 
 
 def kernel_log(settings: Settings, backend: str) -> Path:
-    """The kernel log to follow: --kmsg.path, else /dev/kmsg; the simulator's node has a kernel log of its own, a
-    file in the state directory (append the driver's lines to it), not this machine's."""
-    if settings.kmsg_path is not None:
+    """The kernel log to follow: --kmsg.path (/dev/kmsg by default); but by default the simulator's node has a
+    kernel log of its own, a file in the state directory (append the driver's lines to it), not this machine's."""
+    if settings.kmsg_path != DEV_KMSG or backend != "sim":
         return settings.kmsg_path
-    if backend != "sim":
-        return Path("/dev/kmsg")
     path = settings.state_dir / "kmsg.log"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -322,6 +320,13 @@ class Daemon:
             out.append(Blind(events.name, error or what, starting=error is None))
         if self.kmsg is None and events is None:
             out.append(Blind("xid", "the kernel log is not read (--no-source.kmsg) and no driver events are"))
+        # What the GPUs say counts as much: a backend that fails, or a poll loop that stopped, would keep showing
+        # the last readings' verdict, healthy as it may be.
+        snapshot = self.snapshot
+        if snapshot.taken_at and not snapshot.backend_up:
+            out.append(Blind("backend", f"the {snapshot.backend} backend fails: {snapshot.backend_problem}"))
+        elif snapshot.taken_at and (age := self.monotonic() - snapshot.taken_monotonic) > self.stale_after:
+            out.append(Blind("backend", f"the last GPU readings are {age:.0f}s old"))
         return out
 
     @property
@@ -368,6 +373,7 @@ class Daemon:
         age = self.monotonic() - snapshot.taken_monotonic
         if age > self.stale_after:
             return f"the last snapshot is {age:.0f}s old"
-        if blind := self.incomplete():
+        # A source that fails, not one still opening what it reads (the verdict says that one, for a moment).
+        if blind := [b for b in self.incomplete() if not b.starting]:
             return "the verdict is incomplete: " + "; ".join(f"{b.source}: {b.problem}" for b in blind)
         return None

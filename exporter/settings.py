@@ -76,6 +76,9 @@ class SettingsError(Exception):
         self.problems = problems
 
 
+DEV_KMSG = Path("/dev/kmsg")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPU_TRIAGE_", extra="forbid", frozen=True)
 
@@ -96,7 +99,7 @@ class Settings(BaseSettings):
     collector_timeout: Duration | None = None
     state_dir: Path = Path("/var/lib/gpu-triage")
     journal_retention: Duration = 30 * 86400.0
-    kmsg_path: Path | None = None  # /dev/kmsg; the simulator's own file in state_dir (see Daemon)
+    kmsg_path: Path = DEV_KMSG  # the simulator's node reads its own file instead (see daemon.kernel_log)
     source_kmsg: bool = True
     source_events: bool = True
     diagnose_max_bytes: Size = 64 * 1024**2

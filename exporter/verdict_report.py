@@ -71,6 +71,7 @@ _BLIND_TEXT = {
     "kmsg": ("kernel log unreadable", "give the daemon CAP_SYSLOG (kernel.dmesg_restrict=1) or fix --kmsg.path"),
     "journal": ("event journal unwritable", "free space under --state.dir"),
     "xid": ("no XID source", "turn --source.kmsg or --source.events on"),
+    "backend": ("GPU readings failing", "check that nvidia-smi (or nv-hostengine) answers"),
 }
 
 

@@ -59,7 +59,7 @@ def _last_xid(t: Total | None) -> str:
 def _verdict_box(frame: Frame) -> str:
     node = frame.node
     places = affected(frame.snapshot, node)
-    what = "<p>No action needed.</p>"
+    what = "" if node.incomplete else "<p>No action needed.</p>"  # a daemon that cannot see cannot say that
     if places:
         named = "".join(f"<li>{esc(name_places([p]))}</li>" for p in places)
         what = f"<p><b>{esc(node.action.value)}</b>: {esc(node.action.description)}</p><ul>{named}</ul>"

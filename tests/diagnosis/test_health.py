@@ -175,7 +175,7 @@ def test_every_condition_is_used_and_complete() -> None:
             GPU,
         )
     } | {"gpu_unresponsive", "sxid_fatal", "sxid_nonfatal"} | {
-        f.class_id for f in blind_findings([Blind(s, "down") for s in ("kmsg", "nvml", "journal", "xid")])
+        f.class_id for f in blind_findings([Blind(s, "down") for s in ("kmsg", "nvml", "journal", "xid", "backend")])
     } == set(conditions)
 
 
