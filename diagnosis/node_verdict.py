@@ -23,6 +23,7 @@ from gpu_triage.diagnosis.xid_catalog import XidCatalog
 # that names thousands (corrupt, or another machine's) must not grow the verdict, the page or /metrics.
 OTHER_DEVICES = "other"
 
+
 @dataclass(frozen=True, slots=True)
 class Blind:
     """A source the verdict depends on that the daemon cannot read now, and why."""

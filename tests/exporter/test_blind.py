@@ -35,7 +35,9 @@ def incomplete_diagnosis(url: str) -> dict[str, Any] | None:
 def test_an_unreadable_kernel_log_makes_the_verdict_incomplete_everywhere(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir" / "kmsg.log"
     with serve(tmp_path / "daemon", "--kmsg.path", str(missing), wait_ready=False) as daemon:
-        body = wait_for(lambda: incomplete_diagnosis(daemon.url), what="the verdict to say the kernel log cannot be read")
+        body = wait_for(
+            lambda: incomplete_diagnosis(daemon.url), what="the verdict to say the kernel log cannot be read"
+        )
         node = body["node"]
         assert node["health"] == "unknown" and all(g["health"] == "healthy" for g in body["gpus"])
         [blind] = node["incomplete"]

@@ -196,9 +196,7 @@ def test_critical_drains_the_node_with_the_verdict_as_one_reason_argument(slurm:
     slurm.answer(XID79_ON_3)
     result = slurm.run()
     assert result.returncode == 0, result.stderr
-    assert slurm.updates() == [
-        ["update", f"nodename={NODE}", "state=drain", f"reason={DRAINED}"]
-    ]
+    assert slurm.updates() == [["update", f"nodename={NODE}", "state=drain", f"reason={DRAINED}"]]
     assert slurm.node_state() == {"state": "IDLE+DRAIN", "reason": DRAINED}
     # It asked for the one-line verdict, with a bounded HTTP wait.
     (check,) = slurm.calls("gpu-triage")
@@ -461,7 +459,9 @@ def test_prolog_refuses_a_job_on_a_node_whose_daemon_cannot_read_the_kernel_log(
     slurm.answer(BLIND)
     result = slurm.run(PROLOG, SLURM_JOB_GPUS="2,3", SLURM_JOB_ID="77")
     assert result.returncode == 1
-    assert "job 77 refused" in result.stderr and "kernel log unreadable (Permission denied (/dev/kmsg))" in result.stderr
+    assert (
+        "job 77 refused" in result.stderr and "kernel log unreadable (Permission denied (/dev/kmsg))" in result.stderr
+    )
     assert slurm.run(PROLOG, SLURM_JOB_GPUS="2,3", GPU_TRIAGE_ADMIT_INCOMPLETE="1").returncode == 0
 
 

@@ -197,7 +197,9 @@ def test_a_blind_verdict_is_incomplete_never_ok() -> None:
     assert "CAP_SYSLOG" in b["node"]["summary"]
     sick = report({1: [xid(79)]}, incomplete=blind)
     assert sick["node"]["health"] == "unhealthy", "what it did see still counts"
-    assert reason(sick) == "REBOOT_NODE: GPU 1 Xid 79; INCOMPLETE: kernel log unreadable (Permission denied (/dev/kmsg))"
+    assert (
+        reason(sick) == "REBOOT_NODE: GPU 1 Xid 79; INCOMPLETE: kernel log unreadable (Permission denied (/dev/kmsg))"
+    )
 
 
 def test_select_by_index_and_uuid() -> None:
