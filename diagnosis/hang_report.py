@@ -1,0 +1,262 @@
+"""Flight Recorder dumps and NCCL RAS output among `diagnose`'s inputs, and the hang findings they make.
+
+`HangInputs.take` looks at each input's first bytes: a dump (pickle or JSON) or an `ncclras` report is
+read here, whatever its name, and every other input goes on to the log reader. The logs are watched,
+besides, for a rank whose traceback ends in torch.distributed's send or recv: Gloo records no
+point-to-point op, so that is how a rank waiting for a partner is told from one that never came.
+
+At the end the dumps are matched across ranks (diagnosis/hang_classify.py), RAS's outliers are folded
+in, and each hang becomes one finding placed with what the logs learnt (host, GPU of the rank). It
+ranks ahead of every training-log finding, since it names the rank the timeouts waited for, but behind
+a hardware XID (on the culprit's GPU the XID is the cause and the hang its symptom) and behind a fault
+the culprit's own log reports (its out-of-memory error explains why it never came).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from gpu_triage.diagnosis.findings import Evidence, Finding
+from gpu_triage.diagnosis.flight_recorder import MAX_DUMP_BYTES, Dump, DumpError, dump_kind, parse
+from gpu_triage.diagnosis.hang_classify import Analysis, Hang, classify
+from gpu_triage.diagnosis.hang_specs import load_hang_specs
+from gpu_triage.diagnosis.identity import IdentityBook
+from gpu_triage.diagnosis.nccl_ras import MAX_RAS_BYTES, RasRank, RasReport, is_ras, parse_ras
+from gpu_triage.diagnosis.root_cause import Ranked, Timing
+
+__all__ = ["MAX_DUMPS", "HangInputs"]
+
+MAX_DUMPS = 16384
+_P2P_FRAME = re.compile(rb'\[rank(\d{1,7})\]:[^\n]{0,300}distributed_c10d\.py", line \d+, in (?:send|recv|isend|irecv)\b')
+HANG_TIER = -0.5  # after hardware XIDs (-1), before every training-log class (0 and up)
+
+Decoder = Callable[[str, bytes, str], Dump]
+
+
+def _read_all(first: bytes, rest: Iterator[bytes], limit: int) -> bytes | None:
+    parts, size = [first], len(first)
+    for chunk in rest:
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class HangInputs:
+    """The dumps and RAS reports of one `diagnose` call. `decode` reads a pickle dump (the default reads
+    it here, scanned first; exporter/fr_decode.py reads it in a memory-bounded process instead)."""
+
+    def __init__(self, decode: Decoder | None = None) -> None:
+        self.decode = decode or (lambda name, data, kind: parse(name, data, kind))
+        self.dumps: dict[int, Dump] = {}
+        self.ras: list[RasReport] = []
+        self.errors: list[str] = []
+        self.p2p_waiting: dict[int, str] = {}  # rank -> the traceback line showing it in send/recv
+        self.analysis: Analysis | None = None
+
+    def take(self, name: str | None, chunks: Iterable[bytes]) -> Iterator[bytes] | None:
+        """None when the input was a dump or a RAS report (read here); else its chunks, for the log reader."""
+        stream = iter(chunks)
+        first = next((c for c in stream if c), b"")
+        label = name or f"input-{len(self.dumps) + len(self.errors) + 1}"
+        kind = dump_kind(first[:8192])
+        if kind is not None:
+            data = _read_all(first, stream, MAX_DUMP_BYTES)
+            self._dump(label, data, kind)
+            return None
+        if is_ras(first[:8192]):
+            data = _read_all(first, stream, MAX_RAS_BYTES)
+            if data is None:
+                self.errors.append(f"{label}: RAS output over {MAX_RAS_BYTES >> 20} MiB, skipped")
+            else:
+                self.ras.append(parse_ras(label, data))
+            return None
+        return self._watch(first, stream)
+
+    def _dump(self, label: str, data: bytes | None, kind: str) -> None:
+        if data is None:
+            self.errors.append(f"{label}: a dump over the {MAX_DUMP_BYTES >> 20} MiB limit, skipped")
+            return
+        if len(self.dumps) >= MAX_DUMPS:
+            self.errors.append(f"{label}: more than {MAX_DUMPS} dumps, skipped")
+            return
+        try:
+            dump = self.decode(label, data, kind)
+        except DumpError as e:
+            self.errors.append(str(e))
+            return
+        if dump.rank in self.dumps:
+            other = self.dumps[dump.rank]
+            if (other.form, dump.form) == ("pickle", "json"):
+                return  # the same rank's two dumps: the pickle, which has the frames, wins
+            if other.form == dump.form:
+                self.errors.append(f"{label}: a second dump of rank {dump.rank} (first: {other.source}), skipped")
+                return
+        self.dumps[dump.rank] = dump
+
+    def _watch(self, first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+        tail = b""
+        for chunk in _chain(first, rest):
+            if b"distributed_c10d.py" in chunk:
+                for m in _P2P_FRAME.finditer(tail + chunk):
+                    rank = int(m.group(1))
+                    if len(self.p2p_waiting) < MAX_DUMPS:
+                        self.p2p_waiting.setdefault(rank, m.group(0).decode("utf-8", "replace")[:300])
+            tail = chunk[-512:]
+            yield chunk
+
+    # -- the report ---------------------------------------------------------------------------
+
+    def ranked(self, identity: IdentityBook, others: list[Ranked], is_symptom: Callable[[Finding], bool]) -> list[Ranked]:
+        """The hang findings, ranked among `others` (the logs' and the kernel's)."""
+        if not self.dumps and not self.ras:
+            return []
+        world = identity.world_size()
+        self.analysis = classify(self.dumps.values(), world_hint=world, p2p_waiting=self.p2p_waiting)
+        hangs = list(self.analysis.hangs)
+        out = [self._finding(h, identity) for h in hangs]
+        out += self._ras_findings(identity, {r for h in hangs for r in h.culprits})
+        ranked = []
+        for i, f in enumerate(out):
+            tier = HANG_TIER
+            culprit = set(f.ranks)
+            own = [
+                r.tier
+                for r in others
+                if r.finding.rank in culprit and not r.finding.class_id.startswith(("xid_", "sxid_"))
+                and not is_symptom(r.finding)
+            ]
+            if own:
+                tier = min(own) + 0.1  # the culprit's own error says why it never came
+            ranked.append(Ranked(f, tier, Timing(None, -1, i)))
+        return ranked
+
+    def _finding(self, h: Hang, identity: IdentityBook) -> Finding:
+        spec = load_hang_specs()[h.kind]
+        rank = h.culprits[0] if h.culprits else None
+        op = h.op.name if h.op is not None else "a collective"
+        fields = {
+            "ranks": ",".join(map(str, h.culprits)) or "?",
+            "waiting": ",".join(map(str, h.waiting)) or "?",
+            "op": op,
+            "group": h.group + (f" ({h.desc})" if h.desc and h.desc != "undefined" else ""),
+            "seq": h.seq,
+            "mismatch": {"op": "collective", "size": "tensor size", "dtype": "dtype"}.get(h.mismatch or "", "op"),
+        }
+        if h.kind == "p2p_unmatched" and rank is None:
+            title = f"Rank {fields['waiting']} waits in a send/recv of process group {fields['group']} that no rank answered"
+        else:
+            title = spec.title.format(**fields)
+        details: dict[str, Any] = {
+            "source": "flight_recorder",
+            "process_group": h.group,
+            "pg_desc": h.desc,
+            "seq": h.seq,
+            "op": h.op.name if h.op else None,
+            "sizes": [list(s) for s in h.op.in_sizes] if h.op else [],
+            "dtypes": list(h.op.dtypes) if h.op else [],
+            "ranks": list(h.culprits),
+            "waiting": list(h.waiting),
+            "group_size": h.members,
+            "frames": [f.text() for f in h.frames],
+        }
+        if h.mismatch:
+            details["mismatch"] = h.mismatch
+        if h.missing:
+            details["missing"] = list(h.missing)
+        details.update(h.extra)
+        hosts = {r: host for r in h.culprits if (host := identity.host_of(r))}
+        gpus = {r: gpu for r in h.culprits if (gpu := identity.gpu_of(r))}
+        if len(h.culprits) > 1:
+            details["hosts"] = {str(r): v for r, v in hosts.items()}
+            details["gpus"] = {str(r): v for r, v in gpus.items()}
+        evidence = [
+            Evidence(fact.index or 1, fact.text, self.dumps[fact.rank].source if fact.rank in self.dumps else None)
+            for fact in h.facts[:8]
+        ]
+        return Finding(
+            id=f"{h.kind}:pg{h.group}/seq{h.seq}",
+            class_id=h.kind,
+            severity=spec.severity,
+            action=spec.action,
+            title=title,
+            playbook=spec.playbook,
+            gpu=gpus.get(rank) if rank is not None else None,
+            rank=rank,
+            host=hosts.get(rank) if rank is not None else None,
+            evidence=evidence,
+            steps=[s.format(**fields) for s in spec.steps],
+            details=details,
+            ranks=list(h.culprits),
+        )
+
+    def _ras_findings(self, identity: IdentityBook, named: set[int]) -> list[Finding]:
+        """RAS's missing, dead and behind ranks that no dump already named."""
+        spec_missing, spec_behind = load_hang_specs()["rank_missing"], load_hang_specs()["collective_never_joined"]
+        by_kind: dict[tuple[str, str], list[RasRank]] = {}
+        for report in self.ras:
+            for r in report.ranks:
+                if r.why in ("missing", "dead", "behind") and r.rank is not None and r.rank not in named:
+                    by_kind.setdefault((r.why if r.why != "dead" else "missing", r.comm), []).append(r)
+        out = []
+        for (why, comm), found in list(by_kind.items())[:8]:
+            spec = spec_missing if why == "missing" else spec_behind
+            ranks = sorted({r.rank for r in found if r.rank is not None})
+            ahead = max((rep.ahead.get(comm, 0) for rep in self.ras), default=0)
+            seq = min((r.count or 0) for r in found) + 1 if why == "behind" else ahead
+            fields = {"ranks": ",".join(map(str, ranks)), "op": "a collective", "group": f"NCCL communicator {comm}", "seq": seq}
+            first = found[0]
+            title = spec.title.format(**fields, waiting="?", mismatch="op")
+            if why == "behind":
+                title += " (one RAS query: query again to tell a hang from a rank catching up)"
+            out.append(
+                Finding(
+                    id=f"{spec.class_id}:ras{comm.split()[0]}/seq{seq}",
+                    class_id=spec.class_id,
+                    severity=spec.severity,
+                    action=spec.action,
+                    title=title,
+                    playbook=spec.playbook,
+                    rank=ranks[0],
+                    host=first.host or identity.host_of(ranks[0]),
+                    gpu=identity.gpu_of(ranks[0]),
+                    evidence=[Evidence(r.line or 1, r.text, next((x.source for x in self.ras if r in x.ranks), None)) for r in found[:4]],
+                    steps=[s.format(**fields, waiting="?", mismatch="op") for s in spec.steps],
+                    details={"source": "nccl_ras", "process_group": comm, "seq": seq, "ranks": ranks, "cuda_dev": first.gpu},
+                    ranks=ranks,
+                )
+            )
+        return out
+
+    def to_json(self) -> dict[str, Any] | None:
+        if not self.dumps and not self.ras and not self.errors:
+            return None
+        a = self.analysis
+        return {
+            "dumps": len(self.dumps),
+            "world_size": a.world if a else None,
+            "ranks": a.table if a else [],
+            "skipped": list(self.errors),
+            "notes": [f"{d.source}: {n}" for d in self.dumps.values() for n in d.notes][:64],
+            "ras": [
+                {
+                    "source": r.source,
+                    "format": r.form,
+                    "ranks": [_ras_json(x) for x in r.ranks[:256]],
+                    "dead_processes": [_ras_json(x) for x in r.dead[:256]],
+                }
+                for r in self.ras
+            ],
+        }
+
+
+def _ras_json(r: RasRank) -> dict[str, Any]:
+    return {"rank": r.rank, "communicator": r.comm, "host": r.host, "pid": r.pid, "gpu": r.gpu, "why": r.why, "count": r.count}
+
+
+def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
