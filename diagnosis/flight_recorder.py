@@ -136,7 +136,7 @@ class Dump:
 
 
 def dump_kind(head: bytes) -> str | None:
-    """"pickle" or "json" when `head` (an input's first bytes) starts a Flight Recorder dump."""
+    """ "pickle" or "json" when `head` (an input's first bytes) starts a Flight Recorder dump."""
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return "pickle"
     text = head.lstrip()[:8192]
@@ -288,7 +288,11 @@ def _op(entry: Any, index: int, with_frames: bool) -> Op | None:
     if not isinstance(entry, dict):
         return None
     profiling = entry.get("profiling_name")
-    record_id, seq, p2p_seq = _int(entry.get("record_id")), _int(entry.get("collective_seq_id")), _int(entry.get("p2p_seq_id"))
+    record_id, seq, p2p_seq = (
+        _int(entry.get("record_id")),
+        _int(entry.get("collective_seq_id")),
+        _int(entry.get("p2p_seq_id")),
+    )
     if not isinstance(profiling, str) or record_id is None or seq is None or "process_group" not in entry:
         return None
     backend, _, name = profiling.partition(":")
@@ -298,7 +302,7 @@ def _op(entry: Any, index: int, with_frames: bool) -> Op | None:
     peer = None
     if (m := _P2P.match(name)) is not None:
         # "send 0->1" is from 0 to 1, "recv 1<-0" into 1 from 0 (group ranks): the peer is the other one.
-        kind, first, second = m.group(1), int(m.group(2)), int(m.group(3))
+        kind, second = m.group(1), int(m.group(3))
         name, peer = kind, second
     elif " " in name:
         name = name.split(" ", 1)[0]
@@ -307,7 +311,10 @@ def _op(entry: Any, index: int, with_frames: bool) -> Op | None:
     in_sizes, out_sizes = _sizes(entry.get("input_sizes", [])), _sizes(entry.get("output_sizes", []))
     if in_sizes is None or out_sizes is None:
         return None
-    dtypes = tuple(str(d)[:32] for d in [*entry.get("input_dtypes", ())[:MAX_TENSORS], *entry.get("output_dtypes", ())[:MAX_TENSORS]])
+    dtypes = tuple(
+        str(d)[:32]
+        for d in [*entry.get("input_dtypes", ())[:MAX_TENSORS], *entry.get("output_dtypes", ())[:MAX_TENSORS]]
+    )
     state = entry.get("state")
     frames: tuple[Frame, ...] = ()
     raw_frames = entry.get("frames")

@@ -184,7 +184,14 @@ class _Job:
         return out
 
     def _hang(
-        self, kind: str, culprits: tuple[int, ...], group: str, desc: str, seq: int, waiting: tuple[int, ...], missing: tuple[int, ...]
+        self,
+        kind: str,
+        culprits: tuple[int, ...],
+        group: str,
+        desc: str,
+        seq: int,
+        waiting: tuple[int, ...],
+        missing: tuple[int, ...],
     ) -> Hang:
         entered = [(r, op) for r in waiting if (op := _op_at(self.dumps[r], group, seq)) is not None]
         op = entered[0][1] if entered else None
@@ -203,7 +210,9 @@ class _Job:
             own = _op_at(d, group, seq) if kind == "collective_stuck" else None
             if own is not None:
                 hang.frames = own.frames or hang.frames
-                hang.facts.append(Fact(r, own.index, f"rank {r}: in {_describe(own)} #{seq} of group {group}, {own.state}"))
+                hang.facts.append(
+                    Fact(r, own.index, f"rank {r}: in {_describe(own)} #{seq} of group {group}, {own.state}")
+                )
                 continue
             front = _frontier(d, group)
             mine = _op_at(d, group, front)
@@ -214,7 +223,9 @@ class _Job:
             hang.facts.append(Fact(entered[0][0], op.index, text))
         return hang
 
-    def _p2p(self, rank: int, group: str, desc: str, seq: int, members: tuple[int, ...], waiting: tuple[int, ...]) -> Hang:
+    def _p2p(
+        self, rank: int, group: str, desc: str, seq: int, members: tuple[int, ...], waiting: tuple[int, ...]
+    ) -> Hang:
         d = self.dumps[rank]
         last = d.last if d.last is not None and d.last.p2p else None
         partner: int | None = None
@@ -234,7 +245,7 @@ class _Job:
         return hang
 
     def _mismatch(self, group: str, desc: str, present: list[int], missing: tuple[int, ...]) -> Hang | None:
-        seqs = sorted({o.seq for r in present for o in self.dumps[r].groups[group].ops} if present else set())
+        seqs = sorted({o.seq for r in present if (g := self.dumps[r].groups.get(group)) for o in g.ops})
         for seq in seqs:
             ops = {r: op for r in present if (op := _op_at(self.dumps[r], group, seq)) is not None}
             if len(ops) < 2:
@@ -278,13 +289,16 @@ class _Job:
         hang = self._hang("collective_straggler", late, group, desc, seq, ontime, ())
         hang.frames = ops[late[0]].frames or hang.frames
         lag = (ops[late[0]].created_ns - first) / 1e9
-        text = f"rank {late[0]}: entered #{seq} of group {group} {lag:.1f} s after the first rank, past the {min(timeouts) / 1000:g} s timeout"
+        text = (
+            f"rank {late[0]}: entered #{seq} of group {group} {lag:.1f} s after the first rank, "
+            f"past the {min(timeouts) / 1000:g} s timeout"
+        )
         hang.facts.insert(0, Fact(late[0], ops[late[0]].index, text))
         hang.extra["late_seconds"] = round(lag, 3)
         return hang
 
     def table(self) -> list[dict[str, Any]]:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for r in range(self.world):
             d = self.dumps.get(r)
             if d is None:

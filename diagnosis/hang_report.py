@@ -29,7 +29,9 @@ from gpu_triage.diagnosis.root_cause import Ranked, Timing
 __all__ = ["MAX_DUMPS", "HangInputs"]
 
 MAX_DUMPS = 16384
-_P2P_FRAME = re.compile(rb'\[rank(\d{1,7})\]:[^\n]{0,300}distributed_c10d\.py", line \d+, in (?:send|recv|isend|irecv)\b')
+_P2P_FRAME = re.compile(
+    rb'\[rank(\d{1,7})\]:[^\n]{0,300}distributed_c10d\.py", line \d+, in (?:send|recv|isend|irecv)\b'
+)
 HANG_TIER = -0.5  # after hardware XIDs (-1), before every training-log class (0 and up)
 
 Decoder = Callable[[str, bytes, str], Dump]
@@ -50,7 +52,7 @@ class HangInputs:
     it here, scanned first; exporter/fr_decode.py reads it in a memory-bounded process instead)."""
 
     def __init__(self, decode: Decoder | None = None) -> None:
-        self.decode = decode or (lambda name, data, kind: parse(name, data, kind))
+        self.decode: Decoder = decode or parse
         self.dumps: dict[int, Dump] = {}
         self.ras: list[RasReport] = []
         self.errors: list[str] = []
@@ -110,14 +112,16 @@ class HangInputs:
 
     # -- the report ---------------------------------------------------------------------------
 
-    def ranked(self, identity: IdentityBook, others: list[Ranked], is_symptom: Callable[[Finding], bool]) -> list[Ranked]:
+    def ranked(
+        self, identity: IdentityBook, others: list[Ranked], is_symptom: Callable[[Finding], bool]
+    ) -> list[Ranked]:
         """The hang findings, ranked among `others` (the logs' and the kernel's)."""
         if not self.dumps and not self.ras:
             return []
         world = identity.world_size()
         self.analysis = classify(self.dumps.values(), world_hint=world, p2p_waiting=self.p2p_waiting)
         hangs = list(self.analysis.hangs)
-        out = [self._finding(h, identity) for h in hangs]
+        out = [self._with_ras(self._finding(h, identity)) for h in hangs]
         out += self._ras_findings(identity, {r for h in hangs for r in h.culprits})
         ranked = []
         for i, f in enumerate(out):
@@ -126,7 +130,8 @@ class HangInputs:
             own = [
                 r.tier
                 for r in others
-                if r.finding.rank in culprit and not r.finding.class_id.startswith(("xid_", "sxid_"))
+                if r.finding.rank in culprit
+                and not r.finding.class_id.startswith(("xid_", "sxid_"))
                 and not is_symptom(r.finding)
             ]
             if own:
@@ -147,7 +152,7 @@ class HangInputs:
             "mismatch": {"op": "collective", "size": "tensor size", "dtype": "dtype"}.get(h.mismatch or "", "op"),
         }
         if h.kind == "p2p_unmatched" and rank is None:
-            title = f"Rank {fields['waiting']} waits in a send/recv of process group {fields['group']} that no rank answered"
+            title = f"Rank {fields['waiting']} waits in a send/recv of process group {fields['group']} no rank answered"
         else:
             title = spec.title.format(**fields)
         details: dict[str, Any] = {
@@ -193,6 +198,21 @@ class HangInputs:
             ranks=list(h.culprits),
         )
 
+    def _with_ras(self, f: Finding) -> Finding:
+        """What RAS says of a culprit the dumps named: where it ran (RAS knows the node), and its line."""
+        world = self.analysis.world if self.analysis else 0
+        for report in self.ras:
+            for r in report.ranks:
+                size = report.comm_sizes.get(r.comm)
+                if size is not None and size != world:
+                    continue  # RAS numbers a sub-communicator's ranks its own way
+                if r.rank is not None and r.rank == f.rank and r.why in ("missing", "dead", "behind"):
+                    f.host = f.host or r.host
+                    f.details["ras"] = r.why
+                    f.evidence.append(Evidence(r.line or 1, r.text, report.source))
+                    return f
+        return f
+
     def _ras_findings(self, identity: IdentityBook, named: set[int]) -> list[Finding]:
         """RAS's missing, dead and behind ranks that no dump already named."""
         spec_missing, spec_behind = load_hang_specs()["rank_missing"], load_hang_specs()["collective_never_joined"]
@@ -207,8 +227,16 @@ class HangInputs:
             ranks = sorted({r.rank for r in found if r.rank is not None})
             ahead = max((rep.ahead.get(comm, 0) for rep in self.ras), default=0)
             seq = min((r.count or 0) for r in found) + 1 if why == "behind" else ahead
-            fields = {"ranks": ",".join(map(str, ranks)), "op": "a collective", "group": f"NCCL communicator {comm}", "seq": seq}
+            fields = {
+                "ranks": ",".join(map(str, ranks)),
+                "op": "a collective",
+                "group": f"NCCL communicator {comm}",
+                "seq": seq,
+            }
             first = found[0]
+            details: dict[str, Any] = {"source": "nccl_ras", "process_group": comm, "seq": seq, "ranks": ranks}
+            if first.gpu is not None:
+                details["cuda_dev"] = first.gpu
             title = spec.title.format(**fields, waiting="?", mismatch="op")
             if why == "behind":
                 title += " (one RAS query: query again to tell a hang from a rank catching up)"
@@ -223,9 +251,12 @@ class HangInputs:
                     rank=ranks[0],
                     host=first.host or identity.host_of(ranks[0]),
                     gpu=identity.gpu_of(ranks[0]),
-                    evidence=[Evidence(r.line or 1, r.text, next((x.source for x in self.ras if r in x.ranks), None)) for r in found[:4]],
+                    evidence=[
+                        Evidence(r.line or 1, r.text, next((x.source for x in self.ras if r in x.ranks), None))
+                        for r in found[:4]
+                    ],
                     steps=[s.format(**fields, waiting="?", mismatch="op") for s in spec.steps],
-                    details={"source": "nccl_ras", "process_group": comm, "seq": seq, "ranks": ranks, "cuda_dev": first.gpu},
+                    details=details,
                     ranks=ranks,
                 )
             )
@@ -254,7 +285,15 @@ class HangInputs:
 
 
 def _ras_json(r: RasRank) -> dict[str, Any]:
-    return {"rank": r.rank, "communicator": r.comm, "host": r.host, "pid": r.pid, "gpu": r.gpu, "why": r.why, "count": r.count}
+    return {
+        "rank": r.rank,
+        "communicator": r.comm,
+        "host": r.host,
+        "pid": r.pid,
+        "gpu": r.gpu,
+        "why": r.why,
+        "count": r.count,
+    }
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

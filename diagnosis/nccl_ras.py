@@ -35,11 +35,16 @@ _HEADER = re.compile(r"^#(\d+)-(\d+) \(([0-9a-f]{1,16})\) (INCOMPLETE|ERROR|MISM
 _GPU_OF = r"GPU (?P<gpu>\d+)(?: \(NVML (?P<nvml>\d+)\))? managed by process (?P<pid>\d+) on node (?P<host>\S+)"
 _RANK_LINE = re.compile(
     r"^Rank (?P<rank>\d+)(?: has launched up to operation (?P<count>\d+)| has not launched any operations"
-    r"| has status (?P<status>\w+)| reported (?P<error>[^-]+?))? -- (?:" + _GPU_OF + r"|\[process information not found\])$"
+    r"| has status (?P<status>\w+)| reported (?P<error>[^-]+?))? -- (?:"
+    + _GPU_OF
+    + r"|\[process information not found\])$"
 )
-_GROUP = re.compile(r"^(?P<n>\d+) ranks have launched up to operation (?P<count>\d+)$|^(?P<z>\d+) ranks have not launched")
+_GROUP = re.compile(
+    r"^(?P<n>\d+) ranks have launched up to operation (?P<count>\d+)$|^(?P<z>\d+) ranks have not launched"
+)
 _MISSING_LIST = re.compile(r"^The missing ranks?: (?P<ranks>[\d,\- ]+)$")
 _PROCESS = re.compile(r"^Process (?P<pid>\d+) on node (?P<host>\S+) managing GPUs? (?P<gpus>[\d,]+)")
+_TABLE_ROW = re.compile(r"^(?P<group>\d+)\s+\d+\s+\d+\s+[\d-]+\s+(?P<size>\d+)\s+\d+\s+[A-Z]+\s+[A-Z,]+$")
 _COUNTS = re.compile(r"^Communicator ranks have different (?:(?P<op>\w+) )?(?:collective )?operation counts$")
 
 
@@ -83,6 +88,7 @@ def parse_ras(source: str, data: bytes) -> RasReport:
     group_count: int | None = None
     counts: dict[str, Counter[int]] = {}
     behind: list[RasRank] = []
+    sizes: dict[str, int] = {}  # communicator group -> ranks per communicator, from the summary table
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if line in ("Errors", "Warnings", "DEAD", "INCOMPLETE", "TIMEOUT"):
@@ -90,6 +96,11 @@ def parse_ras(source: str, data: bytes) -> RasReport:
             continue
         if (m := _HEADER.match(line)) is not None:
             comm, section, sub = f"#{m.group(1)}-{m.group(2)} ({m.group(3)})", m.group(4), ""
+            if m.group(1) in sizes:
+                report.comm_sizes[comm] = sizes[m.group(1)]
+            continue
+        if not section and (m := _TABLE_ROW.match(line)) is not None:
+            sizes[m.group("group")] = int(m.group("size"))
             continue
         if section == "DEAD" and (m := _PROCESS.match(line)) is not None:
             gpu = int(m.group("gpus").split(",")[0])
@@ -130,7 +141,15 @@ def parse_ras(source: str, data: bytes) -> RasReport:
 def _rank(m: re.Match[str], comm: str, number: int, line: str) -> RasRank:
     gpu, pid = m.group("gpu"), m.group("pid")
     return RasRank(
-        int(m.group("rank")), comm, m.group("host"), int(pid) if pid else None, int(gpu) if gpu else None, "", None, number, line
+        int(m.group("rank")),
+        comm,
+        m.group("host"),
+        int(pid) if pid else None,
+        int(gpu) if gpu else None,
+        "",
+        None,
+        number,
+        line,
     )
 
 
@@ -174,8 +193,10 @@ def _parse_json(source: str, text: str) -> RasReport:
                     report.ranks.append(_json_rank(rank, comm, r, "behind", total))
         for r in c.get("missing_ranks") or []:
             if isinstance(r, dict) and isinstance(r.get("rank"), int):
-                status = r.get("status") if isinstance(r.get("status"), dict) else {}
-                report.ranks.append(_json_rank(r["rank"], comm, r, "dead" if status.get("considered_dead") else "missing"))
+                status = r["status"] if isinstance(r.get("status"), dict) else {}
+                report.ranks.append(
+                    _json_rank(r["rank"], comm, r, "dead" if status.get("considered_dead") else "missing")
+                )
     return report
 
 

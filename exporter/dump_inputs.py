@@ -18,10 +18,19 @@ import tarfile
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 from gpu_triage.exporter.log_input import decoded
 
-__all__ = ["MAX_FILES", "ArchiveError", "archive_members", "body_inputs", "folder_files", "is_archive", "multipart_parts"]
+__all__ = [
+    "MAX_FILES",
+    "ArchiveError",
+    "archive_members",
+    "body_inputs",
+    "folder_files",
+    "is_archive",
+    "multipart_parts",
+]
 
 MAX_FILES = 20_000  # files read from one folder or archive
 
@@ -45,7 +54,7 @@ def folder_files(root: Path) -> list[Path]:
 
 
 def is_archive(head: bytes) -> str | None:
-    """"zip" or "tar" when `head` (the first 512 bytes or more, gunzipped) starts one."""
+    """ "zip" or "tar" when `head` (the first 512 bytes or more, gunzipped) starts one."""
     if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
         return "zip"
     if len(head) >= 262 and head[257:262] == b"ustar":
@@ -57,10 +66,10 @@ def archive_members(data: bytes, kind: str, limit: int) -> Iterator[tuple[str, b
     """(name, bytes) of each regular member, in the archive's order; together at most `limit` bytes."""
     total = 0
 
-    def take(read: Iterator[bytes]) -> bytes:
+    def take(f: IO[bytes]) -> bytes:
         nonlocal total
         parts = []
-        for chunk in read:
+        while chunk := f.read(1 << 20):
             total += len(chunk)
             if total > limit:
                 raise ArchiveError(f"the archive unpacks to more than {limit >> 20} MiB; send less")
@@ -75,7 +84,7 @@ def archive_members(data: bytes, kind: str, limit: int) -> Iterator[tuple[str, b
                     raise ArchiveError(f"more than {MAX_FILES} files in the archive")
                 for info in infos:
                     with z.open(info) as f:
-                        yield info.filename, take(iter(lambda f=f: f.read(1 << 20), b""))
+                        yield info.filename, take(f)
         else:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as t:
                 count = 0
@@ -85,9 +94,9 @@ def archive_members(data: bytes, kind: str, limit: int) -> Iterator[tuple[str, b
                     count += 1
                     if count > MAX_FILES:
                         raise ArchiveError(f"more than {MAX_FILES} files in the archive")
-                    f = t.extractfile(member)
-                    if f is not None:
-                        yield member.name, take(iter(lambda f=f: f.read(1 << 20), b""))
+                    extracted = t.extractfile(member)
+                    if extracted is not None:
+                        yield member.name, take(extracted)
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, RuntimeError, NotImplementedError) as e:
         raise ArchiveError(f"the {kind} archive cannot be read: {e}") from None
 
@@ -98,8 +107,8 @@ def multipart_parts(content_type: str, body: bytes) -> list[tuple[str, bytes]]:
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
     if not message.is_multipart():
         raise ArchiveError("a multipart/form-data body without parts (is the boundary right?)")
-    parts = []
-    for i, part in enumerate(message.iter_parts(), 1):  # type: ignore[attr-defined]
+    parts: list[tuple[str, bytes]] = []
+    for i, part in enumerate(message.iter_parts(), 1):
         if len(parts) >= MAX_FILES:
             raise ArchiveError(f"more than {MAX_FILES} parts")
         payload = part.get_payload(decode=True)

@@ -110,6 +110,7 @@ SCENARIOS = [
             "class": "p2p_unmatched",
             "culprits": [0],
             "waiting": [1],
+            "partner_in_dumps": False,
             "note": "as p2p_unmatched in 4 ranks: Gloo records no send/recv, so which of 0, 2, 3 owes the send is "
             "in no dump or log",
         },
@@ -162,36 +163,11 @@ def _worker(scenario: Scenario, rank: int, port: int, out: Path) -> None:
         os._exit(3)
 
     threading.Thread(target=watcher, daemon=True).start()
-    fault = scenario.fault
-    faulty = rank in fault.get("ranks", ())
+    faulty = rank in scenario.fault.get("ranks", ())
     t = torch.ones(16)
     try:
         for step in range(STEPS):
-            kind = fault.get("kind") if faulty and step == FAULT_STEP else None
-            if mine is not None:
-                if kind == "block_subgroup":
-                    print(f"rank {rank}: step {step}: blocked before the sub-group all_reduce", flush=True)
-                    time.sleep(3600)
-                dist.all_reduce(t, group=mine)
-            if kind == "block":
-                print(f"rank {rank}: step {step}: blocked (a data loader that never returns)", flush=True)
-                time.sleep(3600)
-            elif kind == "kill":
-                print(f"rank {rank}: step {step}: killing myself with SIGKILL", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif kind == "late":
-                print(f"rank {rank}: step {step}: sleeping {TIMEOUT_S * 2:g}s before the all_reduce", flush=True)
-                time.sleep(TIMEOUT_S * 2)
-            elif kind == "recv_without_send":
-                print(f"rank {rank}: step {step}: receiving from rank {fault['peer']}", flush=True)
-                dist.recv(t, src=fault["peer"])
-            if kind == "broadcast":
-                dist.broadcast(t, src=0)
-            elif kind == "size":
-                dist.all_reduce(torch.ones(32))
-            else:
-                dist.all_reduce(t)
-            t.div_(scenario.world)
+            _step(scenario, rank, step, t, mine, scenario.fault.get("kind") if faulty and step == FAULT_STEP else None)
         dist.barrier()
         print(f"rank {rank}: all steps done", flush=True)
     except Exception:  # the job's timeout handler: dump, then give up with the traceback
@@ -202,6 +178,38 @@ def _worker(scenario: Scenario, rank: int, port: int, out: Path) -> None:
         os._exit(1)
     dump_once()
     dist.destroy_process_group()
+
+
+def _step(scenario: Scenario, rank: int, step: int, t: Any, mine: Any, kind: str | None) -> None:
+    """One training step: the sub-group's all_reduce (where there are sub-groups), then the job's."""
+    import torch
+    import torch.distributed as dist
+
+    if mine is not None:
+        if kind == "block_subgroup":
+            print(f"rank {rank}: step {step}: blocked before the sub-group all_reduce", flush=True)
+            time.sleep(3600)
+        dist.all_reduce(t, group=mine)
+    if kind == "block":
+        print(f"rank {rank}: step {step}: blocked (a data loader that never returns)", flush=True)
+        time.sleep(3600)
+    elif kind == "kill":
+        print(f"rank {rank}: step {step}: killing myself with SIGKILL", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "late":
+        print(f"rank {rank}: step {step}: sleeping {TIMEOUT_S * 2:g}s before the all_reduce", flush=True)
+        time.sleep(TIMEOUT_S * 2)
+    elif kind == "recv_without_send":
+        peer = scenario.fault["peer"]
+        print(f"rank {rank}: step {step}: receiving from rank {peer}", flush=True)
+        dist.recv(t, src=peer)
+    if kind == "broadcast":
+        dist.broadcast(t, src=0)
+    elif kind == "size":
+        dist.all_reduce(torch.ones(32))
+    else:
+        dist.all_reduce(t)
+    t.div_(scenario.world)
 
 
 def _free_port() -> int:
@@ -252,7 +260,9 @@ def record(scenario: Scenario, root: Path) -> None:
         **scenario.truth,
     }
     (out / "truth.json").write_text(json.dumps(truth, indent=2) + "\n")
-    print(f"{scenario.name}: exit codes {truth['exit_codes']}, dumps {sorted(os.listdir(out / 'pickle'))}")
+    print(
+        f"{scenario.name}: exit codes {truth['exit_codes']}, dumps {sorted(p.name for p in (out / 'pickle').iterdir())}"
+    )
 
 
 def main(argv: list[str]) -> int:

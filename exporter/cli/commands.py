@@ -84,7 +84,9 @@ def _bounded(chunks: Iterator[bytes], limit: int, path: str) -> Iterator[bytes]:
     for chunk in chunks:
         limit -= len(chunk)
         if limit < 0:
-            raise _UnreadableError(f"{path}: an archive over {ARCHIVE_MAX_BYTES >> 20} MiB; unpack it and name the folder")
+            raise _UnreadableError(
+                f"{path}: an archive over {ARCHIVE_MAX_BYTES >> 20} MiB; unpack it and name the folder"
+            )
         yield chunk
 
 

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.dump_inputs import ArchiveError, body_inputs
 from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
-from gpu_triage.exporter.log_input import InputTooLargeError, decoded, scan_engine
+from gpu_triage.exporter.log_input import InputTooLargeError, scan_engine
 from gpu_triage.exporter.settings import parse_duration
 from gpu_triage.exporter.verdict_report import unknown_xid, xid_json
 
@@ -104,6 +104,14 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
     return router
 
 
+def _refuse_empty(report: dict[str, Any]) -> None:
+    """422 for a body with neither a log line nor a dump: an upload that went wrong, never a healthy job."""
+    hang = report.get("hang") or {}
+    if report["summary"]["lines_read"] == 0 and not hang.get("dumps") and not hang.get("ras"):
+        why = "; ".join(hang.get("skipped", [])[:4]) or "the body decompresses to nothing"
+        raise HTTPException(422, f"no log lines or dumps read: {why}")
+
+
 def diagnose_router(daemon: Daemon) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
     limit = daemon.settings.diagnose_max_bytes
@@ -170,10 +178,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
             ) from None
         except (zlib.error, EOFError) as e:
             raise HTTPException(422, f"the body looks gzip-compressed but does not decompress: {e}") from None
-        hang = report.get("hang") or {}
-        if report["summary"]["lines_read"] == 0 and not hang.get("dumps") and not hang.get("ras"):
-            why = "; ".join(hang.get("skipped", [])[:4]) or "the body decompresses to nothing"
-            raise HTTPException(422, f"no log lines or dumps read: {why}")
+        _refuse_empty(report)
         return report
 
     return router
