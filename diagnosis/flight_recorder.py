@@ -52,8 +52,9 @@ MAX_DUMP_BYTES = 64 << 20  # one rank's dump; TORCH_FR_BUFFER_SIZE=20000 with st
 MAX_ENTRIES = 200_000  # entries read per dump; the rest are counted as skipped
 MAX_FRAMES = 16  # stack frames kept per op (innermost first, as PyTorch records them)
 MAX_TENSORS = 64  # tensors per op whose sizes are compared
-WINDOW = 64  # latest ops kept per process group and rank
-FRAMES_KEPT = 4  # of those, the latest ones that keep their frames
+WINDOW = 32  # latest ops kept per process group and rank
+MAX_GROUPS = 4096  # process groups per dump
+FRAMES_KEPT = 2  # of those, the latest ones that keep their frames
 KNOWN_MINOR = 10  # dump versions 2.0 to 2.10 are read as PyTorch's sources write them
 _RANK = re.compile(r"(\d{1,7})(?:\.(?:json|pkl|pickle|pt))?$")
 _P2P = re.compile(r"^(send|recv)\s+(\d+)\s*(?:->|<-)\s*(\d+)$")
@@ -190,27 +191,47 @@ def _read(name: str, rank: int, kind: str, raw: Any) -> Dump:
         dump.skipped += len(entries) - MAX_ENTRIES
         dump.notes.append(f"only the latest {MAX_ENTRIES} of {len(entries)} entries were read")
         entries = entries[-MAX_ENTRIES:]
-    keep_frames = _frames_wanted(entries)
-    for i, entry in enumerate(entries):
-        op = _op(entry, i + 1, i in keep_frames)
-        if op is None:
-            dump.skipped += 1
-            continue
-        pg_name, desc, pg_id = op_group(entry)
-        group = dump.groups.get(pg_name)
-        if group is None:
-            group = dump.groups[pg_name] = Group(pg_name, desc, pg_id)
-        (group.p2p if op.p2p else group.ops).append(op)
-        group.count += 1
-        group.last_op_id = max(group.last_op_id, op.op_id)
-        dump.states_known = dump.states_known or op.state in ("started", "completed") or op.backend == "nccl"
-        if dump.last is None or op.record_id >= dump.last.record_id:
-            dump.last, dump.last_group = op, pg_name
+    _entries(dump, entries)
     first = next((e.get("record_id") for e in entries if isinstance(e, dict)), 0)
     dump.wrapped = isinstance(first, int) and first > 0
     if dump.skipped:
         dump.notes.append(f"{dump.skipped} malformed entries skipped")
     return dump
+
+
+def _entries(dump: Dump, entries: list[Any]) -> None:
+    """The entries, newest first: each group keeps its latest WINDOW ops, and older entries are only counted."""
+    known: dict[Any, Group] = {}  # by the entry's own process_group value, which repeats
+    for i in range(len(entries) - 1, -1, -1):
+        entry = entries[i]
+        if not isinstance(entry, dict):
+            dump.skipped += 1
+            continue
+        pg = entry.get("process_group")
+        try:
+            group = known.get(pg)
+        except TypeError:  # the JSON dump's [name, desc] is a list
+            pg = tuple(pg) if isinstance(pg, list) else repr(pg)
+            group = known.get(pg)
+        if group is None:
+            group = _group(dump, entry)
+            if group is None:
+                dump.skipped += 1
+                continue
+            known[pg] = group
+        group.count += 1
+        window = group.p2p if _is_p2p(entry) else group.ops
+        if len(window) >= WINDOW:
+            continue
+        op = _op(entry, i + 1, len(window) < FRAMES_KEPT)
+        if op is None:
+            dump.skipped += 1
+            continue
+        window.appendleft(op)
+        group.last_op_id = max(group.last_op_id, op.op_id)
+        dump.states_known = dump.states_known or op.state in ("started", "completed") or op.backend == "nccl"
+        if dump.last is None:
+            dump.last, dump.last_group = op, group.name
 
 
 def _pg_config(dump: Dump, config: Any) -> None:
@@ -242,24 +263,22 @@ def _ranks(text: Any) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _frames_wanted(entries: list[Any]) -> set[int]:
-    """Indices of the latest FRAMES_KEPT entries of each process group: the ones a report may cite."""
-    seen: dict[Any, int] = {}
-    wanted: set[int] = set()
-    for i in range(len(entries) - 1, -1, -1):
-        e = entries[i]
-        pg = e.get("process_group") if isinstance(e, dict) else None
-        key = tuple(pg) if isinstance(pg, list | tuple) else pg
-        try:
-            n = seen.get(key, 0)
-        except TypeError:
-            continue
-        if n < FRAMES_KEPT:
-            seen[key] = n + 1
-            wanted.add(i)
-        if len(seen) > 256:
-            break
-    return wanted
+def _group(dump: Dump, entry: dict[str, Any]) -> Group | None:
+    pg_name, desc, pg_id = op_group(entry)
+    group = dump.groups.get(pg_name)
+    if group is None:
+        if len(dump.groups) >= MAX_GROUPS:
+            return None
+        group = dump.groups[pg_name] = Group(pg_name, desc, pg_id)
+    return group
+
+
+def _is_p2p(entry: dict[str, Any]) -> bool:
+    flag = entry.get("is_p2p")
+    if isinstance(flag, bool):
+        return flag
+    name = entry.get("profiling_name")
+    return isinstance(name, str) and name.rpartition(":")[2].startswith(("send", "recv"))
 
 
 def op_group(entry: dict[str, Any]) -> tuple[str, str, int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_triage.diagnosis.findings import Evidence, Finding
 from gpu_triage.diagnosis.flight_recorder import MAX_DUMP_BYTES, Dump, DumpError, dump_kind, parse
@@ -26,7 +26,7 @@ from gpu_triage.diagnosis.identity import IdentityBook
 from gpu_triage.diagnosis.nccl_ras import MAX_RAS_BYTES, RasRank, RasReport, is_ras, parse_ras
 from gpu_triage.diagnosis.root_cause import Ranked, Timing
 
-__all__ = ["MAX_DUMPS", "HangInputs"]
+__all__ = ["MAX_DUMPS", "Decoder", "HangInputs", "InProcessDecoder", "Pending"]
 
 MAX_DUMPS = 16384
 _P2P_FRAME = re.compile(
@@ -34,7 +34,29 @@ _P2P_FRAME = re.compile(
 )
 HANG_TIER = -0.5  # after hardware XIDs (-1), before every training-log class (0 and up)
 
-Decoder = Callable[[str, bytes, str], Dump]
+Pending = Callable[[], Dump]  # a dump being decoded: call it for the Dump (or its DumpError)
+
+
+class Decoder(Protocol):
+    """Reads a pickle (or JSON) dump, now or in the background (exporter/fr_decode.py)."""
+
+    def submit(self, name: str, data: bytes, kind: str) -> Pending: ...
+
+
+class InProcessDecoder:
+    """The dump read here, at once; pickles are scanned before they are unpickled (fr_unpickle.py)."""
+
+    def submit(self, name: str, data: bytes, kind: str) -> Pending:
+        try:
+            dump = parse(name, data, kind)
+        except DumpError as e:
+            error = e
+
+            def fail() -> Dump:
+                raise error
+
+            return fail
+        return lambda: dump
 
 
 def _read_all(first: bytes, rest: Iterator[bytes], limit: int) -> bytes | None:
@@ -52,7 +74,8 @@ class HangInputs:
     it here, scanned first; exporter/fr_decode.py reads it in a memory-bounded process instead)."""
 
     def __init__(self, decode: Decoder | None = None) -> None:
-        self.decode: Decoder = decode or parse
+        self.decode: Decoder = decode or InProcessDecoder()
+        self.pending: list[Pending] = []
         self.dumps: dict[int, Dump] = {}
         self.ras: list[RasReport] = []
         self.errors: list[str] = []
@@ -63,9 +86,15 @@ class HangInputs:
         """None when the input was a dump or a RAS report (read here); else its chunks, for the log reader."""
         stream = iter(chunks)
         first = next((c for c in stream if c), b"")
-        label = name or f"input-{len(self.dumps) + len(self.errors) + 1}"
+        label = name or "an unnamed input"
         kind = dump_kind(first[:8192])
         if kind is not None:
+            if name is None:  # a dump's rank is in its file name, and this one has none
+                self.errors.append(
+                    "a Flight Recorder dump without a file name: its name says its rank; send the dumps as "
+                    "files (multipart/form-data, or a tar or zip of the folder)"
+                )
+                return None
             data = _read_all(first, stream, MAX_DUMP_BYTES)
             self._dump(label, data, kind)
             return None
@@ -82,14 +111,22 @@ class HangInputs:
         if data is None:
             self.errors.append(f"{label}: a dump over the {MAX_DUMP_BYTES >> 20} MiB limit, skipped")
             return
-        if len(self.dumps) >= MAX_DUMPS:
+        if len(self.pending) >= MAX_DUMPS:
             self.errors.append(f"{label}: more than {MAX_DUMPS} dumps, skipped")
             return
-        try:
-            dump = self.decode(label, data, kind)
-        except DumpError as e:
-            self.errors.append(str(e))
-            return
+        self.pending.append(self.decode.submit(label, data, kind))
+
+    def _collect(self) -> None:
+        """The decoded dumps, in the order they came; a rank's second dump of the same form is an error."""
+        for pending in self.pending:
+            try:
+                self._add(pending())
+            except DumpError as e:
+                self.errors.append(str(e))
+        self.pending = []
+
+    def _add(self, dump: Dump) -> None:
+        label = dump.source
         if dump.rank in self.dumps:
             other = self.dumps[dump.rank]
             if (other.form, dump.form) == ("pickle", "json"):
@@ -116,6 +153,7 @@ class HangInputs:
         self, identity: IdentityBook, others: list[Ranked], is_symptom: Callable[[Finding], bool]
     ) -> list[Ranked]:
         """The hang findings, ranked among `others` (the logs' and the kernel's)."""
+        self._collect()
         if not self.dumps and not self.ras:
             return []
         world = identity.world_size()
@@ -263,6 +301,7 @@ class HangInputs:
         return out
 
     def to_json(self) -> dict[str, Any] | None:
+        self._collect()
         if not self.dumps and not self.ras and not self.errors:
             return None
         a = self.analysis

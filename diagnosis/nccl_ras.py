@@ -83,59 +83,76 @@ def parse_ras(source: str, data: bytes) -> RasReport:
     text = data[:MAX_RAS_BYTES].decode("utf-8", "replace")
     if text.lstrip().startswith("{"):
         return _parse_json(source, text)
-    report = RasReport(source)
-    comm = section = sub = ""
-    group_count: int | None = None
-    counts: dict[str, Counter[int]] = {}
-    behind: list[RasRank] = []
-    sizes: dict[str, int] = {}  # communicator group -> ranks per communicator, from the summary table
+    reader = _TextReader(RasReport(source))
     for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
+        reader.line(number, raw.strip())
+    return reader.finish()
+
+
+class _TextReader:
+    """The text report, line by line: which block a line is in decides what its ranks mean."""
+
+    def __init__(self, report: RasReport) -> None:
+        self.report = report
+        self.comm = self.section = ""
+        self.op: str | None = None  # the op of a count mismatch block ("AllReduce"; "" before 2.26)
+        self.group_count: int | None = None
+        self.counts: dict[tuple[str, str], Counter[int]] = {}  # (communicator, op) -> count -> ranks
+        self.behind: list[tuple[str, RasRank]] = []
+        self.sizes: dict[str, int] = {}  # communicator group -> ranks per communicator (the summary table)
+
+    def line(self, number: int, line: str) -> None:
+        report = self.report
         if line in ("Errors", "Warnings", "DEAD", "INCOMPLETE", "TIMEOUT"):
-            section, comm = line, ""
-            continue
-        if (m := _HEADER.match(line)) is not None:
-            comm, section, sub = f"#{m.group(1)}-{m.group(2)} ({m.group(3)})", m.group(4), ""
-            if m.group(1) in sizes:
-                report.comm_sizes[comm] = sizes[m.group(1)]
-            continue
-        if not section and (m := _TABLE_ROW.match(line)) is not None:
-            sizes[m.group("group")] = int(m.group("size"))
-            continue
-        if section == "DEAD" and (m := _PROCESS.match(line)) is not None:
+            self.section, self.comm = line, ""
+        elif (m := _HEADER.match(line)) is not None:
+            self.comm, self.section, self.op = f"#{m.group(1)}-{m.group(2)} ({m.group(3)})", m.group(4), None
+            if m.group(1) in self.sizes:
+                report.comm_sizes[self.comm] = self.sizes[m.group(1)]
+        elif not self.section and (m := _TABLE_ROW.match(line)) is not None:
+            self.sizes[m.group("group")] = int(m.group("size"))
+        elif self.section == "DEAD" and (m := _PROCESS.match(line)) is not None:
             gpu = int(m.group("gpus").split(",")[0])
             report.dead.append(RasRank(None, "", m.group("host"), int(m.group("pid")), gpu, "dead", None, number, line))
-        elif not comm:
-            continue
+        elif not self.comm:
+            return
         elif (m := _MISSING_LIST.match(line)) is not None:
             for r in _numbers(m.group("ranks")):
-                report.ranks.append(RasRank(r, comm, None, None, None, "missing", None, number, line))
-        elif _COUNTS.match(line):
-            sub, group_count = "counts", None
-            counts[comm] = Counter()
+                report.ranks.append(RasRank(r, self.comm, None, None, None, "missing", None, number, line))
+        elif (m := _COUNTS.match(line)) is not None:
+            self.op, self.group_count = m.group("op") or "", None
+            self.counts[(self.comm, self.op)] = Counter()
         elif line.startswith("Communicator ranks have different status"):
-            sub = "status"
-        elif sub == "counts" and (m := _GROUP.match(line)) is not None:
-            group_count = int(m.group("count")) if m.group("count") else 0
-            counts[comm][group_count] += int(m.group("n") or m.group("z"))
+            self.op = None
+        elif self.op is not None and (m := _GROUP.match(line)) is not None:
+            self.group_count = int(m.group("count")) if m.group("count") else 0
+            self.counts[(self.comm, self.op)][self.group_count] += int(m.group("n") or m.group("z"))
         elif (m := _RANK_LINE.match(line)) is not None:
-            rank = _rank(m, comm, number, line)
-            if section == "INCOMPLETE":
-                report.ranks.append(_with(rank, "missing"))
-            elif section == "ERROR":
-                report.ranks.append(_with(rank, "error"))
-            elif sub == "counts":
-                count = int(m.group("count")) if m.group("count") else 0 if "not launched" in line else group_count
-                if count is not None:
-                    if m.group("count") or "not launched" in line:
-                        counts[comm][count] += 1
-                    behind.append(_with(rank, "behind", count))
-    for comm, c in counts.items():
-        if c:
-            report.ahead[comm] = c.most_common(1)[0][0]
-    top = {comm: max(c) for comm, c in counts.items() if c}
-    report.ranks.extend(r for r in behind if r.count is not None and r.count < top.get(r.comm, 0))
-    return report
+            self._rank_line(m, number, line)
+
+    def _rank_line(self, m: re.Match[str], number: int, line: str) -> None:
+        rank = _rank(m, self.comm, number, line)
+        if self.section == "INCOMPLETE":
+            self.report.ranks.append(_with(rank, "missing"))
+        elif self.section == "ERROR":
+            self.report.ranks.append(_with(rank, "error"))
+        elif self.op is not None:
+            alone = m.group("count") is not None or "not launched" in line  # "Rank N has launched up to ..."
+            count = (int(m.group("count")) if m.group("count") else 0) if alone else self.group_count
+            if count is not None:
+                if alone:
+                    self.counts[(self.comm, self.op)][count] += 1
+                self.behind.append((self.op, _with(rank, "behind", count)))
+
+    def finish(self) -> RasReport:
+        for (comm, _), c in self.counts.items():
+            if c:
+                self.report.ahead[comm] = max(self.report.ahead.get(comm, 0), c.most_common(1)[0][0])
+        top = {key: max(c) for key, c in self.counts.items() if c}
+        for op, r in self.behind:
+            if r.count is not None and r.count < top.get((r.comm, op), 0) and r not in self.report.ranks:
+                self.report.ranks.append(r)
+        return self.report
 
 
 def _rank(m: re.Match[str], comm: str, number: int, line: str) -> RasRank:

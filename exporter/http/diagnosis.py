@@ -109,7 +109,7 @@ def _refuse_empty(report: dict[str, Any]) -> None:
     hang = report.get("hang") or {}
     if report["summary"]["lines_read"] == 0 and not hang.get("dumps") and not hang.get("ras"):
         why = "; ".join(hang.get("skipped", [])[:4]) or "the body decompresses to nothing"
-        raise HTTPException(422, f"no log lines or dumps read: {why}")
+        raise HTTPException(422, f"no log lines read, nor a dump: {why}")
 
 
 def diagnose_router(daemon: Daemon) -> APIRouter:

@@ -77,7 +77,7 @@ def test_ras_and_dumps_naming_the_same_rank_make_one_finding() -> None:
     ras = (RAS / "dead-2.26.txt").read_bytes().replace(b"Rank 21 -- GPU 5", b"Rank 2 -- GPU 2")
     # RAS numbers ranks per communicator: the 32-rank one of the sample is not this 4-rank job's world.
     other = diagnose([*dumps, ("ras.txt", [ras])]).to_json()
-    assert [f["host"] for f in other["findings"] if f["class"] == "rank_missing"][0] is None
+    assert next(f["host"] for f in other["findings"] if f["class"] == "rank_missing") is None
     ras = ras.replace(b"        32        32   RUNNING", b"         4         4   RUNNING")
     report = diagnose([*dumps, ("ras.txt", [ras])]).to_json()
     hang = [f for f in report["findings"] if f["class"] == "rank_missing"]
