@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_triage.diagnosis.flight_recorder import Dump, Frame, Op
+from gpu_triage.diagnosis.flight_recorder import Dump, Op
+from gpu_triage.diagnosis.hang_model import Analysis, Fact, Hang, describe, frontier, op_at, rank_table, who
 
 __all__ = ["Analysis", "Fact", "Hang", "classify"]
 
@@ -37,64 +37,12 @@ _FREE_SIZES |= {"all_gather_v", "reduce_scatter_v", "barrier"}
 MAX_HANGS = 16
 
 
-@dataclass(frozen=True, slots=True)
-class Fact:
-    """One evidence line: what rank `rank`'s dump says at entry `index` (from 1; 0: the dump as a whole)."""
-
-    rank: int | None
-    index: int
-    text: str
-
-
-@dataclass(slots=True)
-class Hang:
-    kind: str
-    culprits: tuple[int, ...]
-    group: str
-    desc: str
-    seq: int
-    op: Op | None  # the collective as a rank that entered it recorded it (None: dropped from the buffers)
-    members: int
-    waiting: tuple[int, ...] = ()  # ranks that entered and waited
-    missing: tuple[int, ...] = ()  # members with no dump
-    mismatch: str | None = None  # "op", "size" or "dtype"
-    frames: tuple[Frame, ...] = ()
-    facts: list[Fact] = field(default_factory=list)  # what shows it, for evidence
-    position: int = 1 << 62  # program order: the lowest record_id a rank recorded the collective at
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Analysis:
-    hangs: list[Hang]
-    table: list[dict[str, Any]]  # per rank: what it was last doing
-    world: int
-    notes: list[str]
-
-
 def _is_default(name: str, desc: str) -> bool:
     return desc == "default_pg" or name == "0"
 
 
 def _signature(op: Op) -> tuple[Any, ...]:
     return op.name, None if op.name in _FREE_SIZES else (op.in_sizes, op.out_sizes), op.dtypes
-
-
-def _op_at(dump: Dump, group: str, seq: int) -> Op | None:
-    g = dump.groups.get(group)
-    return next((o for o in reversed(g.ops) if o.seq == seq), None) if g else None
-
-
-def _frontier(dump: Dump, group: str) -> int:
-    g = dump.groups.get(group)
-    return g.ops[-1].seq if g and g.ops else 0
-
-
-def _describe(op: Op | None) -> str:
-    if op is None:
-        return "(not in the buffers)"
-    sizes = ",".join("x".join(map(str, s)) for s in op.in_sizes[:4])
-    return f"{op.name}[{sizes}]" + (f" {'/'.join(sorted(set(op.dtypes)))}" if op.dtypes else "")
 
 
 class _Job:
@@ -122,9 +70,9 @@ class _Job:
         """Whether some member of `group` has not entered (or, where known, not completed) collective `seq`."""
         for r in self.members[group]:
             d = self.dumps.get(r)
-            if d is None or _frontier(d, group) < seq:
+            if d is None or frontier(d, group) < seq:
                 return True
-            op = _op_at(d, group, seq)
+            op = op_at(d, group, seq)
             if d.states_known and op is not None and op.state != "completed":
                 return True
         return False
@@ -149,7 +97,7 @@ class _Job:
         members = self.members[name]
         present = [r for r in members if r in self.dumps]
         missing = tuple(r for r in members if r not in self.dumps)
-        fronts = {r: _frontier(self.dumps[r], name) for r in present}
+        fronts = {r: frontier(self.dumps[r], name) for r in present}
         top = max(fronts.values(), default=0)
         mismatch = self._mismatch(name, desc, present, missing)
         if mismatch is not None:
@@ -160,7 +108,7 @@ class _Job:
         never, stuck, p2p = [], [], []
         for r in behind:
             d = self.dumps[r]
-            own = _op_at(d, name, fronts[r])
+            own = op_at(d, name, fronts[r])
             if d.states_known and own is not None and own.state != "completed":
                 stuck.append(r)
             elif r in self.p2p_waiting or (d.last is not None and d.last.p2p and d.last_group == name):
@@ -193,7 +141,7 @@ class _Job:
         waiting: tuple[int, ...],
         missing: tuple[int, ...],
     ) -> Hang:
-        entered = [(r, op) for r in waiting if (op := _op_at(self.dumps[r], group, seq)) is not None]
+        entered = [(r, op) for r in waiting if (op := op_at(self.dumps[r], group, seq)) is not None]
         op = entered[0][1] if entered else None
         hang = Hang(kind, culprits, group, desc, seq, op, len(self.members[group]), waiting, missing)
         hang.position = min((o.record_id for _, o in entered), default=1 << 62)
@@ -207,19 +155,19 @@ class _Job:
             if d is None:
                 hang.facts.append(Fact(None, 0, f"rank {r}: no dump (killed, or its node gone)"))
                 continue
-            own = _op_at(d, group, seq) if kind == "collective_stuck" else None
+            own = op_at(d, group, seq) if kind == "collective_stuck" else None
             if own is not None:
                 hang.frames = own.frames or hang.frames
                 hang.facts.append(
-                    Fact(r, own.index, f"rank {r}: in {_describe(own)} #{seq} of group {group}, {own.state}")
+                    Fact(r, own.index, f"rank {r}: in {describe(own)} #{seq} of group {group}, {own.state}")
                 )
                 continue
-            front = _frontier(d, group)
-            mine = _op_at(d, group, front)
-            text = f"rank {r}: {_describe(mine)} #{front} is the last it entered in group {group}"
+            front = frontier(d, group)
+            mine = op_at(d, group, front)
+            text = f"rank {r}: {describe(mine)} #{front} is the last it entered in group {group}"
             hang.facts.append(Fact(r, mine.index if mine else 0, text))
         if waiting and op is not None:
-            text = f"{_who(waiting)}: entered {_describe(op)} #{seq} of group {group} and waited"
+            text = f"{who(waiting)}: entered {describe(op)} #{seq} of group {group} and waited"
             hang.facts.append(Fact(entered[0][0], op.index, text))
         return hang
 
@@ -247,7 +195,7 @@ class _Job:
     def _mismatch(self, group: str, desc: str, present: list[int], missing: tuple[int, ...]) -> Hang | None:
         seqs = sorted({o.seq for r in present if (g := self.dumps[r].groups.get(group)) for o in g.ops})
         for seq in seqs:
-            ops = {r: op for r in present if (op := _op_at(self.dumps[r], group, seq)) is not None}
+            ops = {r: op for r in present if (op := op_at(self.dumps[r], group, seq)) is not None}
             if len(ops) < 2:
                 continue
             counts = Counter(_signature(op) for op in ops.values())
@@ -264,9 +212,9 @@ class _Job:
             hang.frames = bad.frames or ref.frames
             hang.position = min(op.record_id for op in ops.values())
             for r in odd[:4]:
-                hang.facts.append(Fact(r, ops[r].index, f"rank {r}: {_describe(ops[r])} #{seq} of group {group}"))
+                hang.facts.append(Fact(r, ops[r].index, f"rank {r}: {describe(ops[r])} #{seq} of group {group}"))
             first = hang.waiting[0]
-            text = f"{_who(hang.waiting)}: {_describe(ref)} #{seq} of group {group}"
+            text = f"{who(hang.waiting)}: {describe(ref)} #{seq} of group {group}"
             hang.facts.append(Fact(first, ops[first].index, text))
             if tie := (len(counts) > 1 and counts.most_common(2)[1][1] == counts[common]):
                 hang.extra["tie"] = tie
@@ -274,7 +222,7 @@ class _Job:
         return None
 
     def _straggler(self, group: str, desc: str, present: list[int], seq: int) -> Hang | None:
-        ops = {r: op for r in present if (op := _op_at(self.dumps[r], group, seq)) is not None}
+        ops = {r: op for r in present if (op := op_at(self.dumps[r], group, seq)) is not None}
         if len(ops) < 2:
             return None
         first = min(op.created_ns for op in ops.values())
@@ -297,28 +245,6 @@ class _Job:
         hang.extra["late_seconds"] = round(lag, 3)
         return hang
 
-    def table(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        for r in range(self.world):
-            d = self.dumps.get(r)
-            if d is None:
-                rows.append({"rank": r, "dump": None})
-                continue
-            last = d.last
-            rows.append(
-                {
-                    "rank": r,
-                    "dump": d.source,
-                    "version": d.version,
-                    "groups": {n: _frontier(d, n) for n in sorted(d.groups)},
-                    "last_op": None if last is None else f"{last.backend}:{last.name}",
-                    "last_group": d.last_group,
-                    "last_seq": None if last is None else last.seq,
-                    "state": None if last is None else (last.state if d.states_known else "unknown"),
-                }
-            )
-        return rows
-
 
 def _first_per_culprit(hangs: list[Hang]) -> list[Hang]:
     """A culprit that missed several collectives is reported at the first in program order."""
@@ -333,22 +259,6 @@ def _first_per_culprit(hangs: list[Hang]) -> list[Hang]:
     return out
 
 
-def _who(ranks: tuple[int, ...]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
-
-
-def _ranges(ranks: Iterable[int]) -> str:
-    ranks = sorted(ranks)
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
-
-
 def classify(dumps: Iterable[Dump], *, world_hint: int = 0, p2p_waiting: Iterable[int] = ()) -> Analysis:
     """What stopped the job the dumps are of. `world_hint`: the job's size where the logs say it;
     `p2p_waiting`: ranks whose own logs show them waiting in a send or recv."""
@@ -357,4 +267,4 @@ def classify(dumps: Iterable[Dump], *, world_hint: int = 0, p2p_waiting: Iterabl
         return Analysis([], [], world_hint, [])
     job = _Job(dumps, world_hint, frozenset(p2p_waiting))
     hangs = job.analyse()
-    return Analysis(hangs, job.table(), job.world, job.notes)
+    return Analysis(hangs, rank_table(job.dumps, job.world), job.world, job.notes)

@@ -21,9 +21,10 @@ from typing import Any, Protocol
 from gpu_triage.diagnosis.findings import Evidence, Finding
 from gpu_triage.diagnosis.flight_recorder import MAX_DUMP_BYTES, Dump, DumpError, dump_kind, parse
 from gpu_triage.diagnosis.hang_classify import Analysis, Hang, classify
+from gpu_triage.diagnosis.hang_ras import ras_findings, ras_json, with_ras
 from gpu_triage.diagnosis.hang_specs import load_hang_specs
 from gpu_triage.diagnosis.identity import IdentityBook
-from gpu_triage.diagnosis.nccl_ras import MAX_RAS_BYTES, RasRank, RasReport, is_ras, parse_ras
+from gpu_triage.diagnosis.nccl_ras import MAX_RAS_BYTES, RasReport, is_ras, parse_ras
 from gpu_triage.diagnosis.root_cause import Ranked, Timing
 
 __all__ = ["MAX_DUMPS", "Decoder", "HangInputs", "InProcessDecoder", "Pending"]
@@ -159,8 +160,8 @@ class HangInputs:
         world = identity.world_size()
         self.analysis = classify(self.dumps.values(), world_hint=world, p2p_waiting=self.p2p_waiting)
         hangs = list(self.analysis.hangs)
-        out = [self._with_ras(self._finding(h, identity)) for h in hangs]
-        out += self._ras_findings(identity, {r for h in hangs for r in h.culprits})
+        out = [with_ras(self._finding(h, identity), self.ras, self.analysis.world) for h in hangs]
+        out += ras_findings(self.ras, identity, {r for h in hangs for r in h.culprits})
         ranked = []
         for i, f in enumerate(out):
             tier = HANG_TIER
@@ -236,70 +237,6 @@ class HangInputs:
             ranks=list(h.culprits),
         )
 
-    def _with_ras(self, f: Finding) -> Finding:
-        """What RAS says of a culprit the dumps named: where it ran (RAS knows the node), and its line."""
-        world = self.analysis.world if self.analysis else 0
-        for report in self.ras:
-            for r in report.ranks:
-                size = report.comm_sizes.get(r.comm)
-                if size is not None and size != world:
-                    continue  # RAS numbers a sub-communicator's ranks its own way
-                if r.rank is not None and r.rank == f.rank and r.why in ("missing", "dead", "behind"):
-                    f.host = f.host or r.host
-                    f.details["ras"] = r.why
-                    f.evidence.append(Evidence(r.line or 1, r.text, report.source))
-                    return f
-        return f
-
-    def _ras_findings(self, identity: IdentityBook, named: set[int]) -> list[Finding]:
-        """RAS's missing, dead and behind ranks that no dump already named."""
-        spec_missing, spec_behind = load_hang_specs()["rank_missing"], load_hang_specs()["collective_never_joined"]
-        by_kind: dict[tuple[str, str], list[RasRank]] = {}
-        for report in self.ras:
-            for r in report.ranks:
-                if r.why in ("missing", "dead", "behind") and r.rank is not None and r.rank not in named:
-                    by_kind.setdefault((r.why if r.why != "dead" else "missing", r.comm), []).append(r)
-        out = []
-        for (why, comm), found in list(by_kind.items())[:8]:
-            spec = spec_missing if why == "missing" else spec_behind
-            ranks = sorted({r.rank for r in found if r.rank is not None})
-            ahead = max((rep.ahead.get(comm, 0) for rep in self.ras), default=0)
-            seq = min((r.count or 0) for r in found) + 1 if why == "behind" else ahead
-            fields = {
-                "ranks": ",".join(map(str, ranks)),
-                "op": "a collective",
-                "group": f"NCCL communicator {comm}",
-                "seq": seq,
-            }
-            first = found[0]
-            details: dict[str, Any] = {"source": "nccl_ras", "process_group": comm, "seq": seq, "ranks": ranks}
-            if first.gpu is not None:
-                details["cuda_dev"] = first.gpu
-            title = spec.title.format(**fields, waiting="?", mismatch="op")
-            if why == "behind":
-                title += " (one RAS query: query again to tell a hang from a rank catching up)"
-            out.append(
-                Finding(
-                    id=f"{spec.class_id}:ras{comm.split()[0]}/seq{seq}",
-                    class_id=spec.class_id,
-                    severity=spec.severity,
-                    action=spec.action,
-                    title=title,
-                    playbook=spec.playbook,
-                    rank=ranks[0],
-                    host=first.host or identity.host_of(ranks[0]),
-                    gpu=identity.gpu_of(ranks[0]),
-                    evidence=[
-                        Evidence(r.line or 1, r.text, next((x.source for x in self.ras if r in x.ranks), None))
-                        for r in found[:4]
-                    ],
-                    steps=[s.format(**fields, waiting="?", mismatch="op") for s in spec.steps],
-                    details=details,
-                    ranks=ranks,
-                )
-            )
-        return out
-
     def to_json(self) -> dict[str, Any] | None:
         self._collect()
         if not self.dumps and not self.ras and not self.errors:
@@ -311,28 +248,8 @@ class HangInputs:
             "ranks": a.table if a else [],
             "skipped": list(self.errors),
             "notes": [f"{d.source}: {n}" for d in self.dumps.values() for n in d.notes][:64],
-            "ras": [
-                {
-                    "source": r.source,
-                    "format": r.form,
-                    "ranks": [_ras_json(x) for x in r.ranks[:256]],
-                    "dead_processes": [_ras_json(x) for x in r.dead[:256]],
-                }
-                for r in self.ras
-            ],
+            "ras": [ras_json(r) for r in self.ras],
         }
-
-
-def _ras_json(r: RasRank) -> dict[str, Any]:
-    return {
-        "rank": r.rank,
-        "communicator": r.comm,
-        "host": r.host,
-        "pid": r.pid,
-        "gpu": r.gpu,
-        "why": r.why,
-        "count": r.count,
-    }
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
