@@ -65,17 +65,31 @@ class _Job:
             else:
                 self.members[name] = tuple(sorted(seen))
         self.notes: list[str] = []
+        self._incomplete: dict[tuple[str, int], bool] = {}
 
     def incomplete(self, group: str, seq: int) -> bool:
         """Whether some member of `group` has not entered (or, where known, not completed) collective `seq`."""
-        for r in self.members[group]:
-            d = self.dumps.get(r)
-            if d is None or frontier(d, group) < seq:
-                return True
+        key = (group, seq)
+        if key not in self._incomplete:
+            self._incomplete[key] = any(self._short(r, group, seq) for r in self.members[group])
+        return self._incomplete[key]
+
+    def _short(self, rank: int, group: str, seq: int) -> bool:
+        d = self.dumps.get(rank)
+        if d is None or frontier(d, group) < seq:
+            return True
+        op = op_at(d, group, seq)
+        return d.states_known and op is not None and op.state != "completed"
+
+    def stalled(self, ranks: tuple[int, ...], group: str, seq: int) -> bool:
+        """Whether the ranks that entered `seq` may still be in it: a collective NCCL saw complete on one of
+        them had every member, dumped or not, so nobody was missing from it."""
+        for r in ranks:
+            d = self.dumps[r]
             op = op_at(d, group, seq)
-            if d.states_known and op is not None and op.state != "completed":
-                return True
-        return False
+            if d.states_known and op is not None and op.state == "completed":
+                return False
+        return True
 
     def busy(self, rank: int, group: str) -> tuple[str, int] | None:
         """The other group's collective `rank` is waiting in, if its latest op is one that is not complete."""
@@ -123,7 +137,7 @@ class _Job:
             out.append(self._hang("collective_stuck", tuple(stuck), name, desc, seq, waiting, missing))
         for r in p2p:
             out.append(self._p2p(r, name, desc, fronts[r] + 1, members, waiting))
-        if missing and waiting and self.incomplete(name, top):
+        if missing and waiting and self.stalled(waiting, name, top):
             out.append(self._hang("rank_missing", missing, name, desc, top, waiting, missing))
         if not out and present and not missing:
             late = self._straggler(name, desc, present, top)

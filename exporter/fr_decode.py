@@ -6,7 +6,8 @@ gigabytes, but that scan is a Python loop: a 512-rank job's dumps would take a m
 unpickler runs unscanned (imports and calls are still refused) in a child whose address space is
 limited (RLIMIT_AS), so a pickle that asks for too much memory fails with MemoryError there, not in
 the daemon; a child that dies or stalls costs that one dump, reported, and the next dump gets a fresh
-child. The child sends back the reduced dump (diagnosis.flight_recorder.Dump) as JSON.
+child. Where the limit cannot be set (the systemd unit forbids setrlimit), the child runs the scan
+instead. The child sends back the reduced dump (diagnosis.flight_recorder.Dump) as JSON.
 """
 
 from __future__ import annotations
@@ -89,13 +90,19 @@ def _child(memory: int) -> None:
     """The decoding process: length-prefixed (name, pickle) in on stdin, one JSON line out per dump."""
     import resource
 
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    scanned = False
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    except (OSError, ValueError):
+        # Not allowed here (the systemd unit's SystemCallFilter=~@resources, a lower hard limit): the
+        # memo is then bounded by the pre-scan instead, slower but as safe.
+        scanned = True
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while head := stdin.read(_HEAD.size):
         name_len, size = _HEAD.unpack(head)
         name, data = stdin.read(name_len).decode(), stdin.read(size)
         try:
-            reply = to_wire(parse(name, data, "pickle", scanned=False))
+            reply = to_wire(parse(name, data, "pickle", scanned=scanned))
         except DumpError as e:
             reply = json.dumps({"error": str(e)}).encode() + b"\n"
         except MemoryError:

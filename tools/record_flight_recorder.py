@@ -140,21 +140,22 @@ def _worker(scenario: Scenario, rank: int, port: int, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
+    # The store waits for slow starters (eight processes importing torch on two cores); the group's own
+    # timeout is the short one the hung collectives run into.
+    store = dist.TCPStore("127.0.0.1", port, scenario.world, rank == 0, timeout=timedelta(seconds=120))
     dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=scenario.world,
-        timeout=timedelta(seconds=TIMEOUT_S),
+        "gloo", store=store, rank=rank, world_size=scenario.world, timeout=timedelta(seconds=TIMEOUT_S)
     )
     groups = [dist.new_group(list(ranks)) for ranks in scenario.subgroups]
     mine = next((g for g, ranks in zip(groups, scenario.subgroups, strict=True) if rank in ranks), None)
     dumped = threading.Event()
+    dumping = threading.Lock()  # the watcher and the timeout handler may both get here: one dump, written whole
 
     def dump_once() -> None:
-        if not dumped.is_set():
-            dumped.set()
-            _dump(out, rank)
+        with dumping:
+            if not dumped.is_set():
+                _dump(out, rank)
+                dumped.set()
 
     def watcher() -> None:  # a rank stuck outside a collective never raises: dump once the others gave up
         time.sleep(TIMEOUT_S * 4)

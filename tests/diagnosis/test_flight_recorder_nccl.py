@@ -113,3 +113,17 @@ def test_a_ring_buffer_that_dropped_the_collective_says_so() -> None:
     # ... so rank 2 is still the one behind, but the op it never joined is not guessed.
     assert root["class"] == "collective_never_joined" and root["rank"] == 2
     assert root["details"]["op"] is None and root["details"]["dropped"] is True
+
+
+def test_a_dump_not_collected_from_a_job_that_ran_on_is_no_hang() -> None:
+    dumps = _nccl("healthy")
+    del dumps[2]  # its file was not collected; the others completed their last collective, which needed it
+    assert _run(dumps) == []
+    still = _nccl("rank_killed")  # the others never completed #5: rank 2 is missing
+    root = _run({r: _started_last(d) for r, d in still.items()})[0]
+    assert root["class"] == "rank_missing" and root["rank"] == 2
+
+
+def _started_last(raw: dict[str, Any]) -> dict[str, Any]:
+    raw["entries"][-1]["state"] = "started"
+    return raw

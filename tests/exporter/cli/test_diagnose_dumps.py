@@ -9,6 +9,8 @@ import os
 import shutil
 import signal
 import struct
+import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -135,3 +137,47 @@ def test_a_decoding_process_that_dies_costs_only_its_dumps() -> None:
             held()
         again = decode.submit("nccl_trace_rank_3", real, "pickle")()  # a fresh process
         assert again.rank == 3
+
+
+def test_where_the_memory_cannot_be_capped_the_decoder_scans_instead(tmp_path: Path) -> None:
+    """Under the systemd unit setrlimit is forbidden; a hard limit below the cap makes it fail the same way."""
+    bomb = b"\x80\x02N" + b"r" + struct.pack("<I", 1 << 27) + b"."
+    script = tmp_path / "decode.py"
+    script.write_text(
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        "from gpu_triage.diagnosis.flight_recorder import DumpError\n"
+        "from gpu_triage.exporter.fr_decode import SandboxDecoder\n"
+        "with SandboxDecoder(memory=3 << 30, workers=1) as decode:\n"
+        "    try:\n"
+        "        decode.submit('nccl_trace_rank_0', sys.stdin.buffer.read(), 'pickle')()\n"
+        "    except DumpError as e:\n"
+        "        print(e)\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], input=bomb, capture_output=True, timeout=60, check=False)
+    assert b"memo index out of range" in result.stdout, result.stderr
+
+
+class _Plant:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (exec, (f"with open({str(self.marker)!r}, 'w') as f: f.write('ran')",))
+
+
+def test_a_hostile_dump_among_real_ones_runs_nothing(tmp_path: Path, client: TestClient) -> None:
+    import pickle
+
+    marker = tmp_path / "marker"
+    folder = tmp_path / "job"
+    shutil.copytree(JOB / "pickle", folder)
+    (folder / "nccl_trace_rank_9").write_bytes(pickle.dumps({"version": "2.10", "entries": [_Plant(marker)]}, 2))
+    result = cli("--json", str(folder))
+    assert not marker.exists()
+    assert b"nccl_trace_rank_9" in result.stderr and b"plain values" in result.stderr
+    assert _culprit(json.loads(result.stdout)) == ("collective_never_joined", [3])
+    parts = [("f", (p.name, p.read_bytes(), "application/octet-stream")) for p in sorted(folder.iterdir())]
+    answer = client.post("/api/v1/diagnose", files=parts)
+    assert answer.status_code == 200 and not marker.exists()
+    assert any("plain values" in s for s in answer.json()["hang"]["skipped"])
