@@ -39,6 +39,7 @@ class Report:
     lines_skipped: int = 0  # candidate lines that could not be read (over-long, binary)
     events_dropped: int = 0
     engine: str = "python"  # the block scan used: "hyperscan" or "python"
+    hang: dict[str, Any] | None = None  # Flight Recorder and RAS inputs: the per-rank table (hang_report.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +52,7 @@ class Report:
                 "lines_skipped": self.lines_skipped,
                 "events_dropped": self.events_dropped,
             },
+            **({"hang": self.hang} if self.hang is not None else {}),
         }
 
 

@@ -138,13 +138,19 @@ def _parser() -> argparse.ArgumentParser:
     _node_condition_parser(sub)
     diagnose = sub.add_parser(
         "diagnose",
-        help="diagnose kernel and training logs offline",
-        description="Find what went wrong in kernel logs (XIDs) and training logs (NCCL, PyTorch distributed): "
-        "root cause first, where (host, rank, GPU), what to do. Files may be gzipped; - reads stdin. "
-        "Exit status: 0 nothing found (or only ignorable events), 1 findings, "
-        "2 an input could not be read or was empty.",
+        help="diagnose kernel and training logs, Flight Recorder dumps and NCCL RAS output offline",
+        description="Find what went wrong in kernel logs (XIDs) and training logs (NCCL, PyTorch distributed), "
+        "and which rank hung a job (PyTorch Flight Recorder dumps, NCCL RAS output, told by their content): "
+        "root cause first, where (host, rank, GPU), what to do. Files may be gzipped; a folder is read "
+        "whole, a tar or zip member by member; - reads stdin. Exit status: 0 nothing found (or only "
+        "ignorable events), 1 findings, 2 an input could not be read or was empty.",
     )
-    diagnose.add_argument("files", nargs="*", metavar="FILE", help="log files, one per rank or interleaved (default -)")
+    diagnose.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="log files (one per rank or interleaved), dumps, folders or archives of them (default -)",
+    )
     diagnose.add_argument(
         "--json", action="store_true", help="print the diagnosis JSON (same as POST /api/v1/diagnose)"
     )

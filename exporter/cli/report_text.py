@@ -60,6 +60,19 @@ def _evidence(e: dict[str, Any]) -> str:
     return f"{where}  {safe(text[:_EVIDENCE_CHARS])}{'…' if len(text) > _EVIDENCE_CHARS else ''}"
 
 
+def _hang_note(hang: dict[str, Any]) -> str:
+    """What the Flight Recorder and RAS inputs were: how many dumps, which ranks left none."""
+    missing = [row["rank"] for row in hang.get("ranks", []) if row.get("dump") is None]
+    note = f"{hang['dumps']} Flight Recorder dumps of {hang.get('world_size') or '?'} ranks read"
+    if missing:
+        note += f" (no dump from rank {', '.join(map(str, missing[:16]))}{' …' if len(missing) > 16 else ''})"
+    if hang.get("ras"):
+        note += f", {len(hang['ras'])} NCCL RAS reports"
+    if hang.get("skipped"):
+        note += f", {len(hang['skipped'])} inputs skipped (see stderr or --json)"
+    return note
+
+
 def render(report: dict[str, Any], colour: bool = False) -> str:
     """`report` is `Report.to_json()`: the same data the --json output and the API give."""
 
@@ -105,6 +118,8 @@ def render(report: dict[str, Any], colour: bool = False) -> str:
                 lines.append(f"    do now: {paint(f['action'], _BOLD)}; runbook: /runbooks/{f['playbook']}")
     if len(findings) > MAX_SHOWN:
         lines.append(f"… and {len(findings) - MAX_SHOWN} more findings (gpu-triage diagnose --json lists them all)")
+    if report.get("hang"):
+        lines.append(paint(safe(_hang_note(report["hang"])), _COLOURS["info"]))
     read = summary.get("lines_read")
     if read is not None:
         note = f"{read} lines read, {len(report['events'])} kernel events"

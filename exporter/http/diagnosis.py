@@ -17,8 +17,9 @@ from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.dump_inputs import ArchiveError, body_inputs
 from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
-from gpu_triage.exporter.log_input import InputTooLargeError, decoded, scan_engine
+from gpu_triage.exporter.log_input import InputTooLargeError, scan_engine
 from gpu_triage.exporter.settings import parse_duration
 from gpu_triage.exporter.verdict_report import unknown_xid, xid_json
 
@@ -103,6 +104,14 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
     return router
 
 
+def _refuse_empty(report: dict[str, Any]) -> None:
+    """422 for a body with neither a log line nor a dump: an upload that went wrong, never a healthy job."""
+    hang = report.get("hang") or {}
+    if report["summary"]["lines_read"] == 0 and not hang.get("dumps") and not hang.get("ras"):
+        why = "; ".join(hang.get("skipped", [])[:4]) or "the body decompresses to nothing"
+        raise HTTPException(422, f"no log lines read, nor a dump: {why}")
+
+
 def diagnose_router(daemon: Daemon) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
     limit = daemon.settings.diagnose_max_bytes
@@ -117,7 +126,8 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
 
     @router.post(
         DIAGNOSE_PATH.removeprefix("/api/v1"),
-        summary="Diagnose kernel and training logs: root cause first (text/plain body, optionally gzip)",
+        summary="Diagnose kernel and training logs, Flight Recorder dumps and NCCL RAS output: root cause first "
+        "(the text, a dump, or a tar, zip or multipart/form-data of a job's files; optionally gzip)",
         responses={413: {"description": f"body over the limit ({mib} by default)"}},
     )
     async def diagnose(request: Request) -> dict[str, Any]:
@@ -130,7 +140,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
         if not slots.acquire(blocking=False):
             raise HTTPException(429, f"{MAX_CONCURRENT_DIAGNOSES} diagnoses are running already; try again shortly")
         try:
-            return await _diagnose(chunks)
+            return await _diagnose(chunks, request.headers.get("content-type", ""))
         finally:
             slots.release()
 
@@ -150,22 +160,25 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
             raise HTTPException(422, "empty body: POST the log text (text/plain, optionally gzip-compressed)")
         return chunks
 
-    async def _diagnose(chunks: list[bytes]) -> dict[str, Any]:
+    async def _diagnose(chunks: list[bytes], content_type: str) -> dict[str, Any]:
         def run() -> dict[str, Any]:
             from gpu_triage.diagnosis.training import diagnose as diagnose_logs
+            from gpu_triage.exporter.fr_decode import SandboxDecoder
 
-            return diagnose_logs([(None, decoded(chunks, limit))], engine=engine).to_json()
+            with SandboxDecoder() as decode:
+                return diagnose_logs(body_inputs(chunks, content_type, limit), engine=engine, decode=decode).to_json()
 
         try:
             report = await run_in_threadpool(run)
+        except ArchiveError as e:
+            raise HTTPException(422, str(e)) from None
         except InputTooLargeError:
             raise HTTPException(
                 413, f"the log decompresses to more than the {mib} limit (--diagnose.max-bytes)"
             ) from None
         except (zlib.error, EOFError) as e:
             raise HTTPException(422, f"the body looks gzip-compressed but does not decompress: {e}") from None
-        if report["summary"]["lines_read"] == 0:
-            raise HTTPException(422, "no log lines read: the body decompresses to nothing")
+        _refuse_empty(report)
         return report
 
     return router
