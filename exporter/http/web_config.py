@@ -14,6 +14,7 @@ import base64
 import functools
 import hashlib
 import ssl
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -45,10 +46,15 @@ _HEADERS = {
 
 
 @functools.cache
-def _dummy_hash() -> bytes:
-    """Checked against for unknown users, so a wrong user name costs the same time as a wrong password.
-    Made on first use: a daemon without basic auth never pays for it."""
-    return bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))
+def _dummy_hash(rounds: int) -> bytes:
+    """Checked against for unknown users, so a wrong user name costs the same time as a wrong password:
+    made at the cost of the dearest configured hash (a cheaper one would tell the names apart)."""
+    return bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=rounds))
+
+
+def _cost(hashed: bytes) -> int:
+    """The cost of a bcrypt hash, `$2b$<cost>$...` (checked by load_web_config)."""
+    return int(hashed[4:6])
 
 
 class WebConfigError(Exception):
@@ -192,17 +198,28 @@ class PasswordChecks:
     """bcrypt is slow on purpose (~70 ms at cost 10, ~0.3 s at 12), and Prometheus sends the same
     credentials every scrape: credentials that passed are remembered (a hash of them, in memory) and
     recognised on the event loop at once. The rest take a bcrypt round on a small pool of their own, a
-    bounded number at a time: a flood of wrong passwords is refused (429) beyond that, and never delays
-    a scrape whose credentials are known."""
+    bounded number at a time, and a flood of wrong passwords is refused (429) beyond that without taking a
+    scrape's place: each client address has at most PER_CLIENT checks under way, and the addresses that
+    gave a wrong password lately share all but RESERVED of the places, which stay for the others (a
+    scraper seen for the first time after a restart, say)."""
 
     REMEMBERED = 64
     WORKERS = 2
     MAX_PENDING = 8
+    PER_CLIENT = 2
+    RESERVED = 2
+    FAILED_SECONDS = 600.0  # how long a wrong password counts against its address
+    FAILED_REMEMBERED = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, users: Mapping[str, bytes] | None = None) -> None:
         self._good: OrderedDict[bytes, None] = OrderedDict()
         self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="bcrypt")
         self._pending = 0
+        self._by_client: dict[str, int] = {}
+        self._failed: OrderedDict[str, float] = OrderedDict()  # client address -> when, oldest first
+        self._rounds = max((_cost(h) for h in (users or {}).values()), default=10)
+        if users:
+            self._pool.submit(_dummy_hash, self._rounds)  # made before the first unknown user needs it
 
     @staticmethod
     def _key(user: bytes, password: bytes) -> bytes:
@@ -215,22 +232,42 @@ class PasswordChecks:
             return True
         return False
 
-    async def check(self, user: bytes, password: bytes, hashed: bytes | None) -> bool | None:
-        """Whether the password is right; None when too many checks are under way already."""
-        if self._pending >= self.MAX_PENDING:
+    def _failed_lately(self, client: str) -> bool:
+        now = time.monotonic()
+        while self._failed and next(iter(self._failed.values())) < now - self.FAILED_SECONDS:
+            self._failed.popitem(last=False)
+        return client in self._failed
+
+    def _room_for(self, client: str) -> bool:
+        if self._by_client.get(client, 0) >= self.PER_CLIENT or self._pending >= self.MAX_PENDING:
+            return False
+        return not self._failed_lately(client) or self._pending < self.MAX_PENDING - self.RESERVED
+
+    async def check(self, user: bytes, password: bytes, hashed: bytes | None, client: str = "") -> bool | None:
+        """Whether the password is right; None when there is no room for the check now."""
+        if not self._room_for(client):
             return None
         self._pending += 1
+        self._by_client[client] = self._by_client.get(client, 0) + 1
         try:
             loop = asyncio.get_running_loop()
             # Unknown users cost the same time as a wrong password: their name does not leak.
-            ok = await loop.run_in_executor(self._pool, _password_ok, hashed or _dummy_hash(), password)
+            ok = await loop.run_in_executor(self._pool, _password_ok, hashed or _dummy_hash(self._rounds), password)
         finally:
             self._pending -= 1
+            self._by_client[client] -= 1
+            if not self._by_client[client]:
+                del self._by_client[client]
         if ok and hashed is not None:
             self._good[self._key(user, password)] = None
             while len(self._good) > self.REMEMBERED:
                 self._good.popitem(last=False)
+            self._failed.pop(client, None)
             return True
+        self._failed.pop(client, None)
+        self._failed[client] = time.monotonic()
+        while len(self._failed) > self.FAILED_REMEMBERED:
+            self._failed.popitem(last=False)
         return False
 
 
@@ -243,7 +280,7 @@ class WebConfigMiddleware:
         self.config = config
         self.open_paths = open_paths
         self._headers = [(k.lower().encode(), v.encode()) for k, v in config.headers.items()]
-        self._checks = PasswordChecks()
+        self._checks = PasswordChecks(config.users)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -273,7 +310,9 @@ class WebConfigMiddleware:
             return False
         if self._checks.known(user, password):
             return True
-        return await self._checks.check(user, password, self.config.users.get(user.decode(errors="replace")))
+        client = (scope.get("client") or ("",))[0]
+        hashed = self.config.users.get(user.decode(errors="replace"))
+        return await self._checks.check(user, password, hashed, str(client))
 
     async def _deny(self, send: Send, *, busy: bool) -> None:
         if busy:
