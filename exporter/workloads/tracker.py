@@ -17,7 +17,8 @@ from gpu_triage.exporter.polling.snapshot import Snapshot
 from gpu_triage.exporter.settings import Settings
 from gpu_triage.exporter.workloads.placement import Assignment, DeviceIndex
 from gpu_triage.exporter.workloads.pods import PodMap, PodSource, State, assign
-from gpu_triage.exporter.workloads.slurm import ProcessJobs, UserNames
+from gpu_triage.exporter.workloads.slurm import ProcessJobs
+from gpu_triage.exporter.workloads.user_names import UserNames
 
 ByGpu = Mapping[str, tuple[Assignment, ...]]  # GPU uuid -> who uses it
 
@@ -32,7 +33,7 @@ class Workloads:
             self.pods = PodSource(
                 setting, settings.collector_slow_interval, settings.read_timeout, on_change=on_change, clock=clock
             )
-        self.jobs = ProcessJobs(settings.path_procfs)
+        self.jobs = ProcessJobs(settings.path_procfs, deadline=settings.read_timeout, on_change=on_change)
         self.users = UserNames()
         self._last_jobs: dict[str, tuple[Assignment, ...]] = {}
         self.pod_map = PodMap()
@@ -44,6 +45,7 @@ class Workloads:
     def stop(self) -> None:
         if self.pods is not None:
             self.pods.stop()
+        self.jobs.close()
 
     @property
     def settled(self) -> bool:
