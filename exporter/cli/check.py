@@ -21,6 +21,7 @@ import httpx
 
 from gpu_triage.diagnosis.actions import Action, Health, most_urgent
 from gpu_triage.diagnosis.health import EXIT_CODES
+from gpu_triage.exporter.cli.report_text import safe
 
 FORMATS = ("text", "json", "reason")
 NAGIOS = {Health.HEALTHY: "OK", Health.DEGRADED: "WARNING", Health.UNHEALTHY: "CRITICAL", Health.UNKNOWN: "UNKNOWN"}
@@ -130,7 +131,8 @@ def _text(body: dict[str, Any], base: str) -> str:
     for finding in body["findings"]:
         if finding["id"] not in on_gpus:
             lines += _finding_line("NVSwitch", finding, base)
-    return "\n".join(lines) + "\n"
+    # Pod, container and job names are whoever made them: none may add a line or drive the terminal.
+    return "\n".join(safe(line) for line in lines) + "\n"
 
 
 def _finding_line(where: str, finding: dict[str, Any], base: str) -> list[str]:
@@ -172,13 +174,13 @@ def check(daemon: DaemonClient, fmt: str = "text", gpus: str | None = None, out:
         if fmt == "json":
             out.write(json.dumps(no_verdict(message), indent=2) + "\n")
         else:
-            out.write(f"UNKNOWN - {message}\n")
+            out.write(f"UNKNOWN - {safe(message)}\n")
         return EXIT_CODES[Health.UNKNOWN]
     health = Health(body["node"]["health"])
     if fmt == "json":
         out.write(json.dumps(body, indent=2) + "\n")
     elif fmt == "reason":
-        out.write(reason(body) + "\n")
+        out.write(safe(reason(body)) + "\n")
     else:
         out.write(_text(body, daemon.base))
     return EXIT_CODES[health]
