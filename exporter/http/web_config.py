@@ -197,14 +197,14 @@ def _password_ok(hashed: bytes, password: bytes) -> bool:
 class PasswordChecks:
     """bcrypt is slow on purpose (~70 ms at cost 10, ~0.3 s at 12), and Prometheus sends the same
     credentials every scrape: credentials that passed are remembered (a hash of them, in memory) and
-    recognised on the event loop at once. The rest take a bcrypt round on a small pool of their own, a
-    bounded number at a time, and a flood of wrong passwords is refused (429) beyond that without taking a
+    recognised on the event loop at once. The rest take a bcrypt round on a thread of their own, a bounded
+    number at a time, and a flood of wrong passwords is refused (429) beyond that without taking a
     scrape's place: each client address has at most PER_CLIENT checks under way, and the addresses that
     gave a wrong password lately share all but RESERVED of the places, which stay for the others (a
-    scraper seen for the first time after a restart, say)."""
+    scraper seen for the first time after a restart, say). Those others are checked on a thread apart,
+    so that they do not wait behind the flood either."""
 
     REMEMBERED = 64
-    WORKERS = 2
     MAX_PENDING = 8
     PER_CLIENT = 2
     RESERVED = 2
@@ -213,7 +213,8 @@ class PasswordChecks:
 
     def __init__(self, users: Mapping[str, bytes] | None = None) -> None:
         self._good: OrderedDict[bytes, None] = OrderedDict()
-        self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="bcrypt")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="bcrypt")
+        self._suspects_pool = ThreadPoolExecutor(1, thread_name_prefix="bcrypt-failed")  # bcrypt lets go of the GIL
         self._pending = 0
         self._by_client: dict[str, int] = {}
         self._failed: OrderedDict[str, float] = OrderedDict()  # client address -> when, oldest first
@@ -238,21 +239,25 @@ class PasswordChecks:
             self._failed.popitem(last=False)
         return client in self._failed
 
-    def _room_for(self, client: str) -> bool:
+    def _pool_for(self, client: str) -> ThreadPoolExecutor | None:
+        """Where `client`'s check runs; None when there is no room for it now."""
         if self._by_client.get(client, 0) >= self.PER_CLIENT or self._pending >= self.MAX_PENDING:
-            return False
-        return not self._failed_lately(client) or self._pending < self.MAX_PENDING - self.RESERVED
+            return None
+        if not self._failed_lately(client):
+            return self._pool
+        return self._suspects_pool if self._pending < self.MAX_PENDING - self.RESERVED else None
 
     async def check(self, user: bytes, password: bytes, hashed: bytes | None, client: str = "") -> bool | None:
         """Whether the password is right; None when there is no room for the check now."""
-        if not self._room_for(client):
+        pool = self._pool_for(client)
+        if pool is None:
             return None
         self._pending += 1
         self._by_client[client] = self._by_client.get(client, 0) + 1
         try:
             loop = asyncio.get_running_loop()
             # Unknown users cost the same time as a wrong password: their name does not leak.
-            ok = await loop.run_in_executor(self._pool, _password_ok, hashed or _dummy_hash(self._rounds), password)
+            ok = await loop.run_in_executor(pool, _password_ok, hashed or _dummy_hash(self._rounds), password)
         finally:
             self._pending -= 1
             self._by_client[client] -= 1
