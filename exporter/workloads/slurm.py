@@ -128,7 +128,10 @@ def _read(path: Path) -> str | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        return os.read(fd, MAX_FILE_BYTES).decode("utf-8", errors="replace")
+        data = b""
+        while len(data) < MAX_FILE_BYTES and (chunk := os.read(fd, MAX_FILE_BYTES - len(data))):
+            data += chunk
+        return data.decode("utf-8", errors="replace")
     except OSError:
         return None
     finally:
