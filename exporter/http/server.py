@@ -149,10 +149,9 @@ def serve(settings: Settings) -> None:
     try:
         _serve(settings)
     except StartupError:
-        raise
-    except BaseException as e:
-        if not isinstance(e, KeyboardInterrupt | SystemExit):
-            log.critical("stopping on an unexpected error", exc_info=True)
+        raise  # the caller says why, in one line
+    except Exception:
+        log.critical("stopping on an unexpected error", exc_info=True)
         raise
 
 
