@@ -194,33 +194,52 @@ def _password_ok(hashed: bytes, password: bytes) -> bool:
         return False
 
 
+class _Lane:
+    """Password checks on a thread of their own, so many at most, so many from one client address."""
+
+    def __init__(self, name: str, limit: int, per_client: int) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=name)  # bcrypt lets go of the GIL while it hashes
+        self.limit = limit
+        self.per_client = per_client
+        self.pending = 0
+        self.by_client: dict[str, int] = {}
+
+    def has_room(self, client: str) -> bool:
+        return self.pending < self.limit and self.by_client.get(client, 0) < self.per_client
+
+    async def run(self, client: str, hashed: bytes, password: bytes) -> bool:
+        self.pending += 1
+        self.by_client[client] = self.by_client.get(client, 0) + 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, _password_ok, hashed, password)
+        finally:
+            self.pending -= 1
+            self.by_client[client] -= 1
+            if not self.by_client[client]:
+                del self.by_client[client]
+
+
 class PasswordChecks:
     """bcrypt is slow on purpose (~70 ms at cost 10, ~0.3 s at 12), and Prometheus sends the same
     credentials every scrape: credentials that passed are remembered (a hash of them, in memory) and
-    recognised on the event loop at once. The rest take a bcrypt round on a thread of their own, a bounded
-    number at a time, and a flood of wrong passwords is refused (429) beyond that without taking a
-    scrape's place: each client address has at most PER_CLIENT checks under way, and the addresses that
-    gave a wrong password lately share all but RESERVED of the places, which stay for the others (a
-    scraper seen for the first time after a restart, say). Those others are checked on a thread apart,
-    so that they do not wait behind the flood either."""
+    recognised on the event loop at once. The rest take a bcrypt round, a bounded number at a time, and a
+    flood of wrong passwords is refused (429) beyond that without taking a scrape's place or making it wait:
+    the addresses that gave a wrong password lately are checked on one thread, at most six checks waiting
+    and two from one address; the others (a scraper seen for the first time after a restart, say) on
+    another, two waiting at most, one from one address."""
 
     REMEMBERED = 64
-    MAX_PENDING = 8
-    PER_CLIENT = 2
-    RESERVED = 2
     FAILED_SECONDS = 600.0  # how long a wrong password counts against its address
     FAILED_REMEMBERED = 4096
 
     def __init__(self, users: Mapping[str, bytes] | None = None) -> None:
         self._good: OrderedDict[bytes, None] = OrderedDict()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="bcrypt")
-        self._suspects_pool = ThreadPoolExecutor(1, thread_name_prefix="bcrypt-failed")  # bcrypt lets go of the GIL
-        self._pending = 0
-        self._by_client: dict[str, int] = {}
+        self._clean = _Lane("bcrypt", limit=2, per_client=1)
+        self._failing = _Lane("bcrypt-failed", limit=6, per_client=2)
         self._failed: OrderedDict[str, float] = OrderedDict()  # client address -> when, oldest first
         self._rounds = max((_cost(h) for h in (users or {}).values()), default=10)
         if users:
-            self._pool.submit(_dummy_hash, self._rounds)  # made before the first unknown user needs it
+            self._clean.pool.submit(_dummy_hash, self._rounds)  # made before the first unknown user needs it
 
     @staticmethod
     def _key(user: bytes, password: bytes) -> bytes:
@@ -239,37 +258,19 @@ class PasswordChecks:
             self._failed.popitem(last=False)
         return client in self._failed
 
-    def _pool_for(self, client: str) -> ThreadPoolExecutor | None:
-        """Where `client`'s check runs; None when there is no room for it now."""
-        if self._by_client.get(client, 0) >= self.PER_CLIENT or self._pending >= self.MAX_PENDING:
-            return None
-        if not self._failed_lately(client):
-            return self._pool
-        return self._suspects_pool if self._pending < self.MAX_PENDING - self.RESERVED else None
-
     async def check(self, user: bytes, password: bytes, hashed: bytes | None, client: str = "") -> bool | None:
         """Whether the password is right; None when there is no room for the check now."""
-        pool = self._pool_for(client)
-        if pool is None:
+        lane = self._failing if self._failed_lately(client) else self._clean
+        if not lane.has_room(client):
             return None
-        self._pending += 1
-        self._by_client[client] = self._by_client.get(client, 0) + 1
-        try:
-            loop = asyncio.get_running_loop()
-            # Unknown users cost the same time as a wrong password: their name does not leak.
-            ok = await loop.run_in_executor(pool, _password_ok, hashed or _dummy_hash(self._rounds), password)
-        finally:
-            self._pending -= 1
-            self._by_client[client] -= 1
-            if not self._by_client[client]:
-                del self._by_client[client]
+        # Unknown users cost the same time as a wrong password: their name does not leak.
+        ok = await lane.run(client, hashed or _dummy_hash(self._rounds), password)
+        self._failed.pop(client, None)
         if ok and hashed is not None:
             self._good[self._key(user, password)] = None
             while len(self._good) > self.REMEMBERED:
                 self._good.popitem(last=False)
-            self._failed.pop(client, None)
             return True
-        self._failed.pop(client, None)
         self._failed[client] = time.monotonic()
         while len(self._failed) > self.FAILED_REMEMBERED:
             self._failed.popitem(last=False)

@@ -231,7 +231,8 @@ def test_a_flood_leaves_room_for_scrapers_the_daemon_has_not_seen_yet(tmp_path: 
         for t in attackers:
             t.start()
         try:
-            wait_for(lambda: len(denied) >= 40, timeout=60, what="the flood to be under way")
+            # Under way: every attacking address has been told its password is wrong (one at a time, while new).
+            wait_for(lambda: denied.count(401) >= 12, timeout=60, what="the flood to be under way")
             for i in range(4):
                 with httpx.Client(timeout=20, transport=httpx.HTTPTransport(local_address="127.0.0.1")) as scraper:
                     answer = scraper.get(f"{d.url}/metrics", auth=(f"scraper{i}", f"pw{i}"))
