@@ -27,6 +27,7 @@ import httpx
 
 from gpu_triage.diagnosis.actions import Action, Health, most_urgent
 from gpu_triage.diagnosis.health import EXIT_CODES
+from gpu_triage.exporter.cli.report_text import safe
 from gpu_triage.exporter.verdict_report import name_blind, name_places
 
 FORMATS = ("text", "json", "reason")
@@ -131,7 +132,8 @@ def _text(body: dict[str, Any], base: str) -> str:
     for finding in body["findings"]:
         if finding["id"] not in on_gpus:
             lines += _finding_line(_node_place(finding), finding, base)
-    return "\n".join(lines) + "\n"
+    # Pod, container and job names are whoever made them: none may add a line or drive the terminal.
+    return "\n".join(safe(line) for line in lines) + "\n"
 
 
 def _node_place(finding: dict[str, Any]) -> str:
@@ -179,13 +181,13 @@ def check(daemon: DaemonClient, fmt: str = "text", gpus: str | None = None, out:
         if fmt == "json":
             out.write(json.dumps(no_verdict(message), indent=2) + "\n")
         else:
-            out.write(f"UNKNOWN - {message}\n")
+            out.write(f"UNKNOWN - {safe(message)}\n")
         return EXIT_CODES[Health.UNKNOWN]
     health = Health(body["node"]["health"])
     if fmt == "json":
         out.write(json.dumps(body, indent=2) + "\n")
     elif fmt == "reason":
-        out.write(reason(body) + "\n")
+        out.write(safe(reason(body)) + "\n")
     else:
         out.write(_text(body, daemon.base))
     return EXIT_CODES[health]

@@ -238,10 +238,10 @@ def render_alerts(
 
 def export_files(kind: str, dest: Path, force: bool, out: TextIO = sys.stdout) -> int:
     """`gpu-triage export KIND DIR`."""
-    from gpu_triage.exporter.cli.export import ExportError, export
+    from gpu_triage.exporter.cli.export import ExportError, export, running_command
 
     try:
-        export(kind, dest, force=force, out=out)
+        export(kind, dest, force=force, command=running_command(), out=out, err=sys.stderr)
     except (ExportError, OSError) as e:
         sys.stderr.write(f"gpu-triage export: {e}\n")
         return 1

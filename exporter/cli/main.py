@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
-from gpu_triage.exporter.cli.export import KINDS, WHAT
+from gpu_triage.exporter.cli.export import CHOICES, WHAT
 from gpu_triage.exporter.logs import setup_logging
 from gpu_triage.exporter.settings import OPTIONS, SettingsError, load_settings
 
@@ -176,12 +176,13 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--dashboard-base", metavar="URL", help="the Grafana URL, for absolute dashboard links")
     export = sub.add_parser(
         "export",
-        help="write the shipped alert rules, dashboards or systemd files into a directory",
+        help="write the shipped alert rules, dashboards, systemd, Slurm or Kubernetes files or the runbooks into a "
+        "directory",
         description="Write the files gpu-triage ships for one KIND into DIR (created if missing), one line per "
         "file: " + "; ".join(f"{kind}: {what}" for kind, what in WHAT.items()) + ". A file that exists with "
         "other content is left alone, and nothing is written, unless --force is given.",
     )
-    export.add_argument("kind", choices=sorted(KINDS), metavar="KIND", help=", ".join(sorted(KINDS)))
+    export.add_argument("kind", choices=CHOICES, metavar="KIND", help=", ".join(CHOICES))
     export.add_argument("dir", type=Path, metavar="DIR", help="where to write them")
     export.add_argument("--force", action="store_true", help="replace files that differ from the shipped ones")
     for name, command in sub.choices.items():

@@ -54,6 +54,11 @@ class DeviceIndex:
                 self._places[mig.uuid] = place
                 self._by_instance[(uuid, mig.gpu_instance, mig.compute_instance)] = place
 
+    @property
+    def devices(self) -> frozenset[tuple[str, Place]]:
+        """Every device id and where it is: equal for two snapshots whose devices are the same."""
+        return frozenset(self._places.items())
+
     def place(self, device_id: str) -> Place | None:
         """The GPU (and MIG device) a device plugin's id names, or None when it is none of this node's."""
         base = device_id.partition("::")[0]

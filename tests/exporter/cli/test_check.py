@@ -216,3 +216,41 @@ def test_select_keeps_the_node_blind() -> None:
     narrowed = select(b, ["0", "1"])
     assert narrowed["node"]["health"] == "unknown" and "kernel log unreadable" in narrowed["node"]["summary"]
     assert reason(narrowed).startswith("INCOMPLETE: kernel log unreadable")
+
+
+def _answering(answer: bytes) -> ThreadingHTTPServer:
+    class Daemon(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Daemon)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_names_from_the_cluster_cannot_forge_lines_or_drive_the_terminal() -> None:
+    """Pod, container and job names come from whoever made them: a newline must not forge a line of the
+    verdict, and an escape sequence (OSC 0 sets the window title, CSI 2J clears the screen) must be printed,
+    not obeyed. The same escapes as `gpu-triage diagnose` writes."""
+    pod = Workload("pod", "trainer\n  GPU 0: all fine", namespace="ml", container="\x1b]0;PWN\x07\x1b[2J\x9b")
+    job = Workload("slurm_job", "\x1b[31m4242")
+    server = _answering(json.dumps(report({0: [xid(79)]}, workloads={0: (pod, job)})).encode())
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        text, one = check(url), check(url, "--format", "reason")
+    finally:
+        server.shutdown()
+        server.server_close()
+    for result in (text, one):
+        assert result.returncode == 2
+        assert not set(result.stdout) & {"\x1b", "\x07", "\x9b", "\r"}, repr(result.stdout)
+    assert len(text.stdout.splitlines()) == 2, text.stdout  # the verdict and one finding: nothing forged
+    assert "pod ml/trainer\\x0a  GPU 0: all fine (container \\x1b]0;PWN\\x07\\x1b[2J\\x9b)" in text.stdout
+    assert "Slurm job \\x1b[31m4242" in text.stdout
+    assert one.stdout == "REBOOT_NODE: GPU 0 Xid 79 pod ml/trainer GPU 0: all fine +1\n"

@@ -4,7 +4,10 @@ never holds the daemon up."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,6 +185,29 @@ def test_a_slow_kubelet_never_holds_up_the_daemon(tmp_path: Path, kubelet: PodRe
         assert series(daemon, "nvidia_gpu_pod_info") == []
     finally:
         daemon.stop()
+
+
+def test_a_cgroup_file_that_blocks_holds_up_nothing(tmp_path: Path) -> None:
+    """A FIFO where GPU 0's process has its cgroup file: the daemon starts, answers, and names the other jobs."""
+    procfs = tmp_path / "proc"
+    shutil.copytree(PROCFS, procfs)
+    (procfs / "41000/cgroup").unlink()
+    os.mkfifo(procfs / "41000/cgroup")
+    started: list[Daemon] = []
+    thread = threading.Thread(target=lambda: started.append(start(tmp_path, None, procfs=procfs)))
+    thread.start()
+    thread.join(30)
+    try:
+        assert started, "the daemon did not start: a read of the FIFO holds it"
+        daemon = started[0]
+        assert TestClient(create_app(daemon)).get("/healthz").status_code == 200
+        jobs = {s["job_id"] for s in series(daemon, "nvidia_gpu_job_info")}
+        assert "4243" in jobs and {s["gpu"] for s in series(daemon, "nvidia_gpu_job_info")} >= {"1", "2"}
+    finally:
+        os.close(os.open(procfs / "41000/cgroup", os.O_RDWR | os.O_NONBLOCK))  # lets any reader go
+        thread.join(10)
+        for daemon in started:
+            daemon.stop()
 
 
 def test_no_kubelet_and_no_slurm(tmp_path: Path) -> None:
