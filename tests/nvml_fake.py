@@ -297,6 +297,27 @@ class FakeNvml:
         value = get(self._read(handle, collector))
         return None if value is None else (int(value) if isinstance(value, bool) else value)
 
+    # -- what the simulator has no value for: NVML's own "not supported" -------------------------
+
+    def _not_supported(self, *_: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Handle) -> list[int]:
+        return [
+            round(self._value("nvmlDeviceGetEncoderUtilization", handle, Collector.UTILIZATION, "encoder_ratio") * 100),
+            167000,
+        ]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Handle) -> list[int]:
+        return [
+            round(self._value("nvmlDeviceGetDecoderUtilization", handle, Collector.UTILIZATION, "decoder_ratio") * 100),
+            167000,
+        ]
+
+    nvmlDeviceGetPersistenceMode = nvmlDeviceGetGspFirmwareMode = _not_supported
+    nvmlDeviceGetTemperatureThreshold = nvmlDeviceGetGpuFabricInfoV = _not_supported
+    nvmlDeviceGetMemoryErrorCounter = nvmlDeviceGetGpuInstanceProfileInfo = _not_supported
+
     # -- events --------------------------------------------------------------------------------
 
     def nvmlEventSetCreate(self) -> object:

@@ -124,11 +124,20 @@ def test_an_nvml_xid_and_the_kernel_line_for_it_count_once(node: tuple[Server, D
     assert [e["sources"] for e in events if e.get("xid") == 79] == [["kmsg", "nvml"]]
 
 
-def test_a_reset_is_noticed_and_recovered_from(node: tuple[Server, Daemon]) -> None:
+@pytest.mark.parametrize(
+    ("kind", "looked_up"),
+    [
+        ("gpu_reset", False),  # GPU_IS_LOST while it lasts (nvml.h's word for an inaccessible GPU); same handle after
+        ("stale_handle", True),  # INVALID_ARGUMENT: the handle no longer names the GPU, which is looked up again
+    ],
+)
+def test_a_reset_and_a_stale_handle_are_noticed_and_recovered_from(
+    node: tuple[Server, Daemon], kind: str, looked_up: bool
+) -> None:
     driver, nvml = node
-    inject(driver, gpu=5, kind="gpu_reset", duration_seconds=3)
+    inject(driver, gpu=5, kind=kind, duration_seconds=3)
     wait_for(lambda: gauge(page(nvml), "nvidia_gpu_up", gpu="5") == 0.0, what="GPU 5 to read as down")
     wait_for(lambda: gauge(page(nvml), "nvidia_gpu_up", gpu="5") == 1.0, timeout=30, what="GPU 5 to come back")
-    assert "GPU handle looked up again" in nvml.output()
-    # The slow poll that looks the handle up again says the GPU is up; its readings follow at the next fast poll.
+    assert ("GPU handle looked up again" in nvml.output()) is looked_up
+    # The poll that finds the GPU again says it is up; its readings follow at the next fast poll.
     wait_for(lambda: gauge(page(nvml), "nvidia_gpu_power_watts", gpu="5") is not None, what="GPU 5's readings")

@@ -94,9 +94,22 @@ def in_dcgm_units(collector: Collector, truth: Any) -> dict[str, Any]:
             for key in ("used_bytes", "total_bytes", "reserved_bytes"):
                 if key in part:
                     part[key] = round(part[key] / MIB) * MIB
-    if collector is Collector.PCIE:  # KB/s
-        for key in ("tx_bytes_per_second", "rx_bytes_per_second"):
-            d[key] = round(d[key] / 1000) * 1000
+    if collector is Collector.PCIE:  # DCGM's PCIe traffic is the profiling fields'; no byte or error counters
+        d.update(tx_bytes_per_second=None, rx_bytes_per_second=None, tx_bytes=None, rx_bytes=None, errors={})
+    # What the DCGM backend does not read (NVML beside it, or nothing, answers these).
+    not_read = {
+        Collector.INVENTORY: {"persistence_mode": None, "gsp_firmware": None},
+        Collector.THERMAL: {
+            "thresholds": {k: v for k, v in d.get("thresholds", {}).items() if k in ("shutdown", "slowdown")}
+        },
+        Collector.CLOCKS: {"event_seconds": {}},
+        Collector.ECC: {"by_location": {}},
+        Collector.RECOVERY: {"fabric": None},
+    }
+    d.update(not_read.get(collector, {}))
+    if collector is Collector.NVLINK:
+        for link in d["links"]:
+            link.update(dict.fromkeys(("tx_bytes", "rx_bytes", "tx_bytes_per_second", "rx_bytes_per_second"), None))
     if collector is Collector.POWER:  # mJ
         d["energy_joules"] = round(d["energy_joules"] * 1000) / 1000
     if collector is Collector.PROCESSES:  # the name comes from /proc, which the simulated pids are not in
