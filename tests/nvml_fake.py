@@ -302,6 +302,24 @@ class FakeNvml:
     def _not_supported(self, *_: Any) -> Any:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
+    def nvmlDeviceGetPersistenceMode(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetGspFirmwareMode(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetTemperatureThreshold(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetMemoryErrorCounter(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
     def nvmlDeviceGetEncoderUtilization(self, handle: Handle) -> list[int]:
         return [
             round(self._value("nvmlDeviceGetEncoderUtilization", handle, Collector.UTILIZATION, "encoder_ratio") * 100),
@@ -313,10 +331,6 @@ class FakeNvml:
             round(self._value("nvmlDeviceGetDecoderUtilization", handle, Collector.UTILIZATION, "decoder_ratio") * 100),
             167000,
         ]
-
-    nvmlDeviceGetPersistenceMode = nvmlDeviceGetGspFirmwareMode = _not_supported
-    nvmlDeviceGetTemperatureThreshold = nvmlDeviceGetGpuFabricInfoV = _not_supported
-    nvmlDeviceGetMemoryErrorCounter = nvmlDeviceGetGpuInstanceProfileInfo = _not_supported
 
     # -- events --------------------------------------------------------------------------------
 

@@ -141,3 +141,44 @@ def test_a_reset_and_a_stale_handle_are_noticed_and_recovered_from(
     assert ("GPU handle looked up again" in nvml.output()) is looked_up
     # The poll that finds the GPU again says it is up; its readings follow at the next fast poll.
     wait_for(lambda: gauge(page(nvml), "nvidia_gpu_power_watts", gpu="5") is not None, what="GPU 5's readings")
+
+
+def _names(page_text: str) -> set[str]:
+    return {s.name for family in text_string_to_metric_families(page_text) for s in family.samples}
+
+
+def _samples(page_text: str, name: str) -> list[dict[str, str]]:
+    return [s.labels for f in text_string_to_metric_families(page_text) for s in f.samples if s.name == name]
+
+
+@pytest.mark.parametrize("scenario", ["b200-training", "a100-training", "l40s-inference"])
+def test_each_product_exports_what_it_has_and_nothing_it_lacks(tmp_path: Path, vgpu_lib: Path, scenario: str) -> None:
+    promtool = require_tool("promtool")
+    with (
+        vgpu_driver(tmp_path / "vgpu", scenario),
+        nvml_daemon(tmp_path / "nvml", vgpu_lib, tmp_path / "vgpu" / "vgpu.state") as daemon,
+    ):
+        # Two polls of the NVLink collector: a rate needs two reads of the counters.
+        wait_for(lambda: gauge(page(daemon), "gpu_triage_collector_success", collector="nvlink") == 1.0, what="a poll")
+        wait_for(
+            lambda: (
+                scenario == "l40s-inference" or _samples(page(daemon), "nvidia_gpu_nvlink_throughput_bytes_per_second")
+            ),
+            what="NVLink rates",
+        )
+        text = page(daemon)
+    names = _names(text)
+    errors = {labels["error"] for labels in _samples(text, "nvidia_gpu_nvlink_errors_total")}
+    if scenario == "b200-training":  # Blackwell: the NVLink5 counters, and not the ones it does not support
+        assert errors == {"recovery", "recovery_failed", "recovery_successful", "effective", "symbol"}
+    if scenario == "a100-training":  # no GPM: NVLink throughput from NVML's link counters, per link
+        assert "nvidia_gpu_sm_active_ratio" not in names
+        assert {lab["link"] for lab in _samples(text, "nvidia_gpu_nvlink_throughput_bytes_per_second")} == {
+            str(n) for n in range(12)
+        }
+        assert errors == {"replay", "recovery", "crc"}
+    if scenario == "l40s-inference":  # PCIe only
+        assert not {n for n in names if n.startswith("nvidia_gpu_nvlink")}
+        assert "nvidia_gpu_mig_enabled" not in names and "nvidia_gpu_fabric_state" not in names
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert check.returncode == 0 and check.stdout == "", check.stdout + check.stderr

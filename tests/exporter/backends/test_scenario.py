@@ -29,7 +29,7 @@ def test_a_product_fills_in_its_limits_and_a_scenario_can_override_them() -> Non
         "name: x\nnode: {gpus: {product: b200, power_limit_watts: 700}}\nworkload: [{duration_seconds: 1, utilization: 1}]"
     )
     assert capped.node.gpus.power_limit_watts == 700.0
-    with pytest.raises(ScenarioError, match="no product 'b300'.*a100-sxm4-80gb, b200"):
+    with pytest.raises(ScenarioError, match=r"no product 'b300'.*a100-sxm4-80gb, b200"):
         parse_scenario("name: x\nnode: {gpus: {product: b300}}\nworkload: [{duration_seconds: 1, utilization: 1}]")
     with pytest.raises(ScenarioError, match="a NVIDIA L40S has no MIG"):
         parse_scenario(
