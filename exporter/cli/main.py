@@ -150,11 +150,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     vgpu = sub.add_parser(
         "vgpu",
-        help="drive the virtual GPU (vgpu/) from a simulator scenario",
+        help="drive the virtual GPU (vgpu/) from a simulator scenario or a real node's nvidia-smi -q capture",
         description="Write a simulator scenario's GPUs to the virtual libnvidia-ml.so.1's state file every second, "
-        "and serve POST/GET/DELETE /api/v1/sim/faults to inject faults (vgpu/README.md).",
+        "and serve POST/GET/DELETE /api/v1/sim/faults to inject faults; or, with --capture, write the GPUs of an "
+        "`nvidia-smi -q -x` or `nvidia-smi -q` capture once and exit (vgpu/README.md).",
     )
-    vgpu.add_argument("--scenario", default="h100-training", help="built-in scenario name or file")
+    source = vgpu.add_mutually_exclusive_group()
+    source.add_argument("--scenario", default="h100-training", help="built-in scenario name or file")
+    source.add_argument("--capture", type=Path, help="a real node's nvidia-smi -q -x (XML) or -q (text) output")
     vgpu.add_argument("--state", type=Path, required=True, help="the state file (GPU_TRIAGE_VGPU_STATE of readers)")
     vgpu.add_argument("--web.listen-address", dest="listen", default="127.0.0.1:9482", help="the fault API")
     alerts = sub.add_parser("alerts", help="the Prometheus alert rules")
@@ -286,6 +289,10 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
         return diagnose_files(args.files, args.json)
     if args.command == "vgpu":
+        if args.capture is not None:
+            from gpu_triage.exporter.backends.sim.vgpu_capture import run_capture
+
+            return run_capture(args.capture, args.state)
         from gpu_triage.exporter.backends.sim.vgpu_driver import run
 
         setup_logging("info", "logfmt")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import require_tool
+from tests.conftest import REPO, require_tool
 from tests.daemon_proc import GPU_TRIAGE, Daemon, Server, free_port, running, serve, wait_for
 
 POLL = ("--collector.interval", "1s", "--collector.slow-interval", "2s")
@@ -182,3 +182,17 @@ def test_each_product_exports_what_it_has_and_nothing_it_lacks(tmp_path: Path, v
         assert "nvidia_gpu_mig_enabled" not in names and "nvidia_gpu_fabric_state" not in names
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
     assert check.returncode == 0 and check.stdout == "", check.stdout + check.stderr
+
+
+def test_the_daemon_serves_a_real_nodes_capture(tmp_path: Path, vgpu_lib: Path) -> None:
+    """The README's steps: a capture into the state file, then `serve --backend nvml` on it."""
+    capture = REPO / "tests" / "fixtures" / "captures" / "gpud-h100-535.161.08.txt"
+    state = tmp_path / "vgpu.state"
+    done = subprocess.run([GPU_TRIAGE, "vgpu", "--capture", str(capture), "--state", str(state)], check=False)
+    assert done.returncode == 0
+    with nvml_daemon(tmp_path / "nvml", vgpu_lib, state) as daemon:
+        wait_for(lambda: gauge(page(daemon), "nvidia_gpu_power_watts", gpu="0") is not None, what="a poll")
+        text = page(daemon)
+    assert gauge(text, "nvidia_gpu_power_watts", gpu="0") == 67.74  # "Power Draw : 67.74 W" in the capture
+    assert gauge(text, "nvidia_gpu_clock_event_reason_active", gpu="0", reason="hw_power_brake_slowdown") == 1.0
+    assert gauge(text, "nvidia_gpu_up", gpu="7") == 1.0
