@@ -54,6 +54,8 @@ def profile_name(attributes: Any, profiles: list[Any] | None = None) -> str:
     matches = [p for p in profiles or () if int(p.sliceCount) == slices and int(p.memorySizeMB) == memory]
     # "+me" profiles have the slices and memory of the plain one and the media engines besides.
     exact = [p for p in matches if int(p.ofaCount) == int(attributes.sharedOfaCount)] or matches
+    if not exact and slices == 0:
+        return "unknown"
     name = _table_name(exact) if exact else f"{slices}g.{math.ceil(memory / 1024)}gb"
     if 0 < attributes.computeInstanceSliceCount < slices:
         name = f"{attributes.computeInstanceSliceCount}c.{name}"

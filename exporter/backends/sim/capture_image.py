@@ -264,7 +264,8 @@ def _mig(g: Gpu, c: CapturedGpu) -> None:
         return
     g.mig_mode = g.mig_mode_pending = bool(enabled)
     g.unsupported.add(Query.MIG_PROFILES)  # nvidia-smi -q lists instances, not the profile table
-    per_slice = next((n for family, n in SMS_PER_SLICE.items() if family in g.name), None)
+    product = c.get("name") or ""
+    per_slice = next((n for family, n in SMS_PER_SLICE.items() if family in product), None)
     g.mig_instances = []
     for m in c.mig[:7]:
         v = m.values
@@ -275,7 +276,7 @@ def _mig(g: Gpu, c: CapturedGpu) -> None:
             MigInstance(
                 gpu_instance_id=_int(v.get("gpu_instance_id")) or 0,
                 compute_instance_id=_int(v.get("compute_instance_id")) or 0,
-                name=f"{g.name} MIG",
+                name=f"{c.get('name') or ''} MIG",
                 uuid=_mig_uuid(str(g.uuid), v),
                 memory_total=total,
                 memory_reserved=(_int(v.get("memory_reserved")) or 0) * MIB,

@@ -30,10 +30,11 @@ def load(path: Path) -> capture_image.Node:
 def run_capture(path: Path, state: Path) -> int:
     try:
         node = load(path)
-        extra = {} if not node.driver_version else {"driver_version": node.driver_version}
-        nvml = {"nvml_version": f"{node.cuda_driver_version // 1000}.{node.driver_version}"} if extra else {}
-        cuda = {"cuda_driver_version": node.cuda_driver_version} if node.cuda_driver_version else {}
-        with vs.StateWriter(state, node.gpus, **extra, **nvml, **cuda):
+        driver = node.driver_version or vs.DRIVER_VERSION
+        cuda = node.cuda_driver_version or vs.CUDA_DRIVER_VERSION
+        with vs.StateWriter(
+            state, node.gpus, driver_version=driver, nvml_version=f"{cuda // 1000}.{driver}", cuda_driver_version=cuda
+        ):
             pass
     except (CaptureError, OSError, ValueError, RuntimeError) as e:
         print(f"gpu-triage vgpu: {path}: {e}", file=sys.stderr)
