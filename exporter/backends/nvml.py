@@ -41,10 +41,19 @@ from gpu_triage.exporter.backends.nvml_query import (
     text,
 )
 from gpu_triage.exporter.backends.nvml_readers import READERS
+from gpu_triage.exporter.backends.nvml_release import Hold, ReleaseRequests
 from gpu_triage.exporter.backends.per_poll import PerPoll
 from gpu_triage.exporter.backends.readings import ThresholdKind
 
 log = logging.getLogger(__name__)
+_READS_END_SECONDS = 30.0  # at most, for reads in flight to end before NVML is shut down for a release
+
+
+def _released(hold: Hold) -> str:
+    until = time.strftime("%H:%M:%S", time.localtime(hold.until))
+    return f"NVML is let go of for a GPU reset until {until} (gpu-triage release; --resume takes it back)"
+
+
 # The initial PID namespace's inode number, fixed by the kernel (PROC_PID_INIT_INO, include/linux/proc_ns.h).
 _HOST_PID_NAMESPACE = "pid:[4026531836]"
 
@@ -65,7 +74,13 @@ class NvmlBackend:
     name = "nvml"
     why = "--backend nvml"
 
-    def __init__(self, *, proc: Path = Path("/proc"), monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        proc: Path = Path("/proc"),
+        monotonic: Callable[[], float] = time.monotonic,
+        release_dir: Path | None = None,
+    ) -> None:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as err:
@@ -82,6 +97,11 @@ class NvmlBackend:
         self.gpm = GpmProfiler()
         self.mig_listings: PerPoll[int, list[MigDevice]] = PerPoll()  # by GPU index (nvml_mig.listed)
         self._proc = proc
+        self._gpus: list[GpuIdentity] = []
+        self._releases = ReleaseRequests(release_dir)  # `gpu-triage release`, through the state directory
+        self._released: Hold | None = None  # NVML let go of until then
+        self._reading = 0  # reads in flight: NVML is shut down only once none is
+        self._reads_done = threading.Condition()
         # In a container with a PID namespace of its own, /proc/<pid> of an NVML PID is some other
         # process or none: the process label is left out rather than wrong.
         self._names_visible = host_pid_namespace(proc)
@@ -109,6 +129,7 @@ class NvmlBackend:
             uuid = self._string(index, "uuid", pynvml.nvmlDeviceGetUUID, handle) or f"unknown-{index}"
             raw_bus = self._string(index, "pci_bus_id", lambda h: pynvml.nvmlDeviceGetPciInfo(h).busId, handle) or ""
             gpus.append(GpuIdentity(index, uuid, canonical_bus_id(raw_bus) or raw_bus.lower() or f"unknown-{index}"))
+        self._gpus = gpus
         return gpus
 
     def _unreadable(self, gpu: int, err: pynvml.NVMLError, field: str = "handle") -> None:
@@ -127,6 +148,19 @@ class NvmlBackend:
             return None
 
     def read(self, gpu: GpuIdentity, collector: Collector) -> Result:
+        hold = self._releases.wanted() or self._released
+        if hold is not None:
+            raise BackendError(_released(hold))
+        with self._reads_done:
+            self._reading += 1
+        try:
+            return self._read(gpu, collector)
+        finally:
+            with self._reads_done:
+                self._reading -= 1
+                self._reads_done.notify_all()
+
+    def _read(self, gpu: GpuIdentity, collector: Collector) -> Result:
         handle = self._handle(gpu, collector)
         q = Query(gpu.index, self._log, handle)
         try:
@@ -194,8 +228,45 @@ class NvmlBackend:
     reports_xids = True
 
     def wait_xids(self, timeout_seconds: float) -> list[DriverXid]:
-        """XIDs from NVML's event API (nvml_events.py)."""
+        """XIDs from NVML's event API (nvml_events.py). This thread, the one that waits on the event set, is
+        also the one that lets NVML go for a release and takes it back: no other thread frees the set."""
+        hold = self._releases.wanted()
+        if hold is not None:
+            if self._released is None:
+                self._let_go(hold)
+            raise BackendError(_released(hold))
+        if self._released is not None:
+            self._take_back()
         return self._events.wait(timeout_seconds)
+
+    def _let_go(self, hold: Hold) -> None:
+        with self._reads_done:  # new reads refuse already; those in flight end by their own deadline
+            self._reads_done.wait_for(lambda: self._reading == 0, timeout=_READS_END_SECONDS)
+        self._events.close()
+        self.gpm.close()
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+        self._released = hold
+        self._releases.answer(hold)
+        log.warning(
+            "NVML let go of for a GPU reset (gpu-triage release): nothing is read until it is taken back",
+            extra={"until": time.strftime("%H:%M:%S", time.localtime(hold.until)), "by": hold.by},
+        )
+
+    def _take_back(self) -> None:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:  # the driver is still being reset: try again at the next wait
+            raise BackendError(f"taking NVML back after a release: {describe_init_error(err)}") from err
+        for gpu in self._gpus:
+            self._stale.add(gpu.index)
+            with contextlib.suppress(GpuLostError):  # one that does not answer yet is looked up when slow
+                self._look_up_again(gpu)
+            self.rates.forget(gpu.index)
+        self._events.renew()
+        self._released = None
+        self._releases.answer(None)
+        log.info("NVML taken back after a release; the GPUs are read again")
 
     def process_name(self, pid: int) -> str | None:
         """Read afresh each poll, from /proc/<pid>/stat: a cached name goes stale when the PID is reused."""
