@@ -156,13 +156,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     vgpu = sub.add_parser(
         "vgpu",
-        help="drive the virtual GPU (vgpu/) from a simulator scenario",
+        help="drive the virtual GPU (vgpu/) from a simulator scenario or a real node's nvidia-smi -q capture",
         description="Write a simulator scenario's GPUs to the virtual libnvidia-ml.so.1's state file every second, "
-        "and serve POST/GET/DELETE /api/v1/sim/faults to inject faults (vgpu/README.md).",
+        "and serve POST/GET/DELETE /api/v1/sim/faults to inject faults; or, with --capture, write the GPUs of an "
+        "`nvidia-smi -q -x` or `nvidia-smi -q` capture once and exit (vgpu/README.md).",
     )
-    vgpu.add_argument("--scenario", default="h100-training", help="built-in scenario name or file")
+    source = vgpu.add_mutually_exclusive_group()
+    source.add_argument("--scenario", default="h100-training", help="built-in scenario name or file")
+    source.add_argument("--capture", type=Path, help="a real node's nvidia-smi -q -x (XML) or -q (text) output")
     vgpu.add_argument("--state", type=Path, required=True, help="the state file (GPU_TRIAGE_VGPU_STATE of readers)")
     vgpu.add_argument("--web.listen-address", dest="listen", default="127.0.0.1:9482", help="the fault API")
+    hold = sub.add_parser(
+        "release",
+        help="let the daemon on this node let go of NVML for a while, so that nvidia-smi -r can reset a GPU",
+        description="nvidia-smi -r refuses to reset a GPU that a process holds, gpu-triage's NVML session included, "
+        "and NVML cannot let go of one GPU alone: the daemon lets go of all of them, reports itself down, and takes "
+        "NVML back when the hold ends or on --resume. Asked through the daemon's state directory (root or its user).",
+    )
+    hold.add_argument("--seconds", type=float, default=300.0, help="how long at most (10-900; default %(default)g)")
+    hold.add_argument("--resume", action="store_true", help="take NVML back now")
+    hold.add_argument(
+        "--state.dir",
+        dest="state_dir",
+        type=Path,
+        default=Path(os.environ.get("GPU_TRIAGE_STATE_DIR", "/var/lib/gpu-triage")),
+        help="the daemon's --state.dir (env GPU_TRIAGE_STATE_DIR; default %(default)s)",
+    )
+    hold.add_argument("--wait", type=float, default=15.0, help="seconds to wait for the daemon (default %(default)g)")
     alerts = sub.add_parser("alerts", help="the Prometheus alert rules")
     alert_commands = alerts.add_subparsers(dest="alerts_command", metavar="COMMAND", required=True)
     render = alert_commands.add_parser(
@@ -293,10 +313,18 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
         return diagnose_files(args.files, args.json)
     if args.command == "vgpu":
+        if args.capture is not None:
+            from gpu_triage.exporter.backends.sim.vgpu_capture import run_capture
+
+            return run_capture(args.capture, args.state)
         from gpu_triage.exporter.backends.sim.vgpu_driver import run
 
         setup_logging("info", "logfmt")
         return run(args.scenario, args.state, args.listen)
+    if args.command == "release":
+        from gpu_triage.exporter.cli.release import release
+
+        return release(args.state_dir, args.seconds, args.resume, args.wait)
     if args.command == "alerts":
         from gpu_triage.exporter.cli.commands import render_alerts
 

@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 
 from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.exporter.backends.readings import Memory, MigInstance, Processes
+from gpu_triage.exporter.backends.mig_instance import MigInstance
+from gpu_triage.exporter.backends.readings import Memory, Processes
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 _OLD_MIG = re.compile(r"MIG-(GPU-[0-9A-Fa-f-]+)/(\d+)/(\d+)")

@@ -8,19 +8,22 @@ same path as NVML's XID events. What each collector reads is in readers.py.
 from __future__ import annotations
 
 import bisect
+import copy
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 from gpu_triage.diagnosis.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity, GpuLostError, Result
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
 from gpu_triage.exporter.backends.sim.mig import instances
 from gpu_triage.exporter.backends.sim.model import NodeModel, hash_pair
-from gpu_triage.exporter.backends.sim.readers import READERS, View
+from gpu_triage.exporter.backends.sim.readers import READERS
 from gpu_triage.exporter.backends.sim.scenario import Scenario
+from gpu_triage.exporter.backends.sim.view import View
 
 # Where the eight GPUs of an HGX H100 baseboard usually sit on the PCI bus.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -50,7 +53,7 @@ class SimBackend:
         self._gpus = [self._identity(i) for i in range(scenario.node.gpus.count)]
         shape = scenario.node.gpus
         self._instances = [
-            instances(scenario.seed, i, shape.mig_instances.get(i, []), shape.memory_bytes) for i in range(shape.count)
+            instances(scenario.seed, i, shape.mig_instances.get(i, []), shape.spec) for i in range(shape.count)
         ]
 
     # -- the GpuBackend contract ------------------------------------------------------------
@@ -66,20 +69,33 @@ class SimBackend:
             raise GpuLostError(f"GPU {gpu.index} is lost (simulated)")
         if any(f.spec.kind is FaultKind.GPU_RESET for f in faults):
             raise GpuLostError(f"GPU {gpu.index} is being reset (simulated)")
+        if any(f.spec.kind is FaultKind.STALE_HANDLE for f in faults):
+            raise GpuLostError(f"GPU {gpu.index}: its handle no longer names it (simulated)")
         hung = [f for f in faults if f.spec.kind is FaultKind.HUNG_CALL and f.spec.collector in (None, collector)]
         if hung:
             self._hang(hung)
         with self._lock:
-            view = View(
-                gpu.index,
-                self.scenario.node,
-                self._model.gpus[gpu.index],
-                self.scenario.seed,
-                faults,
-                {f.spec.kind for f in faults},
-                self._instances[gpu.index],
-            )
-            return Result(READERS[collector](view))
+            return Result(READERS[collector](self._view(gpu.index, faults)))
+
+    def view(self, index: int) -> View:
+        """GPU `index` as it is now, whatever its faults: what the vGPU writer turns into NVML's answers.
+        The model's state in it is a copy: it does not move under the caller."""
+        now = self._clock()
+        self._advance(now)
+        with self._lock:
+            view = self._view(index, self._book.on(index, now))
+            return replace(view, state=copy.deepcopy(view.state))
+
+    def _view(self, index: int, faults: list[ActiveFault]) -> View:
+        return View(
+            index,
+            self.scenario.node,
+            self._model.gpus[index],
+            self.scenario.seed,
+            faults,
+            {f.spec.kind for f in faults},
+            self._instances[index],
+        )
 
     def close(self) -> None:
         self._book.clear()  # releases any simulated hung call

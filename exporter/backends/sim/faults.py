@@ -28,6 +28,9 @@ class FaultKind(StrEnum):
     XID = "xid"
     GPU_LOST = "gpu_lost"
     GPU_RESET = "gpu_reset"  # a reset in flight: the GPU is unreachable until it ends, then answers again
+    # The GPU's NVML handles stop naming it, as after an unbind and a rebind: INVALID_ARGUMENT on the vGPU
+    # until the backend looks the GPU up again.
+    STALE_HANDLE = "stale_handle"
     HUNG_CALL = "hung_call"
     THERMAL_SLOWDOWN = "thermal_slowdown"
     POWER_SLOWDOWN = "power_slowdown"
