@@ -36,6 +36,9 @@ from gpu_triage.diagnosis.xid_data import load_catalog
 
 # Actions a reboot should have cured: seeing the code again in a later boot means the hardware.
 _CURED_BY_REBOOT = frozenset({Action.RESET_GPU, Action.DRAIN_AND_RESET, Action.REBOOT_NODE})
+# An occurrence's details: the MIG instance the driver attributes it to (absent: the whole GPU).
+GPU_INSTANCE = "gpu_instance"
+COMPUTE_INSTANCE = "compute_instance"
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +222,16 @@ def _gpc_tpc(occ: Occurrence) -> tuple[str, str] | None:
     return None if gpc is None or tpc is None else (gpc, tpc)
 
 
+def _scope(details: dict[str, str | int], group: Sequence[Decision]) -> None:
+    """A finding is one MIG instance's when every occurrence of its code was in that instance; when they were in
+    several, or some on the whole GPU, it is the whole GPU's, and the instances are listed."""
+    scopes = {d.occurrence.details.get(GPU_INSTANCE) for d in group}
+    if len(scopes) > 1:
+        details.pop(GPU_INSTANCE, None)
+        details.pop(COMPUTE_INSTANCE, None)
+        details["gpu_instances"] = ", ".join(sorted((s for s in scopes if s is not None), key=int))
+
+
 def findings(decisions: Sequence[Decision], gpu: str | None, catalog: XidCatalog | None = None) -> list[Finding]:
     """One finding per XID code, root causes first (most urgent, then earliest), then symptoms."""
     catalog = catalog or load_catalog()
@@ -235,6 +248,7 @@ def findings(decisions: Sequence[Decision], gpu: str | None, catalog: XidCatalog
         if len(group) > 1:
             evidence.append(Evidence(last.ref, last.text))
         details: dict[str, str | int] = dict(lead.occurrence.details.items())
+        _scope(details, group)
         if lead.note:
             details["note"] = lead.note
         if entry is not None:

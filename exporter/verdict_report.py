@@ -10,6 +10,7 @@ from typing import Any
 from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.findings import Finding, Workload, urgency
 from gpu_triage.diagnosis.health import GpuVerdict, drives, verdict_json
+from gpu_triage.diagnosis.incidents import GPU_INSTANCE
 from gpu_triage.diagnosis.node_verdict import BLIND_CLASSES, Blind, NodeVerdict
 from gpu_triage.diagnosis.xid_data import load_catalog
 from gpu_triage.exporter.polling.snapshot import Snapshot
@@ -109,6 +110,8 @@ def affected(snapshot: Snapshot, node: NodeVerdict) -> list[dict[str, Any]]:
             continue
         gpu = index.get(v.gpu)
         where = f"GPU {gpu}" if gpu is not None else v.gpu
+        if (instance := f.details.get(GPU_INSTANCE)) is not None:
+            where += f" instance {instance}"  # the MIG instance the driver put the XID in
         out.append(_place(v.action, where, gpu, v.gpu, f))
     for f in node.findings:
         if drives(f) and f.class_id not in BLIND_CLASSES:

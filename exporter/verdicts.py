@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 from gpu_triage.diagnosis.actions import Action, GpuStatus, Health
 from gpu_triage.diagnosis.findings import Finding, Workload
 from gpu_triage.diagnosis.health import GpuVerdict, Telemetry, assess_gpu
-from gpu_triage.diagnosis.incidents import Occurrence
+from gpu_triage.diagnosis.incidents import GPU_INSTANCE, Occurrence
 from gpu_triage.diagnosis.node_verdict import Blind, NodeVerdict, assess_node, sxid_findings, unknown_device_findings
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID
 from gpu_triage.diagnosis.xid_data import load_catalog
@@ -274,7 +274,7 @@ class Verdicts:
             finding.details["since"] = int(first) if first is not None else int(self._since.setdefault(finding.id, now))
             who = self._who.get(finding.id)
             if finding.gpu is not None and (who is None or not who[1]):
-                who = (workloads.get(finding.gpu, ()), settled)
+                who = (_in_scope(finding, workloads.get(finding.gpu, ())), settled)
                 self._who[finding.id] = who
             finding.workloads = who[0] if who else ()
         for stale in set(self._since) - open_ids:
@@ -299,6 +299,15 @@ def _log_event(event: Event) -> None:
     action = entry.action if entry else UNKNOWN_XID.action
     fields = {"xid": event.code, "gpu": event.gpu_index, "pci_bus_id": event.pci_bus_id, "uuid": event.uuid}
     log.warning("XID", extra={**fields, "action": action.value, "source": event.sources, "text": event.text})
+
+
+def _in_scope(finding: Finding, workloads: tuple[Workload, ...]) -> tuple[Workload, ...]:
+    """Who a finding hit: for an XID the driver put in one MIG instance, the workloads of that instance, unless
+    what it calls for (a reset, a reboot, an RMA) takes the whole GPU, and with it every instance's work."""
+    instance = finding.details.get(GPU_INSTANCE)
+    if instance is None or finding.action.rank <= Action.RESET_GPU.rank:
+        return workloads
+    return tuple(w for w in workloads if w.gpu_instance is not None and str(w.gpu_instance) == str(instance))
 
 
 def _fill_steps(node: NodeVerdict, indexes: dict[str, int]) -> None:

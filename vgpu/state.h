@@ -26,6 +26,7 @@
 
 #define VGPU_MAX_GPUS 64
 #define VGPU_MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
+#define VGPU_NO_INSTANCE 0xFFFFFFFFu /* an event's gpuInstanceId / computeInstanceId: the whole device (nvml.h) */
 #define VGPU_MAX_MIG 7
 #define VGPU_MAX_PROCS 32
 #define VGPU_MAX_OVERRIDES 16

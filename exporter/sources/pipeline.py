@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpu_triage.diagnosis.incidents import COMPUTE_INSTANCE, GPU_INSTANCE
 from gpu_triage.diagnosis.kernel_log import SYNTHESIZED, EventKind, KernelEvent
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser, ScanStats
 from gpu_triage.diagnosis.node_verdict import OTHER_DEVICES
@@ -343,6 +344,11 @@ class EventPipeline:
     def _from_driver(self, xid: DriverXid, source: str, gpus: dict[int, GpuIdentity]) -> Event:
         gpu = gpus.get(xid.gpu)
         text = f"Xid {xid.code}, {xid.message}" if xid.message else f"Xid {xid.code} reported by the {source} event API"
+        details = dict(xid.extra)
+        if xid.gpu_instance is not None:  # the driver attributes it to one MIG instance
+            details[GPU_INSTANCE] = str(xid.gpu_instance)
+            if xid.compute_instance is not None:
+                details[COMPUTE_INSTANCE] = str(xid.compute_instance)
         return Event(
             ts=xid.timestamp,
             boot_id=self.boot_id,
@@ -353,7 +359,7 @@ class EventPipeline:
             gpu_index=gpu.index if gpu else None,
             uuid=gpu.uuid if gpu else None,
             pci_bus_id=gpu.pci_bus_id if gpu else None,
-            details=dict(xid.extra),
+            details=details,
         )
 
     def _add(self, event: Event, fresh: list[_Slot], enriched: list[_Slot]) -> None:
@@ -378,8 +384,15 @@ class EventPipeline:
             slot = others.popleft()
             other = slot.event
             kernel, driver = (event, other) if from_kernel else (other, event)
-            # The kernel's record is the richer one (text, pid, process, payload); keep it.
-            slot.event = replace(kernel, sources=f"{_KERNEL},{driver.sources}", id=other.id, ts=min(event.ts, other.ts))
+            # The kernel's record is the richer one (text, pid, process, payload); keep it, with what only the
+            # driver says (the MIG instance).
+            slot.event = replace(
+                kernel,
+                sources=f"{_KERNEL},{driver.sources}",
+                id=other.id,
+                ts=min(event.ts, other.ts),
+                details={**driver.details, **kernel.details},
+            )
             self.stats.merged += 1
             if other.id:  # already journaled in an earlier batch (or before a restart)
                 enriched.append(slot)

@@ -72,6 +72,7 @@ def assign(answer: Answer, index: DeviceIndex) -> PodMap:
                     namespace=container.namespace,
                     container=container.container,
                     mig_uuid=place.mig.uuid if place.mig else "",
+                    gpu_instance=place.mig.gpu_instance if place.mig else None,
                 )
                 on_gpu = found.setdefault(place.gpu_uuid, {})
                 assignment = Assignment(workload, place.mig)

@@ -96,6 +96,7 @@ class Workloads:
                     step=job.step,
                     user=user,
                     mig_uuid=p.instance.uuid if p.instance else "",
+                    gpu_instance=p.instance.gpu_instance if p.instance else None,
                 )
                 found[Assignment(workload, p.instance)] = None
             out[uuid] = tuple(found)

@@ -48,6 +48,19 @@ def test_an_xid_reaches_the_backends_event_wait(worker: Callable[..., Worker], s
     assert nvml.value(nvml.answer()) == [[4, 79]]
 
 
+def test_an_xid_in_a_mig_instance_keeps_its_instance(worker: Callable[..., Worker], state: vs.StateWriter) -> None:
+    """nvml.h: gpuInstanceId and computeInstanceId name the MIG instance an XID is attributable to, and are
+    0xFFFFFFFF for one of the whole device."""
+    nvml = worker(state.path)
+    assert nvml.run(OPEN_BACKEND + "result = backend.wait_xids(0.0)") == []
+    state.push_xid(2, 13, gpu_instance_id=5, compute_instance_id=1)
+    state.push_xid(3, 48)
+    got = nvml.run(
+        "result = [(x.gpu, x.code, x.gpu_instance, x.compute_instance) for x in H['backend'].wait_xids(5.0)]"
+    )
+    assert got == [[2, 13, 5, 1], [3, 48, None, None]]
+
+
 def test_link_states_pcie_units_and_pstate_as_the_header_gives_them(nvml: Worker, state: vs.StateWriter) -> None:
     node = vs.h100_node()
     for link, link_state in enumerate([vs.NVLINK_INACTIVE, vs.NVLINK_SLEEP, vs.NVLINK_ACTIVE_TRAFFIC_DISABLED]):

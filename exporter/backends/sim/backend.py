@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from gpu_triage.diagnosis.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.mig_instance import MigInstance
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
 from gpu_triage.exporter.backends.sim.mig import instances
 from gpu_triage.exporter.backends.sim.model import NodeModel, hash_pair
@@ -121,6 +122,12 @@ class SimBackend:
             raise FaultError(f"no GPU {spec.gpu}: this node has GPUs 0..{count - 1}")
         if spec.link is not None and spec.link >= links:
             raise FaultError(f"no NVLink link {spec.link}: GPUs of this node have links 0..{links - 1}")
+        if spec.gpu_instance is not None and self._instance(spec) is None:
+            have = ", ".join(f"{m.mig.gpu_instance}/{m.mig.compute_instance}" for m in self._instances[spec.gpu])
+            wanted = f"{spec.gpu_instance}/{spec.compute_instance if spec.compute_instance is not None else '*'}"
+            raise FaultError(
+                f"GPU {spec.gpu} has no MIG instance {wanted} (GPU/compute instance): {have or 'MIG is off'}"
+            )
         now = self._clock()
         self._advance(now)
         return self._start(spec, now, source)
@@ -145,8 +152,29 @@ class SimBackend:
             if spec.xid == _FALLEN_OFF_THE_BUS:
                 lost = FaultSpec(gpu=spec.gpu, kind=FaultKind.GPU_LOST, duration_seconds=spec.duration_seconds)
                 self._book.add(lost, at, f"{source}: xid {spec.xid}")
-            self._xids.put(DriverXid(spec.gpu, spec.xid, at, spec.message))
+            # An XID in a MIG instance names it, as NVML's event does; one of the whole GPU names none.
+            mig = self._instance(spec)
+            self._xids.put(
+                DriverXid(
+                    spec.gpu,
+                    spec.xid,
+                    at,
+                    spec.message,
+                    gpu_instance=mig.gpu_instance if mig else None,
+                    compute_instance=mig.compute_instance if mig else None,
+                )
+            )
         return fault
+
+    def _instance(self, spec: FaultSpec) -> MigInstance | None:
+        """The MIG device an XID's spec names (its GPU instance's first compute instance when it names none)."""
+        if spec.gpu_instance is None:
+            return None
+        for m in self._instances[spec.gpu]:
+            gi, ci = m.mig.gpu_instance, m.mig.compute_instance
+            if gi == spec.gpu_instance and spec.compute_instance in (None, ci):
+                return m.mig
+        return None
 
     def _advance(self, now: float) -> None:
         with self._lock:  # reads of different GPUs advance the clock concurrently: take each fault once

@@ -130,7 +130,13 @@ class VgpuDriver:
         while not self._stop.is_set():
             for xid in self.sim.wait_xids(0.5):
                 with self._lock:
-                    self.writer.push_xid(xid.gpu, xid.code)
+                    instance = {}
+                    if xid.gpu_instance is not None:  # the writer's default is NVML's "the whole device"
+                        instance = {
+                            "gpu_instance_id": xid.gpu_instance,
+                            "compute_instance_id": xid.compute_instance or 0,
+                        }
+                    self.writer.push_xid(xid.gpu, xid.code, **instance)
 
 
 def driver_app(driver: VgpuDriver) -> FastAPI:
