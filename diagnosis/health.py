@@ -155,11 +155,14 @@ def assess_gpu(
     cleared_at: float | None = None,
     resets: Sequence[float] = (),
     catalog: XidCatalog | None = None,
+    crowded: frozenset[int] = frozenset(),
 ) -> GpuVerdict:
-    """One GPU's verdict from its XID history (all boots: history matters), telemetry and clears."""
+    """One GPU's verdict from its XID history (all boots: history matters), telemetry and clears. `crowded`: the
+    refs of occurrences other GPUs shared (incidents.crowd)."""
     catalog = catalog or load_catalog()
     boundaries = [*resets, *([cleared_at] if cleared_at is not None else [])]
-    decisions = decide(occurrences, recovery_now=telemetry.recovery_action, boundaries=boundaries, catalog=catalog)
+    recovery = telemetry.recovery_action
+    decisions = decide(occurrences, recovery_now=recovery, boundaries=boundaries, catalog=catalog, crowded=crowded)
     live = [d for d in decisions if _open(d, boot_id, now, cleared_at, resets)]
     xid_findings = findings(live, gpu, catalog)
     conditions = condition_findings(telemetry, gpu, catalog)

@@ -67,10 +67,12 @@ def _workloads(by_gpu: ByGpu) -> dict[str, tuple[Workload, ...]]:
 
 
 def kernel_log(settings: Settings, backend: str) -> Path:
-    """The kernel log to follow: --kmsg.path (/dev/kmsg by default); but by default the simulator's node has a
-    kernel log of its own, a file in the state directory (append the driver's lines to it), not this machine's."""
-    if settings.kmsg_path != DEV_KMSG or backend != "sim":
+    """The kernel log to follow: --kmsg.path, else /dev/kmsg; but unless told, the simulator's node has a kernel log
+    of its own, a file in the state directory (append the driver's lines to it), not this machine's."""
+    if settings.kmsg_path is not None:
         return settings.kmsg_path
+    if backend != "sim":
+        return DEV_KMSG
     path = settings.state_dir / "kmsg.log"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     collector_timeout: Duration | None = None
     state_dir: Path = Field(default_factory=lambda: default_state_dir()[0])
     journal_retention: Duration = 30 * 86400.0
-    kmsg_path: Path = DEV_KMSG  # the simulator's node reads its own file instead (see daemon.kernel_log)
+    kmsg_path: Path | None = None  # /dev/kmsg; the simulator's node has its own (see daemon.kernel_log)
     source_kmsg: bool = True
     source_events: bool = True
     diagnose_max_bytes: Size = 64 * 1024**2

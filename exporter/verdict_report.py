@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_triage.diagnosis.actions import Action
+from gpu_triage.diagnosis.collectives import rank_ranges
 from gpu_triage.diagnosis.findings import Finding, Workload, urgency
+from gpu_triage.diagnosis.fold import fold_gpus
 from gpu_triage.diagnosis.health import GpuVerdict, drives, verdict_json
 from gpu_triage.diagnosis.incidents import GPU_INSTANCE
 from gpu_triage.diagnosis.node_verdict import BLIND_CLASSES, Blind, NodeVerdict
@@ -40,7 +42,8 @@ def diagnosis_json(
                 "workloads": [w.to_json() for w in using.get(g.uuid, ())],
             }
         )
-    findings = [f.to_json() for f in sorted(all_findings(node), key=urgency)]
+    # One crash, one finding: an application's Xid on many GPUs is one entry here (each GPU keeps its own above).
+    findings = [f.to_json() for f in fold_gpus(sorted(all_findings(node), key=urgency))]
     for finding in [*findings, *(f for g in gpus for f in g.get("findings", []))]:
         finding.setdefault("workloads", [])
         details = finding["details"]
@@ -135,15 +138,32 @@ def _place(action: Action, where: str, gpu: int | None, bus: str | None, f: Find
 
 def name_places(places: list[dict[str, Any]], who: bool = False) -> str:
     """'REBOOT_NODE: GPU 1 Xid 79, GPU 5 lost; RESET_GPU: GPU 3 Xid 48': each action with the places that need
-    it, most urgent first, at most _SHOWN places (then '+N more'). `who` adds the pod or job that was there."""
+    it, most urgent first, at most _SHOWN places (then '+N more'). GPUs that need the same action for the same
+    cause are named together ('CHECK_APP: GPUs 0-7 Xid 13': one application's crash). `who` adds the pod or
+    job that was there."""
+    merged: list[dict[str, Any]] = []
+    together: dict[tuple[str, str], dict[str, Any]] = {}
+    for p in places:
+        key = (str(p["action"]), str(p["cause"]))
+        if p.get("gpu") is None or p["where"] != f"GPU {p['gpu']}":  # a bus id, a MIG instance, a switch
+            merged.append(p)
+        elif key in together:
+            together[key]["gpus"].append(p["gpu"])
+            together[key]["workloads"] = [*together[key]["workloads"], *p.get("workloads", [])]
+        else:
+            together[key] = {**p, "gpus": [p["gpu"]], "workloads": list(p.get("workloads", []))}
+            merged.append(together[key])
     groups: dict[str, list[str]] = {}
-    for p in places[:_SHOWN]:
-        text = f"{p['where']} {p['cause']}"
+    for p in merged[:_SHOWN]:
+        gpus = p.get("gpus", [])
+        # ASCII, for the drain reason of a scheduler that keeps only that.
+        where = f"GPUs {rank_ranges(gpus).replace(chr(0x2013), '-')}" if len(gpus) > 1 else p["where"]
+        text = f"{where} {p['cause']}"
         if who and (workload := _short_workload(p.get("workloads") or [])):
             text += f" {workload}"
         groups.setdefault(str(p["action"]), []).append(text)
     line = "; ".join(f"{action}: {', '.join(names)}" for action, names in groups.items())
-    more = len(places) - _SHOWN
+    more = len(merged) - _SHOWN
     return line + (f" +{more} more" if more > 0 else "")
 
 

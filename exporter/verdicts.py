@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping, Sequence
 from gpu_triage.diagnosis.actions import Action, GpuStatus, Health
 from gpu_triage.diagnosis.findings import Finding, Workload
 from gpu_triage.diagnosis.health import GpuVerdict, Telemetry, assess_gpu
-from gpu_triage.diagnosis.incidents import GPU_INSTANCE, Occurrence
+from gpu_triage.diagnosis.incidents import GPU_INSTANCE, Occurrence, crowd
 from gpu_triage.diagnosis.node_verdict import Blind, NodeVerdict, assess_node, sxid_findings, unknown_device_findings
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID
 from gpu_triage.diagnosis.xid_data import load_catalog
@@ -171,11 +171,16 @@ class Verdicts:
             self._forget_before(now - HISTORY_SECONDS)
             gpus = []
             seen: set[str] = set()
+            histories = {
+                s.identity.uuid: [*self._history(s.identity.uuid), *self._history(s.identity.pci_bus_id)]
+                for s in snapshot.gpus
+            }
+            crowded = crowd(histories)  # one application's crash on many GPUs: no GPU to suspect for its repeats
             for state in snapshot.gpus:
                 g = state.identity
                 seen |= {g.uuid, g.pci_bus_id}
-                history = [*self._history(g.uuid), *self._history(g.pci_bus_id)]
-                gpus.append(self._assess(g.pci_bus_id, g.uuid, history, self._telemetry(state, snapshot.backend), now))
+                telemetry = self._telemetry(state, snapshot.backend)
+                gpus.append(self._assess(g.pci_bus_id, g.uuid, histories[g.uuid], telemetry, now, crowded))
             node = assess_node(
                 gpus, [*sxid_findings(list(self._sxids), boot_id=self._boot_id), *self._unknown(seen, now)], incomplete
             )
@@ -251,7 +256,9 @@ class Verdicts:
         seen.update(link.link for link in (links.links if links else ()) if link.up)
         return telemetry(state, seen, backend)
 
-    def _assess(self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, now: float) -> GpuVerdict:
+    def _assess(
+        self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, now: float, crowded: frozenset[int]
+    ) -> GpuVerdict:
         return assess_gpu(
             bus,
             history,
@@ -260,6 +267,7 @@ class Verdicts:
             now=now,
             cleared_at=self._acknowledged.get(uuid),
             resets=sorted(self._resets.get(uuid, ())),
+            crowded=crowded,
         )
 
     def _stamp(

@@ -354,4 +354,11 @@ class FakeNvml:
             gpu, xid = self.events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
-        return SimpleNamespace(device=self.handle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid)
+        # pynvml's c_nvmlEventData_t; nvml.h: 0xFFFFFFFF instance ids for an event of the whole device.
+        return SimpleNamespace(
+            device=self.handle(gpu),
+            eventType=pynvml.nvmlEventTypeXidCriticalError,
+            eventData=xid,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 import httpx
 
 from gpu_triage.diagnosis.actions import Action, Health, most_urgent
+from gpu_triage.diagnosis.collectives import rank_ranges
 from gpu_triage.diagnosis.health import EXIT_CODES
 from gpu_triage.exporter.cli.report_text import safe
 from gpu_triage.exporter.verdict_report import name_blind, name_places
@@ -99,7 +100,7 @@ def select(body: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
         **body,
         "node": node,
         "gpus": gpus,
-        "findings": [f for f in body["findings"] if f.get("gpu") in buses],
+        "findings": [f for f in body["findings"] if f.get("gpu") in buses or buses & set(_gpus_of(f))],
         "selected": wanted,
     }
 
@@ -121,25 +122,34 @@ def reason(body: dict[str, Any]) -> str:
 
 
 def _text(body: dict[str, Any], base: str) -> str:
+    """The verdict, then one line per finding that asks for something, most urgent first: an application's Xid
+    on many GPUs is one line for them all, the node's own findings (NVSwitches, unknown devices, sources it
+    cannot read) name their place."""
     lines = [f"{NAGIOS[Health(body['node']['health'])]} - {body['node']['summary']}"]
-    on_gpus: set[str] = set()
-    for gpu in body["gpus"]:
-        where = f"GPU {gpu['gpu']}" if gpu["gpu"] is not None else gpu.get("pci_bus_id", "?")
-        for finding in gpu.get("findings", []):
-            on_gpus.add(finding["id"])
-            lines += _finding_line(where, finding, base)
-    # The node's own findings (NVSwitch SXIDs, unknown devices, sources it cannot read): no GPU holds them.
+    index = {g.get("pci_bus_id"): g.get("gpu") for g in body["gpus"]}
     for finding in body["findings"]:
-        if finding["id"] not in on_gpus:
-            lines += _finding_line(_node_place(finding), finding, base)
+        lines += _finding_line(_place(finding, index), finding, base)
     # Pod, container and job names are whoever made them: none may add a line or drive the terminal.
     return "\n".join(safe(line) for line in lines) + "\n"
 
 
-def _node_place(finding: dict[str, Any]) -> str:
+def _place(finding: dict[str, Any], index: dict[Any, Any]) -> str:
+    details = finding.get("details", {})
+    if (bus := finding.get("gpu")) is not None:
+        where = f"GPU {index[bus]}" if index.get(bus) is not None else str(bus)
+        return where + (f" instance {details['gpu_instance']}" if "gpu_instance" in details else "")
+    if gpus := _gpus_of(finding):
+        numbers = [index[b] for b in gpus if index.get(b) is not None]
+        return f"GPUs {rank_ranges(numbers)}" if len(numbers) == len(gpus) else "GPUs " + ", ".join(gpus)
     if str(finding.get("class", "")).startswith("sxid"):
         return "NVSwitch"
-    return str(finding.get("details", {}).get("pci_bus_id") or "gpu-triage")
+    return str(details.get("pci_bus_id") or "gpu-triage")
+
+
+def _gpus_of(finding: dict[str, Any]) -> list[str]:
+    """The bus ids of a finding folded across GPUs (diagnosis/fold.py), or none."""
+    listed = finding.get("details", {}).get("gpus")
+    return [b for b in str(listed).split(", ") if b] if listed else []
 
 
 def _finding_line(where: str, finding: dict[str, Any], base: str) -> list[str]:

@@ -35,7 +35,7 @@ KINDS: dict[str, tuple[str, ...]] = {
         "provisioning/datasources/prometheus.yaml",
     ),
     "systemd": ("gpu-triage.service", "gpu-triage.sysusers.conf", "config.yaml"),
-    "slurm": ("gpu-triage-healthcheck", "prolog.sh", "epilog.sh"),
+    "slurm": ("gpu-triage-healthcheck", "prolog.sh", "epilog.sh", "epilog-hang.sh"),
     "kubernetes": (
         "kustomization.yaml",
         "base/kustomization.yaml",
@@ -54,6 +54,7 @@ KINDS: dict[str, tuple[str, ...]] = {
         "overlays/node-condition/rbac.yaml",
         "overlays/unprivileged/kustomization.yaml",
         "overlays/unprivileged/daemonset.yaml",
+        "examples/flight-recorder-job.yaml",
     ),
 }
 SCRIPTS = {("slurm", name) for name in KINDS["slurm"]}
@@ -64,8 +65,8 @@ WHAT = {
     "alerts": "the Prometheus alert rules and an example Alertmanager routing tree",
     "dashboards": "the two Grafana dashboards and the provisioning examples",
     "systemd": "the unit (starting this gpu-triage), the sysusers file for its user and the commented config file",
-    "slurm": "the HealthCheckProgram wrapper, the prolog and the epilog",
-    "kubernetes": "the kustomize tree: kustomization.yaml, base/ and overlays/",
+    "slurm": "the HealthCheckProgram wrapper, the prolog, the epilog and the hang-collecting epilog",
+    "kubernetes": "the kustomize tree (kustomization.yaml, base/, overlays/) and examples/",
     RUNBOOKS: "every playbook as Markdown, <id>.md, and an index.md, for a wiki (alerts render --runbook-base)",
     ALL: "every kind above, each in DIR/<kind>",
 }

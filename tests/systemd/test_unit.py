@@ -180,9 +180,12 @@ def test_example_config_loads_as_shipped_and_uncommented(tmp_path: Path) -> None
     uncommented.write_text(COMMENTED_KEY.sub(r"\1: \2", EXAMPLE))
     assert set(yaml.safe_load(uncommented.read_text())) == {o.flag for o in OPTIONS}
     settings = load_settings({}, uncommented)
-    # The values shown are the defaults (collector.timeout shows what its computed default comes to).
-    assert settings.model_dump(exclude={"collector_timeout"}) == defaults.model_dump(exclude={"collector_timeout"})
+    # The values shown are the defaults (collector.timeout and kmsg.path show what their computed defaults come
+    # to on a GPU node).
+    computed = {"collector_timeout", "kmsg_path"}
+    assert settings.model_dump(exclude=computed) == defaults.model_dump(exclude=computed)
     assert settings.read_timeout == defaults.read_timeout
+    assert (settings.kmsg_path, defaults.kmsg_path) == (Path("/dev/kmsg"), None)
 
 
 @pytest.mark.parametrize("name", ["gpu-triage.service", "gpu-triage.sysusers.conf", "config.yaml", "README.md"])

@@ -37,7 +37,15 @@ def node() -> Snapshot:
 
 def pod(namespace: str, name: str, container: str = "main", mig: MigInstance | None = None) -> Assignment:
     return Assignment(
-        Workload("pod", name, namespace=namespace, container=container, mig_uuid=mig.uuid if mig else ""), mig
+        Workload(
+            "pod",
+            name,
+            namespace=namespace,
+            container=container,
+            mig_uuid=mig.uuid if mig else "",
+            gpu_instance=mig.gpu_instance if mig else None,
+        ),
+        mig,
     )
 
 
