@@ -12,7 +12,9 @@ and `stats` says the journal is down until a write succeeds. A journal that cann
 disk at start) is down in the same way until `open()` succeeds: the daemon serves GPU telemetry meanwhile
 and retries. Only a state directory that cannot be one (not a directory, not writable) is a start error.
 A file that is not a usable database (an empty file included) is moved aside with a loud log line and a
-fresh one started: losing history is bad, a daemon stuck in a crash loop is worse.
+fresh one started: losing history is bad, a daemon stuck in a crash loop is worse. Its kernel-log cursors are
+salvaged first (salvage.py) and carried into the new one, so what was logged while the daemon was down is still
+read, and counted once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from gpu_triage.exporter.sources.salvage import salvage_cursors
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +213,7 @@ class Journal:
             raise
         except sqlite3.DatabaseError as e:
             path = self.path
+            cursors = salvage_cursors(path)  # before the move: the new journal reads on from where this one was
             aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
             log.error(
                 "EVENT JOURNAL IS CORRUPT: moved it aside and started a new one; XID history before now is "
@@ -220,7 +225,9 @@ class Journal:
                 if old.exists():
                     old.rename(Path(f"{aside}{suffix}"))
             self.stats.moved_aside += 1
-            return self._open()
+            db = self._open()
+            db.executemany("INSERT OR REPLACE INTO cursor_v3 (origin, seq, mark) VALUES (?, ?, ?)", cursors)
+            return db
 
     def _need(self) -> sqlite3.Connection:
         if self._db is None:

@@ -7,7 +7,9 @@ and while following, the follower can tell what happened to the file since it la
 - rotated (renamed, a new file in its place): the old one, found by its inode beside the path, is
   read to its end, then the new one from its start;
 - truncated or rewritten in place (copytruncate, a truncate and regrow faster than it looked): the
-  bytes before the offset are not the ones it read, so everything the file holds now is new.
+  bytes before the offset are not the ones it read, so everything the file holds now is new; and what was
+  written after the offset before the truncation is in the copy, which is found beside the path by the
+  same marks (its first bytes and the bytes before the offset) and read from the offset to its end first.
 A file first met at start is read from its start if it holds kmsg records (they carry their own
 time), else from its end (plain lines are stamped when read: old faults would look new); either way
 that place is committed at once, so what is written while the daemon is down is read at the next start.
@@ -37,6 +39,7 @@ _HEAD_BYTES = 4096
 _TAIL_BYTES = 256
 _CHUNK_BYTES = 1 << 20
 _POLL_SECONDS = 0.02  # how soon a line appended to a followed file is seen
+_PACKED = (".gz", ".xz", ".bz2", ".zst", ".lz4")  # rotated copies compressed: what we had not read is lost
 
 
 class Committed(Protocol):
@@ -138,6 +141,7 @@ class FileFollower:
         self.opened = False  # a file was found at the path at least once
         self.line_no = 0  # numbers the lines read, across files: the parser's windows count in lines
         self.at_start = True  # until the first try to open the path: a file that appears later is all new
+        self._mark_held = ""  # the place last committed in the file at the path, for a copy to go on from
 
     def follow(self) -> None:
         """Open the file at the path, catch up with it, and follow it until it is replaced."""
@@ -150,12 +154,13 @@ class FileFollower:
             mark = FileMark.decode(cursor.mark) if cursor else None
             if cursor is not None:
                 self.line_no = max(self.line_no, cursor.seq)
-            if mark is not None and mark.same_file(st):
-                offset = mark.offset if mark.holds(f) else 0  # grown, or truncated or rewritten since
-            elif mark is not None and self._finish_rotated(mark):
+            if mark is not None and mark.holds(f):
+                offset = mark.offset  # grown; or replaced by a copy of itself (an editor, cp)
+            elif mark is not None and not mark.same_file(st) and self._finish_rotated(mark):
                 offset = 0  # the file now at the path came after the one we read: all of it is new
             elif mark is not None:
-                offset = mark.offset if mark.holds(f) else 0  # replaced by a copy of itself (an editor, cp)
+                self._finish_copy(mark)  # truncated or rewritten since (copytruncate): the copy holds the rest
+                offset = 0
             elif at_start:
                 offset = self._first_sight(f, st)
             else:
@@ -172,6 +177,25 @@ class FileFollower:
             offset, self.line_no = (0, 0) if kmsg else _after_lines(f, None)
         self._commit([], self._mark(f, st, offset))
         return offset
+
+    def _finish_copy(self, mark: FileMark) -> bool:
+        """Read the copy of the file we were following (copytruncate's `name.1`, any `name*` beside it that still
+        holds what we read up to the offset) from where we were to its end; whether there was one."""
+        with os.scandir(self.path.parent) as entries:
+            siblings = [
+                e.path
+                for e in entries
+                if e.name != self.path.name and e.name.startswith(self.path.name) and not e.name.endswith(_PACKED)
+            ]
+        for sibling in siblings:
+            try:
+                with Path(sibling).open("rb") as copy:
+                    if os.fstat(copy.fileno()).st_size >= mark.offset and mark.holds(copy):
+                        self._read(copy, os.fstat(copy.fileno()), mark.offset, until_replaced=False)
+                        return True
+            except OSError:
+                continue  # gone or unreadable: not the one
+        return False
 
     def _finish_rotated(self, mark: FileMark) -> bool:
         """Read the file we were following, if it is beside the path under another name, from where we were to
@@ -197,6 +221,8 @@ class FileFollower:
             # was being journaled): what the file holds now is all new.
             rewritten = read_tail and os.pread(fd, len(read_tail), position - len(read_tail)) != read_tail
             if rewritten or os.fstat(fd).st_size < position:
+                if until_replaced and (held := FileMark.decode(self._mark_held)) is not None:
+                    self._finish_copy(held)  # copytruncate copied it first: the lines we had not read are there
                 position = offset = 0
                 line, read_tail = _Line(), b""
             chunk = os.pread(fd, _CHUNK_BYTES, position)
@@ -211,8 +237,11 @@ class FileFollower:
             if not consumed:
                 continue
             offset += consumed
-            if not self._commit(records, self._mark(f, st, offset)):
+            mark = self._mark(f, st, offset)
+            if not self._commit(records, mark):
                 return
+            if until_replaced:
+                self._mark_held = mark
 
     def _lines(self, chunk: bytes, line: _Line) -> tuple[list[Record], int]:
         """The records of the lines `chunk` completes, and how many bytes those lines span from the last one."""

@@ -1,5 +1,6 @@
-"""Chaos on the XID path: kill -9 mid-burst, rotation and truncation while down, a full disk (while running
-and at start), corrupt lines.
+"""Chaos on the XID path: kill -9 mid-burst, rotation and truncation while down, copytruncate while down, NUL
+padding after a power loss, a full disk (while running and at start), corrupt lines, a journal clobbered while
+down.
 
 The real daemon follows a real kernel-log file and keeps its journal on a small tmpfs this test mounts
 (so the disk can really fill up). At the end every XID line written has been counted exactly once.
@@ -32,8 +33,12 @@ class Node:
         self.written: list[int] = []
         kmsg.touch()
 
-    def burst(self, n: int) -> None:
+    def burst(self, n: int, *, padded: bool = False) -> list[int]:
+        """`n` XID lines; `padded`: after NULs, as a file holds them after a power loss (blocks never written)."""
+        first = len(self.written)
         with self.kmsg.open("a") as f:
+            if padded:
+                f.write("\x00" * self.rng.randint(1000, 20_000))
             for _ in range(n):
                 pid = 10_000 + len(self.written)
                 self.written.append(pid)
@@ -53,6 +58,7 @@ class Node:
                     )
                 if self.rng.random() < 0.05:
                     f.flush()
+        return self.written[first:]
 
 
 class Daemon:
@@ -112,48 +118,8 @@ def test_every_xid_line_is_counted_exactly_once_through_chaos(tmp_path: Path) ->
         node = Node(tmp_path / "kmsg.log", rng)
         daemon = Daemon(state, node.kmsg, tmp_path / "daemon.log")
         try:
-            # Killed in the middle of bursts, three times.
-            for _ in range(3):
-                daemon.start()
-                node.burst(rng.randint(100, 300))
-                node.burst(rng.randint(100, 300))
-                daemon.kill()
-            # Rotated while down, with lines written to the old file before and to the new one after.
-            node.burst(50)
-            node.kmsg.rename(tmp_path / "kmsg.log.1")
-            node.burst(30)
-            daemon.start()
-            daemon.caught_up(node)
-            daemon.stop()
-            # Truncated in place while down (copytruncate), then longer than before.
-            node.kmsg.write_text("")
-            node.burst(rng.randint(400, 600))
-            daemon.start()
-            daemon.caught_up(node)
-            # The disk fills up: XIDs written meanwhile wait, the daemon says so, and nothing is lost.
-            filler = fill(state)
-            node.burst(200)
-            wait_for(lambda: daemon.metric("gpu_triage_journal_up") == 0, 30, 0.2, "the journal to be reported down")
-            assert httpx.get(f"{daemon.url}/readyz", timeout=5).status_code == 503
-            node.burst(100)
-            filler.unlink()
-            daemon.caught_up(node)
-            assert daemon.metric("gpu_triage_journal_up") == 1
-            # A restart on a full disk: GPU telemetry at once, the XIDs written meanwhile once the journal opens.
-            daemon.stop()
-            filler = fill(state)
-            node.burst(150)
-            daemon.start()
-            assert daemon.metric("gpu_triage_journal_up") == 0
-            assert 'nvidia_gpu_temperature_celsius{gpu="0"' in httpx.get(f"{daemon.url}/metrics", timeout=10).text
-            assert httpx.get(f"{daemon.url}/readyz", timeout=5).status_code == 503
-            assert httpx.get(f"{daemon.url}/api/v1/events", timeout=5).status_code == 503
-            refused = httpx.post(f"{daemon.url}/api/v1/gpus/0/acknowledge", timeout=5)
-            assert refused.status_code == 503 and "not stored" in refused.json()["error"]
-            node.burst(50)
-            filler.unlink()
-            daemon.caught_up(node)
-            assert daemon.metric("gpu_triage_journal_up") == 1
+            kills_and_files(daemon, node, tmp_path, rng)
+            full_disks(daemon, node, state)
             # And a last kill mid-burst, and a restart.
             node.burst(300)
             daemon.kill()
@@ -161,5 +127,75 @@ def test_every_xid_line_is_counted_exactly_once_through_chaos(tmp_path: Path) ->
             daemon.caught_up(node)
             assert daemon.pids() == sorted(node.written), "each XID line counted exactly once"
             assert daemon.counted() == len(node.written)
+            # The journal clobbered while down: moved aside, its history gone with it, but its place in the kernel
+            # log kept, so the lines written meanwhile are counted in the new one, each once.
+            daemon.stop()
+            down = node.burst(30)
+            with (state / "journal.sqlite3").open("r+b") as journal:
+                journal.write(os.urandom(100))
+            daemon.start()
+            wait_for(lambda: daemon.counted() >= len(down), 60, 0.2, f"the {len(down)} XIDs written while down")
+            assert daemon.pids() == sorted(down) and daemon.metric("gpu_triage_journal_moved_aside_total") == 1
         finally:
             daemon.stop()
+
+
+def kills_and_files(daemon: Daemon, node: Node, tmp_path: Path, rng: random.Random) -> None:
+    # Killed in the middle of bursts, three times.
+    for _ in range(3):
+        daemon.start()
+        node.burst(rng.randint(100, 300))
+        node.burst(rng.randint(100, 300))
+        daemon.kill()
+    # Rotated while down, with lines written to the old file before and to the new one after.
+    node.burst(50)
+    node.kmsg.rename(tmp_path / "kmsg.log.1")
+    node.burst(30)
+    daemon.start()
+    daemon.caught_up(node)
+    daemon.stop()
+    # Truncated in place while down (copytruncate), then longer than before.
+    node.kmsg.write_text("")
+    node.burst(rng.randint(400, 600))
+    daemon.start()
+    daemon.caught_up(node)
+    # logrotate's copytruncate while down: the lines written before the copy are only in the copy.
+    daemon.stop()
+    node.burst(40)
+    (tmp_path / "kmsg.log.2").write_bytes(node.kmsg.read_bytes())
+    node.kmsg.write_text("")
+    node.burst(20)
+    daemon.start()
+    daemon.caught_up(node)
+    # A power loss: NUL padding where the file's last blocks were never written, then the next lines.
+    daemon.kill()
+    node.burst(25, padded=True)
+    daemon.start()
+    daemon.caught_up(node)
+
+
+def full_disks(daemon: Daemon, node: Node, state: Path) -> None:
+    # The disk fills up: XIDs written meanwhile wait, the daemon says so, and nothing is lost.
+    filler = fill(state)
+    node.burst(200)
+    wait_for(lambda: daemon.metric("gpu_triage_journal_up") == 0, 30, 0.2, "the journal to be reported down")
+    assert httpx.get(f"{daemon.url}/readyz", timeout=5).status_code == 503
+    node.burst(100)
+    filler.unlink()
+    daemon.caught_up(node)
+    assert daemon.metric("gpu_triage_journal_up") == 1
+    # A restart on a full disk: GPU telemetry at once, the XIDs written meanwhile once the journal opens.
+    daemon.stop()
+    filler = fill(state)
+    node.burst(150)
+    daemon.start()
+    assert daemon.metric("gpu_triage_journal_up") == 0
+    assert 'nvidia_gpu_temperature_celsius{gpu="0"' in httpx.get(f"{daemon.url}/metrics", timeout=10).text
+    assert httpx.get(f"{daemon.url}/readyz", timeout=5).status_code == 503
+    assert httpx.get(f"{daemon.url}/api/v1/events", timeout=5).status_code == 503
+    refused = httpx.post(f"{daemon.url}/api/v1/gpus/0/acknowledge", timeout=5)
+    assert refused.status_code == 503 and "not stored" in refused.json()["error"]
+    node.burst(50)
+    filler.unlink()
+    daemon.caught_up(node)
+    assert daemon.metric("gpu_triage_journal_up") == 1

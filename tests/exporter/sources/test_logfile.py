@@ -80,6 +80,52 @@ def test_copytruncate_while_down_with_longer_new_content_is_read_whole(tmp_path:
     assert texts(got)[12:] == [f"new {i}" for i in range(20)]
 
 
+def test_copytruncate_while_down_reads_the_lines_the_copy_took_first(tmp_path: Path) -> None:
+    """logrotate's copytruncate: `cp kern.log kern.log.1; : > kern.log`. The lines written after the daemon's place
+    and before the copy are only in the copy: found beside the path by the same marks, and read first."""
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    follower, got = started(log)
+    with log.open("a") as f:
+        f.writelines(plain(i, "seen") for i in range(5))
+    got.wait_for(5)
+    follower.stop()
+    with log.open("a") as f:
+        f.writelines(plain(i, "down") for i in range(7))
+    (tmp_path / "kern.log.1").write_bytes(log.read_bytes())
+    (tmp_path / "kern.log.2.gz").write_bytes(b"\x1f\x8b an older, compressed one")
+    log.write_text("".join(plain(i, "after") for i in range(3)))  # same inode, truncated, then written again
+    run_until(log, got, 15)
+    time.sleep(0.2)
+    assert texts(got) == [f"seen {i}" for i in range(5)] + [f"down {i}" for i in range(7)] + [
+        f"after {i}" for i in range(3)
+    ]
+
+
+def test_copytruncate_while_running_reads_what_the_copy_took_before_the_truncation(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    follower, got = started(log)
+    try:
+        with log.open("a") as f:
+            f.writelines(plain(i, "seen") for i in range(5))
+        got.wait_for(5)
+        # Between two looks of the follower: more lines, the copy, the truncation, new lines.
+        with log.open("r+") as f:
+            f.seek(0, 2)
+            f.writelines(plain(i, "late") for i in range(4))
+            f.flush()
+            (tmp_path / "kern.log.1").write_bytes(log.read_bytes())
+            f.truncate(0)
+            f.seek(0)
+            f.writelines(plain(i, "after") for i in range(30))  # past the old size: a plain size check misses it
+        got.wait_for(39)
+        time.sleep(0.2)
+        assert texts(got)[5:] == [f"late {i}" for i in range(4)] + [f"after {i}" for i in range(30)]
+    finally:
+        follower.stop()
+
+
 def test_truncate_and_regrow_while_running_is_read_whole(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")

@@ -392,3 +392,30 @@ def test_lines_the_code_cannot_process_are_skipped_not_retried_forever(
         assert p.idle.wait(5.0) and sorted(e.code for e in p.journal.events()) == [13, 79]
     finally:
         p.stop()
+
+
+def test_a_corrupt_journal_moved_aside_keeps_its_place_in_the_kernel_log(tmp_path: Path) -> None:
+    """Stop the daemon, let the kernel log five Xid 74s, clobber the journal's header (what a crash of the disk or a
+    stray write does), start it: the journal is moved aside, and the five XIDs are still counted, once."""
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.write_text("Dec  1 13:00:00 node kernel: booted\n")  # a plain file: without a cursor, read from its end
+    d = start_daemon(tmp_path, "boot-1", kmsg)
+    d.stop()
+    with kmsg.open("a") as f:
+        f.writelines(
+            f"Dec  1 13:0{i}:00 node kernel: NVRM: Xid (PCI:0000:18:00): 74, pid=1, name=x, NVLink: link {i}\n"
+            for i in range(5)
+        )
+    journal = tmp_path / "journal.sqlite3"
+    with journal.open("r+b") as f:
+        f.write(b"\xde\xad\xbe\xef" * 25)  # the first 100 bytes: SQLite's header
+    d = start_daemon(tmp_path, "boot-1", kmsg)
+    try:
+        deadline = time.monotonic() + 10
+        while xid_count(d, 74) < 5:
+            assert time.monotonic() < deadline, xid_count(d, 74)
+            time.sleep(0.02)
+        assert d.pipeline.idle.wait(5) and xid_count(d, 74) == 5
+        assert d.journal.stats.moved_aside == 1 and list(tmp_path.glob("journal.sqlite3.corrupt-*"))
+    finally:
+        d.stop()
