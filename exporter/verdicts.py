@@ -45,6 +45,9 @@ HISTORY_SECONDS = 7 * 86400.0  # what the classifier looks back on (repeats, ret
 # Xid 48 that decides the verdict) out of what the classifier sees.
 _HISTORY_PER_CODE = 1000
 MARKS_PER_GPU = 64  # resets kept per GPU: older ones fall outside what the verdict looks back on
+# GPUs whose resets are kept: a node's, and the few the kernel log binds that the driver no longer lists; a log
+# that binds thousands (corrupt, or another machine's) must not grow the table.
+_MAX_RESET_GPUS = 1024
 _RECENT_IDS = 4096  # events a second source may still enrich (it reports within seconds)
 _THERMAL = ClockEventReason.HW_THERMAL_SLOWDOWN.bit | ClockEventReason.SW_THERMAL_SLOWDOWN.bit
 _POWER_BRAKE = ClockEventReason.HW_POWER_BRAKE_SLOWDOWN.bit
@@ -122,7 +125,11 @@ class Verdicts:
                 if m.kind == "acknowledged":
                     self._acknowledged[m.uuid] = max(m.ts, self._acknowledged.get(m.uuid, m.ts))
                 elif m.kind == "init":
-                    self._resets.setdefault(m.uuid, deque(maxlen=MARKS_PER_GPU)).append(m.ts)
+                    resets = self._resets.pop(m.uuid, None) or deque(maxlen=MARKS_PER_GPU)
+                    resets.append(m.ts)
+                    self._resets[m.uuid] = resets  # newest last: a log full of bindings lets the oldest go
+                    if len(self._resets) > _MAX_RESET_GPUS:
+                        del self._resets[next(iter(self._resets))]
 
     def add(self, event: Event) -> None:
         """A new event, or a journaled one another source made richer (same id): replaced, not added.

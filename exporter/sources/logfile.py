@@ -37,7 +37,7 @@ from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_journal
 MAX_LINE_BYTES = MAX_LINE_CHARS  # the kernel-log parser's own limit: a longer line is not worth keeping
 _HEAD_BYTES = 4096
 _TAIL_BYTES = 256
-_CHUNK_BYTES = 1 << 20
+_CHUNK_BYTES = 1 << 18  # a read, and so a batch journaled at once: a burst's lines alive together stay few MiB
 _POLL_SECONDS = 0.02  # how soon a line appended to a followed file is seen
 _PACKED = (".gz", ".xz", ".bz2", ".zst", ".lz4")  # rotated copies compressed: what we had not read is lost
 
@@ -238,7 +238,9 @@ class FileFollower:
                 continue
             offset += consumed
             mark = self._mark(f, st, offset)
-            if not self._commit(records, mark):
+            committed = self._commit(records, mark)
+            del records  # journaled (or given up on): not held while waiting for the next lines
+            if not committed:
                 return
             if until_replaced:
                 self._mark_held = mark

@@ -128,6 +128,7 @@ class EventPipeline:
         self._waiting: dict[tuple[str, str, int], tuple[deque[_Slot], deque[_Slot]]] = {}
         # The latest Xid-less "fallen off the bus" event of each GPU: its Xid 79 line may follow in a later batch.
         self._fallen: dict[tuple[str, str, int], _Slot] = {}
+        self._newest = float("-inf")  # the time of the newest report seen: older ones wait this long for a twin
         self._clock = clock
         self._thread: threading.Thread | None = None
         self._unfinished = 0  # batches queued and not yet journaled
@@ -209,15 +210,14 @@ class EventPipeline:
                 self.stats.failed_batches += 1
                 self._forget_unstored()
                 stored = self._skip(batches)
-            for batch in batches:
-                if isinstance(batch, KernelBatch):
-                    batch.commit.settle(stored)
+            _settle(batches, stored)
             with self._count_lock:
                 self._unfinished -= len(batches)
                 if self._unfinished == 0:
                     self.idle.set()
             if None in items:
                 return
+            del items, batches  # not held while waiting for the next: a burst's lines would stay in memory
 
     def process(self, batches: Sequence[Batch]) -> list[Event]:
         """Journal one batch of source items; returns the new events (merged ones are not new).
@@ -225,6 +225,7 @@ class EventPipeline:
         `on_events` hears of the new events and of journaled ones a second source made richer."""
         gpus = {g.pci_bus_id: g for g in self._gpus()}
         by_index = {g.index: g for g in gpus.values()}
+        self._let_go()
         fresh: list[_Slot] = []
         enriched: list[_Slot] = []
         cursor: Cursor | None = None
@@ -262,6 +263,20 @@ class EventPipeline:
                     raise
                 self._stopping.wait(_RETRY_SECONDS[min(attempt, len(_RETRY_SECONDS) - 1)])
         raise AssertionError("unreachable")  # for the type checker: count() never ends
+
+    def _let_go(self) -> None:
+        """Reports too old to be the twin of the newest one seen, of every GPU and code: a burst must not stay in
+        memory until the next report of its own kind. The reports came in time order: each queue is cut at its front."""
+        now = self._newest
+        for key, queues in list(self._waiting.items()):
+            for waiting in queues:
+                while waiting and waiting[0].event.ts < now - MERGE_WINDOW_SECONDS:
+                    waiting.popleft()
+            if not any(queues):
+                del self._waiting[key]
+        for key, slot in list(self._fallen.items()):
+            if slot.event.ts < now - MERGE_WINDOW_SECONDS:
+                del self._fallen[key]
 
     def _forget_unstored(self) -> None:
         """Reports of a skipped batch were never journaled: their twins must not merge into them and vanish."""
@@ -323,8 +338,9 @@ class EventPipeline:
         bus = ke.pci_bus_id
         gpu = gpus.get(bus or "")
         uuid = gpu.uuid if gpu else self._bound.get(bus or "")
-        if bus and (ke.kind is EventKind.SXID or uuid is None):
+        if bus and gpu is None:  # a switch, or a device the driver does not list (even one the kernel bound)
             bus = self._device(ke.kind.value, bus)
+            uuid = None if bus == OTHER_DEVICES else uuid
         return Event(
             ts=record.ts,
             boot_id=self.boot_id,
@@ -371,6 +387,7 @@ class EventPipeline:
         so a storm of XIDs costs constant time per report, not a scan of the window.
         """
         key = (event.kind, event.uuid or event.pci_bus_id or "", event.code)
+        self._newest = max(self._newest, event.ts)
         if self._folded_into_fallen(key, event, enriched):
             return
         queues = self._waiting.setdefault(key, (deque(maxlen=_MAX_WAITING), deque(maxlen=_MAX_WAITING)))
@@ -417,6 +434,12 @@ class EventPipeline:
         if slot.event.id:
             enriched.append(slot)
         return True
+
+
+def _settle(batches: Sequence[Batch], stored: bool) -> None:
+    for batch in batches:
+        if isinstance(batch, KernelBatch):
+            batch.commit.settle(stored)
 
 
 def _record_of(ke: KernelEvent, records: Sequence[Record], otherwise: Record) -> Record:

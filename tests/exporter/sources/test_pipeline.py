@@ -419,3 +419,34 @@ def test_a_corrupt_journal_moved_aside_keeps_its_place_in_the_kernel_log(tmp_pat
         assert d.journal.stats.moved_aside == 1 and list(tmp_path.glob("journal.sqlite3.corrupt-*"))
     finally:
         d.stop()
+
+
+def test_distinct_bus_ids_are_bounded_and_the_rest_counted_together(tmp_path: Path) -> None:
+    """XIDs on thousands of bus ids that are no GPU of the node (a corrupt log, another machine's): the first
+    MAX_UNKNOWN_DEVICES are kept apart, every other one counts under OTHER_DEVICES, and nothing is dropped."""
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.touch()
+    d = start_daemon(tmp_path, "boot-1", kmsg)
+    buses = [f"{domain:04x}:{bus:02x}:00" for domain in range(1, 13) for bus in range(256)][:3000]
+    try:
+        with kmsg.open("a") as f:
+            for n, bus in enumerate(buses):
+                if n % 3 == 0:  # some bound by the kernel to a GPU the driver does not list
+                    f.write(f"NVRM: GPU at PCI:{bus}: GPU-{n:08x}-0000-4000-8000-000000000000\n")
+                f.write(f"NVRM: Xid (PCI:{bus}): 43, pid=1, name=x, Ch 00000010\n")
+        deadline = time.monotonic() + 30
+        while sum(t.count for t in d.journal.totals()) < len(buses):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        d.refresh()
+        totals = d.journal.totals()
+        apart = {t.pci_bus_id for t in totals} - {pipeline_module.OTHER_DEVICES}
+        assert len(apart) == pipeline_module.MAX_UNKNOWN_DEVICES
+        other = [t for t in totals if t.pci_bus_id == pipeline_module.OTHER_DEVICES]
+        assert sum(t.count for t in other) == len(buses) - pipeline_module.MAX_UNKNOWN_DEVICES
+        page = d.metrics.text.decode()
+        assert len([row for row in page.splitlines() if row.startswith("nvidia_gpu_xid_errors_total{")]) <= 65
+        assert len(page) < 300 * 1024
+        assert len(d.diagnosis()["findings"]) <= pipeline_module.MAX_UNKNOWN_DEVICES + 1
+    finally:
+        d.stop()
