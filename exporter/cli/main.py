@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=("text", "json", "reason"),
         default="text",
         help="text (default); json: the diagnosis, also when there is no verdict; reason: one line such as "
-        "'REBOOT_NODE GPU 3 Xid 79 job 4242', for a drain reason",
+        "'REBOOT_NODE: GPU 3 Xid 79 job 4242', for a drain reason",
     )
     check.add_argument("--json", action="store_true", help="the same as --format json")
     check.add_argument(
