@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from gpu_triage.diagnosis import next_steps
 from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.findings import Evidence, Finding
 from gpu_triage.diagnosis.identity import Place, Who
@@ -184,7 +185,7 @@ def build(where: Where, tally: Tally, label: Callable[[int], str | None], name: 
         place_inferred=tally.inferred,
         evidence=[Evidence(s.line, s.text, label(s.source)) for s in lines],
         count=tally.count,
-        steps=list(spec.steps),
         details=details,
     )
+    finding.steps = next_steps.fill(spec.steps, next_steps.values(finding))
     return Ranked(finding, spec.tier, Timing(first.stamp, first.source, first.line))

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from gpu_triage.diagnosis import next_steps
 from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for, skip_test_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
@@ -350,6 +351,9 @@ class _Diagnosis:
         findings = fold([r.finding for r in order(kernel_first(settle(ranked, symptom), root_xid))], symptom)
         findings = reporter.straggler(findings)
         link_symptoms(findings, symptom)
+        for f in findings:  # now that the job-wide analysis has added what it learnt
+            if (spec := self.specs.get(f.class_id)) is not None:
+                f.steps = next_steps.fill(spec.steps, next_steps.values(f))
         events = []
         for e in self.kernel.events:
             source = label(e.pop("_source"))
@@ -364,7 +368,10 @@ class _Diagnosis:
             for trace in uncaught(src, exit_reported=src.exit_reported, end=end, wrap_width=width):
                 seen = Seen(src.index, trace.line, trace.text[:EVIDENCE_CHARS], None, -1)
                 who = Who(src.index, trace.host, None, trace.rank, trace.local_rank, task=trace.task)
-                self.collapser.add(who, self.specs[JOB_FAILED], seen, {})
+                # The exception's type is the death's cause: ranks dying of different ones are told apart.
+                fields = self.rules.context_fields(ContextKind.EXCEPTION, normalise(trace.text).text)
+                cause: dict[str, str | int] = {"cause": fields["exc"]} if fields and fields.get("exc") else {}
+                self.collapser.add(who, self.specs[JOB_FAILED], seen, cause)
 
 
 def diagnose(sources: Iterable[tuple[str | None, Iterable[bytes]]], *, engine: str | None = None) -> Report:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
+from gpu_triage.diagnosis import next_steps
 from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
 from gpu_triage.diagnosis.log_lines import normalise
@@ -83,6 +84,33 @@ def _examples(ck: Problems, where: str, node: object) -> tuple[Example, ...]:
     return tuple(out)
 
 
+def _steps(ck: Problems, where: str, node: object) -> tuple[str, ...]:
+    """A rule's next steps: strings, or `{unless: name, text: …}` for the advice given when a name is unknown."""
+    if not isinstance(node, list) or not node:
+        ck.fail(where, "expected a non-empty list of steps")
+        return ()
+    out: list[str] = []
+    for i, item in enumerate(node):
+        at = f"{where}[{i}]"
+        if isinstance(item, dict):
+            spec = ck.keys(at, item, {"unless", "text"})
+            name, text = spec.get("unless"), spec.get("text")
+            if not (isinstance(name, str) and isinstance(text, str) and text):
+                ck.fail(at, "`unless` must name a field and `text` be a non-empty string")
+                continue
+            step = next_steps.unless(name, text)
+        elif isinstance(item, str) and item:
+            step = item
+        else:
+            ck.fail(at, "a step is a non-empty string or a mapping of `unless` and `text`")
+            continue
+        for name in next_steps.names(step):
+            if name not in FIELDS and name not in next_steps.PLACE_NAMES | next_steps.REPORT_NAMES:
+                ck.fail(at, f"unknown name {{{name}}}: a step may name the fields of a finding and its place")
+        out.append(step)
+    return tuple(out)
+
+
 def _parse_context(ck: Problems, node: object) -> tuple[ContextRule, ...]:
     if not isinstance(node, list):
         ck.fail("context", "expected a list")
@@ -127,7 +155,7 @@ def _parse_rule(ck: Problems, i: int, item: object) -> Rule | None:
         action=action or Action.IGNORE,
         playbook=playbook_id(class_id),
         title=str(title),
-        steps=tuple(ck.strings(f"{at}.steps", spec.get("steps"))),
+        steps=_steps(ck, f"{at}.steps", spec.get("steps")),
         signatures=_signatures(ck, f"{at}.signatures", spec.get("signatures")),
         examples=_examples(ck, f"{at}.examples", spec.get("examples")),
         specificity=i,
