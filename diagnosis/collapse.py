@@ -39,6 +39,7 @@ class Spec:
     steps: tuple[str, ...]
     tier: float  # root-cause order: lower is more specific
     symptom: bool = False
+    performance: bool = False  # slows a job without ending it (reported beside the findings)
 
 
 @dataclass(frozen=True, slots=True)

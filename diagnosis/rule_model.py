@@ -32,12 +32,12 @@ _INT_FIELDS = (
     "rank peer_rank local_rank pid cuda_dev port nccl_code ib_status vendor_err opcode length seq "
     "last_enqueued last_completed timeout_ms ran_ms seconds count ring found expected size "
     "expected_size numel_in numel_out hca_index joined family driver_version nranks errno rc exitcode "
-    "gid_index index task"
+    "gid_index index task xid"
 )
 _STR_FIELDS = (
     "host peer hca ib_status_name opcode_name op pg reason event element call symbol path "
     "nccl_error source_file version comm size_text op_id request signal abort tasks ranks process lib "
-    "state net timeout_text time message exc"
+    "state net timeout_text time message exc attribute node"
 )
 FIELDS: dict[str, FieldKind] = {
     **dict.fromkeys(_INT_FIELDS.split(" "), FieldKind.INT),
@@ -100,6 +100,7 @@ class Rule:
     examples: tuple[Example, ...]
     specificity: int  # 0 = most specific; the position in the file
     symptom: bool = False  # usually caused by another rank's fault
+    performance: bool = False  # slows or stalls a job without ending it: reported beside the findings
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +128,34 @@ def _groups(m: re.Match[str]) -> dict[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class Fallback:
+    """Error-level lines of a known printer that no rule names (an `NCCL WARN`, a CUDA error, a crash
+    signal, c10d's `E`-level glog): each still tells of a failure, `job_failed_unclassified`, unless it
+    is one of the `benign` ones healthy jobs print. Both are matched against the whole line, prefixes
+    and all, since the glog level is part of the prefix."""
+
+    signatures: tuple[Signature, ...] = ()
+    benign: tuple[Signature, ...] = ()
+    examples: tuple[Example, ...] = ()
+    benign_examples: tuple[Example, ...] = ()
+
+    def match(self, raw: str) -> tuple[int, dict[str, str]] | None:
+        """(which signature, its fields) for an error-level line `raw` that is not a benign one."""
+        for i, sig in enumerate(self.signatures):
+            m = sig.search(raw)
+            if m is not None:
+                if any(b.search(raw) for b in self.benign):
+                    return None
+                return i, _groups(m)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class RuleSet:
     rules: tuple[Rule, ...]
     context: tuple[ContextRule, ...]
     near_misses: tuple[str, ...]
+    fallback: Fallback = Fallback()
 
     def match(self, text: str) -> Match | None:
         """The most specific rule matching the bare message `text`, with its captured fields."""
@@ -165,8 +190,9 @@ class RuleSet:
         raise KeyError(class_id)
 
     def signatures(self) -> tuple[Signature, ...]:
-        """Every signature, rules first: what the block scan must flag."""
-        return tuple(s for r in self.rules for s in r.signatures) + tuple(s for c in self.context for s in c.signatures)
+        """Every signature, rules first, then contexts and fallbacks: what the block scan must flag."""
+        rules = tuple(s for r in self.rules for s in r.signatures)
+        return rules + tuple(s for c in self.context for s in c.signatures) + self.fallback.signatures
 
 
 def playbook_id(class_id: str) -> str:

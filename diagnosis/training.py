@@ -71,6 +71,7 @@ def _rule_specs(rules: RuleSet) -> dict[str, Spec]:
             steps=r.steps,
             tier=float(r.specificity),
             symptom=r.symptom,
+            performance=r.performance,
         )
         for r in rules.rules
     }
@@ -95,6 +96,7 @@ class _Diagnosis:
         # A SIGABRT ends a process after its own error: it ranks after the symptoms, and is one.
         self.abort_spec = replace(self.specs[PROCESS_SEGFAULT], tier=len(rules.rules) - 0.5, symptom=True)
         self.engine = engine_name(engine)
+        self.job_failed = rules.rule(JOB_FAILED)
         signatures = rules.signatures()
         self.patterns = tuple(s.scan for s in signatures)
         self.literals = tuple(lit for s in signatures for lit in s.literals)
@@ -189,6 +191,12 @@ class _Diagnosis:
             if len(self._verdicts) >= CACHE_ENTRIES:
                 self._verdicts.clear()
             self._verdicts[line.text] = verdict
+        unnamed = verdict[0] is None and (verdict[1] is None or verdict[1].kind is ContextKind.EXCEPTION)
+        if unnamed and (error := self.rules.fallback.match(line.raw)) is not None:
+            # An error-level line no rule names (the whole line decides: a glog level is a prefix); an
+            # exception's line too (`RuntimeError: CUDA error: …`): a paste may hold no traceback with it.
+            which, fields = error
+            verdict = (Match(self.job_failed, fields, len(self.job_failed.signatures) + which), None)
         if len(self._lines) >= CACHE_ENTRIES:
             self._lines.clear()
         self._lines[text] = (line, *verdict)
@@ -313,6 +321,8 @@ class _Diagnosis:
                 )
                 self.works.report(line.pg, seq, work)
         if spec.class_id in ENDS:
+            if "pid" not in details and line.pid is not None:
+                details["pid"] = line.pid  # a process's own report of its end (UCX, Open MPI): its pid
             src.exit_reported = True
             if place.pid is not None and isinstance(local := details.get("local_rank"), int):
                 src.failed(place.pid, local)  # torchrun's agent: `failed (exitcode: …) local_rank: N (pid: P)`
@@ -341,7 +351,11 @@ class _Diagnosis:
             self._finding(src, number, line, Match(connect, fields, len(connect.signatures)))
         name_stopped_workers(self.identity, self.sources)
         bind_to_failed_worker(self.collapser, self.identity, self.sources, ENDS)
-        ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
+        built = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
+        # What slowed the job is told beside what ended it, never as its cause (diagnosis/fold.py folds it too).
+        slow = {c for c, spec in self.specs.items() if spec.performance}
+        performance = fold([r.finding for r in order(r for r in built if r.finding.class_id in slow)], lambda _: True)
+        ranked = [r for r in built if r.finding.class_id not in slow]
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)
         ranked += reporter.synthesized()
 
@@ -351,16 +365,17 @@ class _Diagnosis:
         findings = fold([r.finding for r in order(kernel_first(settle(ranked, symptom), root_xid))], symptom)
         findings = reporter.straggler(findings)
         link_symptoms(findings, symptom)
+        slowed = ", ".join(dict.fromkeys(f.title for f in performance))
         for f in findings:  # now that the job-wide analysis has added what it learnt
             if (spec := self.specs.get(f.class_id)) is not None:
-                f.steps = next_steps.fill(spec.steps, next_steps.values(f))
+                f.steps = next_steps.fill(spec.steps, {**next_steps.values(f), "performance": slowed})
         events = []
         for e in self.kernel.events:
             source = label(e.pop("_source"))
             if source is not None:
                 e["file"] = source
             events.append(e)
-        return Report(events, findings, names, lines, skipped, self.kernel.dropped, self.engine)
+        return Report(events, findings, names, lines, skipped, self.kernel.dropped, self.engine, performance)
 
     def _uncaught(self) -> None:
         """Uncaught Python exceptions are deaths (see diagnosis/deaths.py), placed like any finding."""

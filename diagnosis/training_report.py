@@ -39,12 +39,14 @@ class Report:
     lines_skipped: int = 0  # candidate lines that could not be read (over-long, binary)
     events_dropped: int = 0
     engine: str = "python"  # the block scan used: "hyperscan" or "python"
+    performance: list[Finding] = field(default_factory=list)  # what slowed the job, beside what ended it
 
     def to_json(self) -> dict[str, Any]:
         return {
             "root_cause": self.findings[0].id if self.findings else None,
             "events": [dict(e) for e in self.events],
             "findings": [f.to_json() for f in self.findings],
+            "performance": [f.to_json() for f in self.performance],
             "summary": {
                 "sources": len(self.sources),
                 "lines_read": self.lines_read,

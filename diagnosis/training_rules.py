@@ -23,6 +23,7 @@ from gpu_triage.diagnosis.rule_model import (
     ContextKind,
     ContextRule,
     Example,
+    Fallback,
     Rule,
     RuleSet,
     Signature,
@@ -34,8 +35,9 @@ from gpu_triage.diagnosis.rule_regex import MIN_LITERAL, required_literals, scan
 __all__ = ["load_rules", "parse_rules", "parse_rules_text"]
 
 _RULE_KEYS = {"class", "severity", "action", "playbook", "title", "steps", "signatures", "examples"}
-_RULE_OPTIONAL = {"symptom"}
-_TOP_KEYS = {"version", "context", "rules", "near_misses"}
+_RULE_OPTIONAL = {"symptom", "performance"}
+_TOP_KEYS = {"version", "context", "rules", "near_misses", "fallback"}
+_FALLBACK_KEYS = {"signatures", "examples", "benign", "benign_examples"}
 
 
 def signature(ck: Problems, at: str, text: str) -> Signature | None:
@@ -134,6 +136,19 @@ def _parse_context(ck: Problems, node: object) -> tuple[ContextRule, ...]:
     return tuple(contexts)
 
 
+def _parse_fallback(ck: Problems, node: object) -> Fallback:
+    spec = ck.keys("fallback", node, set(), _FALLBACK_KEYS)
+    if not spec:
+        return Fallback()
+    benign = "benign" in spec or "benign_examples" in spec
+    return Fallback(
+        _signatures(ck, "fallback.signatures", spec.get("signatures")),
+        _signatures(ck, "fallback.benign", spec.get("benign")) if benign else (),
+        _examples(ck, "fallback.examples", spec.get("examples")),
+        _examples(ck, "fallback.benign_examples", spec.get("benign_examples")) if benign else (),
+    )
+
+
 def _parse_rule(ck: Problems, i: int, item: object) -> Rule | None:
     spec = ck.keys(f"rules[{i}]", item, _RULE_KEYS, _RULE_OPTIONAL)
     class_id = spec.get("class")
@@ -144,11 +159,13 @@ def _parse_rule(ck: Problems, i: int, item: object) -> Rule | None:
     severity, action = ck.severity(at, spec.get("severity")), ck.action(at, spec.get("action"))
     if spec.get("playbook") != playbook_id(class_id):
         ck.fail(at, f"playbook must be {playbook_id(class_id)!r}, got {spec.get('playbook')!r}")
-    title, symptom = spec.get("title"), spec.get("symptom", False)
+    title, symptom, performance = spec.get("title"), spec.get("symptom", False), spec.get("performance", False)
     if not (isinstance(title, str) and title.strip()):
         ck.fail(at, "`title` must be a non-empty string")
-    if not isinstance(symptom, bool):
-        ck.fail(at, "`symptom` must be true or false")
+    if not isinstance(symptom, bool) or not isinstance(performance, bool):
+        ck.fail(at, "`symptom` and `performance` must be true or false")
+    if performance is True and (symptom is True or severity is Severity.CRITICAL):
+        ck.fail(at, "a performance condition slows a job, it does not end one: severity info or warning, no symptom")
     return Rule(
         class_id=class_id,
         severity=severity or Severity.UNKNOWN,
@@ -160,6 +177,7 @@ def _parse_rule(ck: Problems, i: int, item: object) -> Rule | None:
         examples=_examples(ck, f"{at}.examples", spec.get("examples")),
         specificity=i,
         symptom=symptom is True,
+        performance=performance is True,
     )
 
 
@@ -188,7 +206,7 @@ def parse_rules(doc: object, origin: str = "training_rules.yaml") -> RuleSet:
             if class_id not in present:
                 ck.fail("rules", f"no rule for class {class_id!r}, which the diagnosis code relies on")
     near = tuple(ck.strings("near_misses", top.get("near_misses", []), allow_empty=True))
-    ruleset = RuleSet(tuple(rules), contexts, near)
+    ruleset = RuleSet(tuple(rules), contexts, near, _parse_fallback(ck, top.get("fallback", {})))
     _check_examples(ck, ruleset)
     ck.raise_if_any(origin)
     return ruleset
@@ -220,8 +238,33 @@ def _check_examples(ck: Problems, rs: RuleSet) -> None:
                 ck.fail(f"context {ctx.kind}", f"example does not match its context: {ex.line!r}")
     for line in rs.near_misses:
         got = rs.match(normalise(line).text)
-        if got is not None:
+        if got is not None and not got.rule.performance:
             ck.fail("near_misses", f"matches {got.rule.class_id!r}: {line!r}")
+        elif got is None and rs.match_context(normalise(line).text) is None and rs.fallback.match(line):
+            ck.fail("near_misses", f"an error-level line no rule names, not a benign one: {line!r}")
+    _check_fallback(ck, rs)
+
+
+def _check_fallback(ck: Problems, rs: RuleSet) -> None:
+    fb = rs.fallback
+    raws = [normalise(ex.line).raw for ex in fb.examples]
+    benign = [normalise(ex.line).raw for ex in fb.benign_examples]
+    for sig in fb.signatures:
+        if not any(sig.search(raw) for raw in raws):
+            ck.fail("fallback", f"no example for signature {sig.pattern!r}")
+    for sig in fb.benign:
+        if not any(sig.search(raw) for raw in benign):
+            ck.fail("fallback", f"no benign example for signature {sig.pattern!r}")
+    for ex, raw in zip(fb.examples, raws, strict=True):
+        text = normalise(ex.line).text
+        ctx = rs.match_context(text)
+        if rs.match(text) is not None or (ctx is not None and ctx.kind is not ContextKind.EXCEPTION):
+            ck.fail("fallback", f"example a rule or a context takes first: {ex.line!r}")
+        elif fb.match(raw) is None:
+            ck.fail("fallback", f"example is no error-level line, or a benign one: {ex.line!r}")
+    for ex, raw in zip(fb.benign_examples, benign, strict=True):
+        if not any(sig.search(raw) for sig in fb.signatures) or fb.match(raw) is not None:
+            ck.fail("fallback", f"benign example is not an error-level line the benign list excuses: {ex.line!r}")
 
 
 def parse_rules_text(text: str, origin: str = "training_rules.yaml") -> RuleSet:

@@ -105,6 +105,15 @@ def render(report: dict[str, Any], colour: bool = False) -> str:
                 lines.append(f"    do now: {paint(f['action'], _BOLD)}; runbook: /runbooks/{f['playbook']}")
     if len(findings) > MAX_SHOWN:
         lines.append(f"… and {len(findings) - MAX_SHOWN} more findings (gpu-triage diagnose --json lists them all)")
+    slow = report.get("performance", [])
+    if slow:
+        lines.append(paint("Performance (slows a job, does not end one):", _BOLD))
+        for f in slow[:MAX_SHOWN]:
+            severity = paint(f"[{f['severity']}]", _COLOURS.get(f["severity"], ""))
+            lines.append(f"  - {safe(f['title'])}  {severity}")
+            lines.append(f"    {f['class']}; where: {_where(f)}; runbook: /runbooks/{f['playbook']}")
+            if f["evidence"]:
+                lines.append(f"    {paint(_evidence(f['evidence'][0]), _COLOURS['info'])}")
     read = summary.get("lines_read")
     if read is not None:
         note = f"{read} lines read, {len(report['events'])} kernel events"

@@ -38,10 +38,15 @@ def _text(*lines: str) -> Report:
 
 
 def test_every_class_has_a_fixture() -> None:
+    """A class that can end a job is some fixture's root cause; a performance condition is in some
+    fixture's performance section (it is never a root cause)."""
     roots = {e["root"] for e in EXPECTED.values()}
+    slow = {c for e in EXPECTED.values() for c in e.get("performance", [])}
     from gpu_triage.diagnosis.training_rules import load_rules
 
-    assert {r.class_id for r in load_rules().rules} <= roots
+    rules = load_rules().rules
+    assert {r.class_id for r in rules if not r.performance} <= roots
+    assert {r.class_id for r in rules if r.performance} <= slow
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -68,6 +73,7 @@ def test_fixture_root_cause_and_location(name: str) -> None:
         assert root.details["straggler_rank"] == want["straggler"]
         assert f"(straggler: rank {want['straggler']}," in root.title
     assert len(report.events) == want.get("events", 0)
+    assert [f.class_id for f in report.performance] == want.get("performance", [])
 
 
 @pytest.mark.parametrize("path", HEALTHY, ids=lambda p: p.name)
@@ -87,7 +93,7 @@ def test_healthy_runs_together_are_still_healthy() -> None:
 def test_json_is_the_design_shape() -> None:
     report = _diagnose_files(_inputs("scenarios/xid79_with_nccl.log"))
     doc = json.loads(json.dumps(report.to_json()))
-    assert set(doc) == {"root_cause", "events", "findings", "summary"}
+    assert set(doc) == {"root_cause", "events", "findings", "performance", "summary"}
     assert doc["root_cause"] == doc["findings"][0]["id"]
     assert doc["events"][0] == {
         "line": 14,
@@ -261,6 +267,7 @@ def test_empty_input_and_no_inputs() -> None:
         "root_cause": None,
         "events": [],
         "findings": [],
+        "performance": [],
         "summary": {"sources": 0, "lines_read": 0, "lines_skipped": 0, "events_dropped": 0},
     }
     report = diagnose([("empty", []), ("blank", [b"", b""])])
