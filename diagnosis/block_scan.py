@@ -21,11 +21,13 @@ search would flag it, whichever finder ran (`skip_test_for`), so the counts agre
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+from gpu_triage.diagnosis.data_files import BlobStore
 from gpu_triage.diagnosis.kernel_log import TRIGGERS as KERNEL_TRIGGERS
 from gpu_triage.diagnosis.line_scan import Finder, trigger_lines
 from gpu_triage.diagnosis.rule_regex import literal_set
@@ -70,39 +72,66 @@ class HyperscanFinder:
         return spans
 
 
+def literal_needles(literals: Sequence[str]) -> tuple[str, ...]:
+    """What the literal search looks for: the signatures' literals and the kernel-log triggers, without
+    those that contain another (diagnosis/training_rules.py keeps the answer with the rules)."""
+    return literal_set([*literals, *(t.decode() for t in KERNEL_TRIGGERS)])
+
+
 class LiteralFinder:
     """Flags the lines holding any literal a signature requires (a superset of the Hyperscan lines)."""
 
-    def __init__(self, literals: Sequence[str]) -> None:
-        self._needles = tuple(lit.encode() for lit in literal_set([*literals, *(t.decode() for t in KERNEL_TRIGGERS)]))
+    def __init__(self, literals: Sequence[str], needles: Sequence[str] | None = None) -> None:
+        found = needles if needles is not None else literal_needles(literals)
+        self._needles = tuple(lit.encode() for lit in found)
 
     def __call__(self, data: bytes, start: int, end: int) -> dict[int, int]:
         return trigger_lines(data, start, end, self._needles)
 
 
 @cache
-def _literal_finder(literals: tuple[str, ...]) -> LiteralFinder:
-    return LiteralFinder(literals)
+def _literal_finder(literals: tuple[str, ...], needles: tuple[str, ...] | None) -> LiteralFinder:
+    return LiteralFinder(literals, needles)
 
 
-def skip_test_for(literals: Sequence[str]) -> Finder:
+def skip_test_for(literals: Sequence[str], needles: Sequence[str] | None = None) -> Finder:
     """The finder that decides whether an unreadable line counts as skipped: the literal search, for
-    either engine. The same object `finder_for` gives for "python" (a scanner then needs no second look)."""
-    return _literal_finder(tuple(literals))
+    either engine. The same object `finder_for` gives for "python" (a scanner then needs no second look).
+    `needles`: `literal_needles(literals)` when the caller has it already."""
+    return _literal_finder(tuple(literals), tuple(needles) if needles is not None else None)
 
 
-@cache
-def _database(patterns: tuple[str, ...]) -> Any:
+_DATABASES: dict[tuple[str, ...], Any] = {}  # compiled once per process, and per data version in the store
+
+
+def _database(patterns: tuple[str, ...], store: BlobStore | None = None) -> Any:
+    """The Hyperscan database of `patterns`: this process's, else the store's serialized copy of the same
+    patterns (built by the same Hyperscan), else compiled (and serialized into the store)."""
+    known = _DATABASES.get(patterns)
+    if known is not None:
+        return known
     hs = _hyperscan()
     assert hs is not None
     expressions = [f"(?:{p})[^\\n]*$".encode() for p in (*patterns, *_KERNEL_PATTERNS)]
-    db = hs.Database(mode=hs.HS_MODE_BLOCK)
-    db.compile(
-        expressions=expressions,
-        ids=list(range(len(expressions))),
-        elements=len(expressions),
-        flags=[hs.HS_FLAG_MULTILINE] * len(expressions),
-    )
+    version = getattr(hs, "__version__", "?")
+    key = "hyperscan-" + hashlib.sha256(b"\0".join([version.encode(), *expressions])).hexdigest()[:32]
+    db = None
+    if store is not None and (blob := store.get(key)) is not None:
+        try:
+            db = hs.loadb(blob, hs.HS_MODE_BLOCK)
+        except Exception:  # another platform's database, or not one: compile it again
+            db = None
+    if db is None:
+        db = hs.Database(mode=hs.HS_MODE_BLOCK)
+        db.compile(
+            expressions=expressions,
+            ids=list(range(len(expressions))),
+            elements=len(expressions),
+            flags=[hs.HS_FLAG_MULTILINE] * len(expressions),
+        )
+        if store is not None:
+            store.put(key, bytes(hs.dumpb(db)))
+    _DATABASES[patterns] = db
     return db
 
 
@@ -122,15 +151,22 @@ def engine_name(prefer: str | None = None) -> str:
     return "hyperscan"
 
 
-def finder_for(patterns: Sequence[str], literals: Sequence[str], prefer: str | None = None) -> Finder:
+def finder_for(
+    patterns: Sequence[str],
+    literals: Sequence[str],
+    prefer: str | None = None,
+    store: BlobStore | None = None,
+    needles: Sequence[str] | None = None,
+) -> Finder:
     """A fresh finder for one reader: Hyperscan over `patterns`, or literal search for `literals`.
 
     Should Hyperscan refuse to run here (a CPU without the instructions it needs), the literal
-    search gives the same findings, unless Hyperscan was asked for by name."""
+    search gives the same findings, unless Hyperscan was asked for by name. `store` keeps the compiled
+    database between processes (diagnosis/knowledge.py)."""
     if engine_name(prefer) == "hyperscan":
         try:
-            return HyperscanFinder(_database(tuple(patterns)))
+            return HyperscanFinder(_database(tuple(patterns), store))
         except Exception:
             if _choice(prefer) == "hyperscan":
                 raise
-    return skip_test_for(literals)
+    return skip_test_for(literals, needles)

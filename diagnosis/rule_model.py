@@ -13,7 +13,7 @@ with a matching signature. diagnosis/training_rules.py reads and checks the file
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpu_triage.diagnosis.actions import Action, Severity
@@ -73,19 +73,31 @@ class Example:
 
 @dataclass(frozen=True, slots=True)
 class Signature:
-    regex: re.Pattern[str]  # compiled ASCII, matched against the bare message
+    pattern: str  # the regex of the rules file, matched (ASCII) against the bare message
     literals: tuple[str, ...]  # every match holds one of these (rule_regex.required_literals)
     scan: str  # the Hyperscan form (rule_regex.scan_pattern)
+    # Compiled when a line first holds one of the literals: a one-shot command that loads the rules from
+    # the knowledge cache (diagnosis/knowledge.py) compiles only the few its input needs.
+    _compiled: list[re.Pattern[str]] = field(default_factory=list, compare=False, repr=False)
 
     @property
-    def pattern(self) -> str:
-        return self.regex.pattern
+    def regex(self) -> re.Pattern[str]:
+        if not self._compiled:
+            self._compiled.append(re.compile(self.pattern, re.ASCII))
+        return self._compiled[0]
 
     def search(self, text: str) -> re.Match[str] | None:
         for literal in self.literals:
             if literal in text:
                 return self.regex.search(text)
         return None
+
+    def __getstate__(self) -> tuple[str, tuple[str, ...], str]:
+        return self.pattern, self.literals, self.scan  # the compiled form is this process's own
+
+    def __setstate__(self, state: tuple[str, tuple[str, ...], str]) -> None:
+        for name, value in zip(("pattern", "literals", "scan", "_compiled"), (*state, []), strict=True):
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +168,7 @@ class RuleSet:
     context: tuple[ContextRule, ...]
     near_misses: tuple[str, ...]
     fallback: Fallback = Fallback()
+    needles: tuple[str, ...] = ()  # what the literal search looks for (block_scan.literal_needles)
 
     def match(self, text: str) -> Match | None:
         """The most specific rule matching the bare message `text`, with its captured fields."""

@@ -28,6 +28,7 @@ from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for, skip_test_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
+from gpu_triage.diagnosis.data_files import BlobStore
 from gpu_triage.diagnosis.deaths import ENDS, TextEnd, settle, uncaught
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.fold import fold
@@ -90,8 +91,9 @@ class _Place:
 class _Diagnosis:
     """The state of one `diagnose` call."""
 
-    def __init__(self, rules: RuleSet, engine: str | None = None) -> None:
+    def __init__(self, rules: RuleSet, engine: str | None = None, store: BlobStore | None = None) -> None:
         self.rules = rules
+        self.store = store
         self.specs = _rule_specs(rules)
         # A SIGABRT ends a process after its own error: it ranks after the symptoms, and is one.
         self.abort_spec = replace(self.specs[PROCESS_SEGFAULT], tier=len(rules.rules) - 0.5, symptom=True)
@@ -117,9 +119,10 @@ class _Diagnosis:
     def read(self, name: str | None, chunks: Iterable[bytes]) -> tuple[int, int]:
         src = SourceState(self.identity.add_source(), name)
         self.sources.append(src)
-        finder = finder_for(self.patterns, self.literals, self.engine)
+        needles = self.rules.needles or None
+        finder = finder_for(self.patterns, self.literals, self.engine, self.store, needles)
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
-        reader = InputLines(finder, skip_test=skip_test_for(self.literals))
+        reader = InputLines(finder, skip_test=skip_test_for(self.literals, needles))
         kernel = KernelLogParser()
         end = TextEnd()
         for cand in reader.read(end.watch(chunks)):
@@ -389,15 +392,18 @@ class _Diagnosis:
                 self.collapser.add(who, self.specs[JOB_FAILED], seen, cause)
 
 
-def diagnose(sources: Iterable[tuple[str | None, Iterable[bytes]]], *, engine: str | None = None) -> Report:
+def diagnose(
+    sources: Iterable[tuple[str | None, Iterable[bytes]]], *, engine: str | None = None, store: BlobStore | None = None
+) -> Report:
     """Diagnose training and kernel logs.
 
     `sources` holds one (name or None, byte chunks) pair per input: a file, one rank's output or
     stdin; the caller decompresses. Chunks may split lines anywhere. Findings come root cause first.
     `engine` chooses the block scan ("hyperscan" or "python"; by default Hyperscan where it is
-    installed, see diagnosis/block_scan.py): both give the same findings.
+    installed, see diagnosis/block_scan.py): both give the same findings. `store` keeps the compiled scan
+    between processes (diagnosis/knowledge.py).
     """
-    state = _Diagnosis(load_rules(), engine)
+    state = _Diagnosis(load_rules(), engine, store)
     lines = skipped = 0
     for name, chunks in sources:
         read, skip = state.read(name, chunks)

@@ -11,11 +11,13 @@ them), context examples that a rule would take, and near misses that match a rul
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from functools import cache
 
 from gpu_triage.diagnosis import next_steps
 from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
+from gpu_triage.diagnosis.block_scan import literal_needles
+from gpu_triage.diagnosis.data_files import Problems, adopted, parse_yaml, read_data
 from gpu_triage.diagnosis.log_lines import normalise
 from gpu_triage.diagnosis.rule_model import (
     FIELDS,
@@ -55,7 +57,7 @@ def signature(ck: Problems, at: str, text: str) -> Signature | None:
     if not literals or min(map(len, literals)) < MIN_LITERAL:
         ck.fail(at, f"no literal text of {MIN_LITERAL}+ characters that every match holds: key it on the message")
         return None
-    return Signature(pattern, literals, scan_pattern(text))
+    return Signature(text, literals, scan_pattern(text), [pattern])
 
 
 def _signatures(ck: Problems, where: str, node: object) -> tuple[Signature, ...]:
@@ -207,6 +209,8 @@ def parse_rules(doc: object, origin: str = "training_rules.yaml") -> RuleSet:
                 ck.fail("rules", f"no rule for class {class_id!r}, which the diagnosis code relies on")
     near = tuple(ck.strings("near_misses", top.get("near_misses", []), allow_empty=True))
     ruleset = RuleSet(tuple(rules), contexts, near, _parse_fallback(ck, top.get("fallback", {})))
+    literals = [lit for sig in ruleset.signatures() for lit in sig.literals]
+    ruleset = replace(ruleset, needles=literal_needles(literals))
     _check_examples(ck, ruleset)
     ck.raise_if_any(origin)
     return ruleset
@@ -277,4 +281,6 @@ def parse_rules_text(text: str, origin: str = "training_rules.yaml") -> RuleSet:
 @cache
 def load_rules() -> RuleSet:
     """The shipped rules, parsed and validated once per process."""
+    if isinstance(known := adopted("rules"), RuleSet):
+        return known
     return parse_rules_text(read_data("training_rules.yaml"))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -78,6 +77,8 @@ def _write(target: Path, data: bytes) -> None:
     for parent in reversed([target.parent, *target.parent.parents]):
         if not parent.exists():
             parent.mkdir(mode=DIR_MODE)
+    import tempfile  # `export` alone writes files: the other one-shot commands do without
+
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
         with os.fdopen(fd, "wb") as f:

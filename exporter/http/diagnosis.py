@@ -20,7 +20,7 @@ from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
 from gpu_triage.exporter.log_input import InputTooLargeError, decoded, scan_engine
 from gpu_triage.exporter.settings import parse_duration
-from gpu_triage.exporter.verdict_report import unknown_xid, xid_json
+from gpu_triage.exporter.xid_explain import unknown_xid, xid_json
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT_DIAGNOSES = 2
@@ -154,7 +154,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
         def run() -> dict[str, Any]:
             from gpu_triage.diagnosis.training import diagnose as diagnose_logs
 
-            return diagnose_logs([(None, decoded(chunks, limit))], engine=engine).to_json()
+            return diagnose_logs([(None, decoded(chunks, limit))], engine=engine, store=daemon.store).to_json()
 
         try:
             report = await run_in_threadpool(run)
