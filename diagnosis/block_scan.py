@@ -22,8 +22,10 @@ search would flag it, whichever finder ran (`skip_test_for`), so the counts agre
 from __future__ import annotations
 
 import hashlib
+import queue
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
@@ -47,28 +49,68 @@ class HyperscanFinder:
     """Flags the lines in which any signature's scan form matches. One instance per reader: the
     Hyperscan scratch space it holds must not be shared between threads."""
 
-    def __init__(self, database: Any) -> None:
+    def __init__(self, database: Any, parallel: bool = False) -> None:
         hs = _hyperscan()
         assert hs is not None
         self._db = database
         self._scratch = hs.Scratch(database)
-        self._ends: list[int] = []
+        self._matches: list[tuple[int, int]] = []
+        self.hits: dict[int, frozenset[int]] = {}  # the last call's: line start -> which patterns matched
+        if parallel:  # the scanner searches in `_worker` while it counts the block's newlines itself
+            self.submit = self._submit
+        self._worker: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[tuple[bytes, int, int] | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[dict[int, int] | BaseException] = queue.SimpleQueue()
 
-    def _on_match(self, _id: int, _start: int, end: int, _flags: int, _context: object) -> None:
-        self._ends.append(end)
+    def _submit(
+        self, data: bytes, start: int, end: int
+    ) -> Callable[[], tuple[dict[int, int], dict[int, frozenset[int]]]]:
+        """Search in this finder's own thread while the caller goes on (Hyperscan scans without Python's
+        lock); the answer, spans and hits, when the returned function is called."""
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, name="gpu-triage-scan", daemon=True)
+            self._worker.start()
+        self._jobs.put((data, start, end))
+
+        def answer() -> tuple[dict[int, int], dict[int, frozenset[int]]]:
+            result = self._done.get()
+            if isinstance(result, BaseException):
+                raise result
+            return result, self.hits
+
+        return answer
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._done.put(self(*job))
+            except BaseException as e:  # handed to the caller, who raises it
+                self._done.put(e)
+
+    def close(self) -> None:
+        """Stop the thread `submit` started, if any."""
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker.join()
+            self._worker = None
+
+    def _on_match(self, pattern: int, _start: int, end: int, _flags: int, _context: object) -> None:
+        self._matches.append((end, pattern))
 
     def __call__(self, data: bytes, start: int, end: int) -> dict[int, int]:
         block = data if (start, end) == (0, len(data)) else memoryview(data)[start:end]  # no copy
-        ends = self._ends
-        ends.clear()
+        matches = self._matches
+        matches.clear()
         self._db.scan(block, match_event_handler=self._on_match, scratch=self._scratch)
         spans: dict[int, int] = {}
-        if not ends:
-            return spans
+        hits: dict[int, set[int]] = {}
         # Each pattern ends at the end of its line (`[^\n]*$`), so an end offset names one line.
-        for end_in_block in sorted(set(ends)):
+        for end_in_block, pattern in matches:
             line_end = start + end_in_block
-            spans[data.rfind(b"\n", start, line_end) + 1 or start] = line_end
+            line_start = data.rfind(b"\n", start, line_end) + 1 or start
+            spans[line_start] = line_end
+            hits.setdefault(line_start, set()).add(pattern)
+        self.hits = {at: frozenset(found) for at, found in hits.items()}
         return spans
 
 
@@ -157,15 +199,18 @@ def finder_for(
     prefer: str | None = None,
     store: BlobStore | None = None,
     needles: Sequence[str] | None = None,
+    parallel: bool = False,
 ) -> Finder:
     """A fresh finder for one reader: Hyperscan over `patterns`, or literal search for `literals`.
 
     Should Hyperscan refuse to run here (a CPU without the instructions it needs), the literal
     search gives the same findings, unless Hyperscan was asked for by name. `store` keeps the compiled
-    database between processes (diagnosis/knowledge.py)."""
+    database between processes (diagnosis/knowledge.py). `parallel`: Hyperscan searches each block in a
+    thread of its own while the line scanner counts its newlines (the two cost about the same), for a
+    caller that may use two CPUs."""
     if engine_name(prefer) == "hyperscan":
         try:
-            return HyperscanFinder(_database(tuple(patterns), store))
+            return HyperscanFinder(_database(tuple(patterns), store), parallel)
         except Exception:
             if _choice(prefer) == "hyperscan":
                 raise

@@ -157,10 +157,10 @@ class InputLines:
                 found = scanner.feed(line if previous is None else b"\n" + line)
             previous = line
             for cand in found:
-                yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data)
+                yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data, cand.hits)
             _joined_before(joins, scanner.lines + 1)  # forget what no later candidate can need
         for cand in scanner.finish():
-            yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data)
+            yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data, cand.hits)
 
 
 def _joined_before(joins: deque[tuple[int, int]], logical: int) -> int:

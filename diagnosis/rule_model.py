@@ -13,6 +13,7 @@ with a matching signature. diagnosis/training_rules.py reads and checks the file
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -151,9 +152,13 @@ class Fallback:
     examples: tuple[Example, ...] = ()
     benign_examples: tuple[Example, ...] = ()
 
-    def match(self, raw: str) -> tuple[int, dict[str, str]] | None:
-        """(which signature, its fields) for an error-level line `raw` that is not a benign one."""
-        for i, sig in enumerate(self.signatures):
+    def match(self, raw: str, only: Iterable[int] | None = None) -> tuple[int, dict[str, str]] | None:
+        """(which signature, its fields) for an error-level line `raw` that is not a benign one; `only`:
+        the signatures to try (by their index here), when the block scan said which may match."""
+        for i in sorted(only) if only is not None else range(len(self.signatures)):
+            if i >= len(self.signatures):
+                break
+            sig = self.signatures[i]
             m = sig.search(raw)
             if m is not None:
                 if any(b.search(raw) for b in self.benign):
@@ -169,23 +174,45 @@ class RuleSet:
     near_misses: tuple[str, ...]
     fallback: Fallback = Fallback()
     needles: tuple[str, ...] = ()  # what the literal search looks for (block_scan.literal_needles)
+    # Every rule's and context's signature in `signatures()` order, with its owner and its place there:
+    # the block scan names signatures by that order (`only`), and asking only those it names gives the
+    # same answer as asking all of them, since it names every one that can match.
+    _by_rule: tuple[tuple[Rule, int, Signature], ...] = field(default=(), compare=False, repr=False)
+    _by_context: tuple[tuple[ContextRule, Signature], ...] = field(default=(), compare=False, repr=False)
 
-    def match(self, text: str) -> Match | None:
-        """The most specific rule matching the bare message `text`, with its captured fields."""
-        for rule in self.rules:
-            for i, sig in enumerate(rule.signatures):
-                m = sig.search(text)
-                if m is not None:
-                    return Match(rule, _groups(m), i)
+    def __post_init__(self) -> None:
+        by_rule = tuple((r, i, sig) for r in self.rules for i, sig in enumerate(r.signatures))
+        object.__setattr__(self, "_by_rule", by_rule)
+        object.__setattr__(self, "_by_context", tuple((c, sig) for c in self.context for sig in c.signatures))
+
+    def match(self, text: str, only: Iterable[int] | None = None) -> Match | None:
+        """The most specific rule matching the bare message `text`, with its captured fields. `only`: the
+        signatures (by their place in `signatures()`) the block scan saw match the line; None: all."""
+        for at in sorted(only) if only is not None else range(len(self._by_rule)):
+            if at >= len(self._by_rule):
+                break
+            rule, i, sig = self._by_rule[at]
+            m = sig.search(text)
+            if m is not None:
+                return Match(rule, _groups(m), i)
         return None
 
-    def match_context(self, text: str) -> ContextMatch | None:
-        for ctx in self.context:
-            for sig in ctx.signatures:
-                m = sig.search(text)
-                if m is not None:
-                    return ContextMatch(ctx.kind, _groups(m))
+    def match_context(self, text: str, only: Iterable[int] | None = None) -> ContextMatch | None:
+        first = len(self._by_rule)
+        places = (a - first for a in sorted(only) if a >= first) if only is not None else range(len(self._by_context))
+        for at in places:
+            if at >= len(self._by_context):
+                break
+            ctx, sig = self._by_context[at]
+            m = sig.search(text)
+            if m is not None:
+                return ContextMatch(ctx.kind, _groups(m))
         return None
+
+    def fallback_match(self, raw: str, only: Iterable[int] | None = None) -> tuple[int, dict[str, str]] | None:
+        """`Fallback.match`, `only` by place in `signatures()` as for `match`."""
+        first = len(self._by_rule) + len(self._by_context)
+        return self.fallback.match(raw, None if only is None else (a - first for a in only if a >= first))
 
     def context_fields(self, kind: ContextKind, text: str) -> dict[str, str] | None:
         """The fields of `text` as a line of context `kind`, or None (a line a rule classified may be one too)."""

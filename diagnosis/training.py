@@ -91,9 +91,12 @@ class _Place:
 class _Diagnosis:
     """The state of one `diagnose` call."""
 
-    def __init__(self, rules: RuleSet, engine: str | None = None, store: BlobStore | None = None) -> None:
+    def __init__(
+        self, rules: RuleSet, engine: str | None = None, store: BlobStore | None = None, parallel: bool = False
+    ) -> None:
         self.rules = rules
         self.store = store
+        self.parallel = parallel
         self.specs = _rule_specs(rules)
         # A SIGABRT ends a process after its own error: it ranks after the symptoms, and is one.
         self.abort_spec = replace(self.specs[PROCESS_SEGFAULT], tier=len(rules.rules) - 0.5, symptom=True)
@@ -120,13 +123,17 @@ class _Diagnosis:
         src = SourceState(self.identity.add_source(), name)
         self.sources.append(src)
         needles = self.rules.needles or None
-        finder = finder_for(self.patterns, self.literals, self.engine, self.store, needles)
+        finder = finder_for(self.patterns, self.literals, self.engine, self.store, needles, self.parallel)
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
         reader = InputLines(finder, skip_test=skip_test_for(self.literals, needles))
         kernel = KernelLogParser()
         end = TextEnd()
-        for cand in reader.read(end.watch(chunks)):
-            self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
+        try:
+            for cand in reader.read(end.watch(chunks)):
+                self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"), cand.hits)
+        finally:
+            if isinstance(finder, HyperscanFinder):
+                finder.close()
         for event in kernel.finish():
             self.kernel.add(src.index, normalise(event.text), event)
         src.lines = reader.lines
@@ -134,14 +141,18 @@ class _Diagnosis:
         self.text_ends.append((end, reader.width))
         return reader.lines, reader.skipped
 
-    def _line(self, src: SourceState, kernel: KernelLogParser, number: int, text: str) -> None:
+    def _line(
+        self, src: SourceState, kernel: KernelLogParser, number: int, text: str, hits: frozenset[int] | None
+    ) -> None:
         text = text.rstrip("\r")
         # A progress bar redraws itself with bare CRs; each redraw is a line of its own.
         for segment in text.split("\r") if "\r" in text else (text,):
             if segment.strip():
-                self._segment(src, kernel, number, segment)
+                self._segment(src, kernel, number, segment, hits)
 
-    def _segment(self, src: SourceState, kernel: KernelLogParser, number: int, text: str) -> None:
+    def _segment(
+        self, src: SourceState, kernel: KernelLogParser, number: int, text: str, hits: frozenset[int] | None = None
+    ) -> None:
         line = normalise(text) if has_trigger(text) else None
         if line is not None:
             own = False
@@ -154,7 +165,7 @@ class _Diagnosis:
             if own:
                 self.identity.learn(src.index, line)
                 return
-        line, match, ctx = self._classify(text, line)
+        line, match, ctx = self._classify(text, line, hits)
         if ctx is not None and ctx.kind is ContextKind.CONTINUED and (joined := src.joined(number, line)):
             first, whole = joined
             match = self.rules.match(whole)
@@ -175,8 +186,12 @@ class _Diagnosis:
             self.identity.learn(src.index, line)
             self._context(src, number, line, ctx)
 
-    def _classify(self, text: str, line: LogLine | None = None) -> tuple[LogLine, Match | None, ContextMatch | None]:
+    def _classify(
+        self, text: str, line: LogLine | None = None, hits: frozenset[int] | None = None
+    ) -> tuple[LogLine, Match | None, ContextMatch | None]:
         """Normalise (unless `line` is `text` normalised already) and match `text`, remembering recent answers.
+        `hits`: the signatures the block scan saw match the line (it sees every one that can); only those
+        are tried, so a line that holds every literal and matches nothing costs no regex.
 
         A failing job repeats itself: the same WARN from the same process thousands of times, or the
         same message from every rank behind a different prefix. Both caches are bounded and are
@@ -189,13 +204,13 @@ class _Diagnosis:
             line = normalise(text)
         verdict = self._verdicts.get(line.text)
         if verdict is None:
-            match = self.rules.match(line.text)
-            verdict = (match, None if match is not None else self.rules.match_context(line.text))
+            match = self.rules.match(line.text, hits)
+            verdict = (match, None if match is not None else self.rules.match_context(line.text, hits))
             if len(self._verdicts) >= CACHE_ENTRIES:
                 self._verdicts.clear()
             self._verdicts[line.text] = verdict
         unnamed = verdict[0] is None and (verdict[1] is None or verdict[1].kind is ContextKind.EXCEPTION)
-        if unnamed and (error := self.rules.fallback.match(line.raw)) is not None:
+        if unnamed and (error := self.rules.fallback_match(line.raw, hits)) is not None:
             # An error-level line no rule names (the whole line decides: a glog level is a prefix); an
             # exception's line too (`RuntimeError: CUDA error: …`): a paste may hold no traceback with it.
             which, fields = error
@@ -393,7 +408,11 @@ class _Diagnosis:
 
 
 def diagnose(
-    sources: Iterable[tuple[str | None, Iterable[bytes]]], *, engine: str | None = None, store: BlobStore | None = None
+    sources: Iterable[tuple[str | None, Iterable[bytes]]],
+    *,
+    engine: str | None = None,
+    store: BlobStore | None = None,
+    parallel: bool = False,
 ) -> Report:
     """Diagnose training and kernel logs.
 
@@ -401,9 +420,9 @@ def diagnose(
     stdin; the caller decompresses. Chunks may split lines anywhere. Findings come root cause first.
     `engine` chooses the block scan ("hyperscan" or "python"; by default Hyperscan where it is
     installed, see diagnosis/block_scan.py): both give the same findings. `store` keeps the compiled scan
-    between processes (diagnosis/knowledge.py).
+    between processes (diagnosis/knowledge.py); `parallel` lets the scan use a second thread (a second CPU).
     """
-    state = _Diagnosis(load_rules(), engine, store)
+    state = _Diagnosis(load_rules(), engine, store, parallel)
     lines = skipped = 0
     for name, chunks in sources:
         read, skip = state.read(name, chunks)

@@ -84,6 +84,15 @@ def scan_engine() -> str | None:
     return os.environ.get(SCAN_ENV) or None
 
 
+def scan_in_parallel() -> bool:
+    """Whether `gpu-triage diagnose` may give its scan a second thread: when this process may run on two
+    CPUs or more (the daemon keeps to one per request, so that --diagnose.max-cpu counts all of it)."""
+    try:
+        return len(os.sched_getaffinity(0)) >= 2
+    except (AttributeError, OSError):
+        return (os.cpu_count() or 1) >= 2
+
+
 def read_chunks(f: BinaryIO, progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """A file's bytes, a chunk at a time; `progress` gets the bytes read so far."""
     done = 0

@@ -135,12 +135,12 @@ def diagnose_files(
     from gpu_triage.diagnosis.training import diagnose
     from gpu_triage.exporter.cache_store import store_from_env
     from gpu_triage.exporter.cli.report_text import render
-    from gpu_triage.exporter.log_input import scan_engine
+    from gpu_triage.exporter.log_input import scan_engine, scan_in_parallel
 
     inputs = _Inputs(paths or ["-"], err, stdin)
     try:
         inputs.check()
-        report = diagnose(inputs, engine=scan_engine(), store=store_from_env()).to_json()
+        report = diagnose(inputs, engine=scan_engine(), store=store_from_env(), parallel=scan_in_parallel()).to_json()
     except _UnreadableError as e:
         err.write(f"gpu-triage: {e}\n")
         return 2

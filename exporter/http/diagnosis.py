@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 import zlib
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -103,10 +104,28 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
     return router
 
 
+class CpuBudgetError(Exception):
+    """A diagnosis used more CPU time than its budget."""
+
+
+def within_cpu(chunks: Iterable[bytes], seconds: float) -> Iterator[bytes]:
+    """`chunks`, stopped with CpuBudgetError once the thread consuming them has used `seconds` of CPU time
+    since the first. The diagnosis runs in that thread (it reads the chunks as it scans), so it is asked
+    between chunks: a megabyte of input at most past the budget, however slow the input is to read."""
+    start = time.thread_time()
+    for chunk in chunks:
+        if time.thread_time() - start > seconds:
+            raise CpuBudgetError
+        yield chunk
+    if time.thread_time() - start > seconds:
+        raise CpuBudgetError
+
+
 def diagnose_router(daemon: Daemon) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
     limit = daemon.settings.diagnose_max_bytes
     body_timeout = daemon.settings.web_read_timeout
+    cpu_budget = daemon.settings.diagnose_max_cpu
     mib = f"{limit / 2**20:g} MiB"
     engine = scan_engine()
     # Each request may hold `limit` bytes, so only a few at a time: a few bodies arriving, and fewer being
@@ -118,7 +137,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
     @router.post(
         DIAGNOSE_PATH.removeprefix("/api/v1"),
         summary="Diagnose kernel and training logs: root cause first (text/plain body, optionally gzip)",
-        responses={413: {"description": f"body over the limit ({mib} by default)"}},
+        responses={413: {"description": f"body over the limit ({mib} by default), or more CPU time than allowed"}},
     )
     async def diagnose(request: Request) -> dict[str, Any]:
         if not receiving.acquire(blocking=False):
@@ -154,10 +173,17 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
         def run() -> dict[str, Any]:
             from gpu_triage.diagnosis.training import diagnose as diagnose_logs
 
-            return diagnose_logs([(None, decoded(chunks, limit))], engine=engine, store=daemon.store).to_json()
+            metered = within_cpu(decoded(chunks, limit), cpu_budget)
+            return diagnose_logs([(None, metered)], engine=engine, store=daemon.store).to_json()
 
         try:
             report = await run_in_threadpool(run)
+        except CpuBudgetError:
+            raise HTTPException(
+                413,
+                f"the log took more than {cpu_budget:g}s of CPU time to diagnose (--diagnose.max-cpu): send a part "
+                "of it, or run `gpu-triage diagnose` on it where it is",
+            ) from None
         except InputTooLargeError:
             raise HTTPException(
                 413, f"the log decompresses to more than the {mib} limit (--diagnose.max-bytes)"

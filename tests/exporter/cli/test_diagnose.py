@@ -169,7 +169,7 @@ def test_gpu_triage_scan_chooses_the_engine_for_the_cli_and_the_api(
     engines: list[str | None] = []
     real = training.diagnose
 
-    def spy(sources: Any, *, engine: str | None = None, store: Any = None) -> Any:
+    def spy(sources: Any, *, engine: str | None = None, store: Any = None, parallel: bool = False) -> Any:
         engines.append(engine)
         return real(sources, engine="python", store=store)  # whichever wheel this machine has
 
