@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,18 @@ def test_a_bounded_scan_form_flags_what_the_regex_matches_in_any_characters(patt
     found: list[int] = []
     db.scan(text.encode(), match_event_handler=lambda *a: found.append(a[0]))
     assert found == [0]
+
+
+@needs_hyperscan
+def test_the_parallel_scan_leaves_no_thread_behind_even_when_the_input_fails() -> None:
+    import threading
+
+    def failing() -> Iterator[bytes]:
+        yield b"[rank3]: RuntimeError: CUDA error: out of memory\n" * 50_000  # past one block: the thread starts
+        raise OSError("the disk went away")
+
+    report = diagnose([(None, [b"[rank3]: RuntimeError: CUDA error: out of memory\n" * 50_000])], parallel=True)
+    assert [f.class_id for f in report.findings] == ["cuda_oom"]
+    with pytest.raises(OSError, match="went away"):
+        diagnose([(None, failing())], parallel=True)
+    assert not [t for t in threading.enumerate() if t.name == "gpu-triage-scan"]
