@@ -5,6 +5,9 @@ PY      := $(VENV)/bin/python
 BACKEND ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo auto || echo sim)
 # On the simulator, a kernel log of its own (append NVRM lines to it) rather than this machine's /dev/kmsg.
 KMSG    := $(if $(filter sim,$(BACKEND)),--kmsg.path .state/kmsg.log)
+# This machine only: on the simulator anyone who reaches the port can inject faults. `make run LISTEN=:9481`
+# serves every interface, as the packaged unit does.
+LISTEN  ?= 127.0.0.1:9481
 ARGS    ?=
 
 .PHONY: run test lint bench clean vgpu
@@ -17,9 +20,9 @@ $(VENV)/.installed: pyproject.toml
 
 run: $(VENV)/.installed
 	mkdir -p .state && touch .state/kmsg.log
-	@echo "gpu-triage: starting on :9481 (Ctrl-C stops it). In another terminal, for the gpu-triage command:"
+	@echo "gpu-triage: starting on $(LISTEN) (Ctrl-C stops it). In another terminal, for the gpu-triage command:"
 	@echo "    cd $(CURDIR) && . $(VENV)/bin/activate        (or install it: pipx install $(CURDIR))"
-	$(VENV)/bin/gpu-triage serve --backend $(BACKEND) --state.dir .state $(KMSG) $(ARGS)
+	$(VENV)/bin/gpu-triage serve --backend $(BACKEND) --web.listen-address $(LISTEN) --state.dir .state $(KMSG) $(ARGS)
 
 test: $(VENV)/.installed lint
 	$(VENV)/bin/pytest $(ARGS)

@@ -8,10 +8,13 @@
 2. One read of the kubelet's pod-resources API (List and GetAllocatableResources, gRPC on a Unix socket,
    a fresh channel each time, as the daemon reads it every slow interval) against the tests' server, by the
    number of pods on the node (each holding one of 8 GPUs, or none), with the answer's size.
+3. A kubelet that answers far more than a node holds (each pod on a time-sliced replica of one of 8 GPUs):
+   how long the source takes to give up, what it says, and how many pods a render names.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import sys
 import tempfile
@@ -24,7 +27,9 @@ from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
 from gpu_triage.exporter.polling.poller import Poller
 from gpu_triage.exporter.settings import load_settings
+from gpu_triage.exporter.workloads.placement import DeviceIndex
 from gpu_triage.exporter.workloads.podresources import read
+from gpu_triage.exporter.workloads.pods import PodSource, assign
 from gpu_triage.exporter.workloads.tracker import Workloads
 from tests.podresources_server import Container, Pod, encode_list, pod_resources_server
 
@@ -91,6 +96,7 @@ def bench_render(scenario: str) -> list[str]:
                 t0 = time.perf_counter()
                 found = workloads.current(snapshot)
                 steady.append(time.perf_counter() - t0)
+            workloads.stop()
         named = sum(len(v) for v in found.values())
         print(f"   {scenario}: {named} workloads on {len(found)} GPUs")
         print(f"     every render:  {median_ms(steady)}")
@@ -99,11 +105,37 @@ def bench_render(scenario: str) -> list[str]:
     return uuids
 
 
+def bench_flood(uuids: list[str], snapshot_of: SimBackend) -> None:
+    print("3. a kubelet answering far more pods than a node holds (deadline 0.8 s, as at a 1 s interval)")
+    logging.getLogger("gpu_triage").setLevel(logging.ERROR)  # the source's state changes are printed below
+    with pod_resources_server() as kubelet:
+        for n in (20_000, 100_000):
+            kubelet.pods = [
+                Pod(f"ns-{i % 50}", f"pod-{i:06d}", [Container("main", {"nvidia.com/gpu": [f"{uuids[i % 8]}::{i}"]})])
+                for i in range(n)
+            ]
+            size = len(encode_list(kubelet.pods))
+            source = PodSource(str(kubelet.socket), interval=3600, deadline=0.8)
+            t0 = time.perf_counter()
+            source.read_once()
+            took = time.perf_counter() - t0
+            named = "-"
+            if source.answer is not None:
+                poller = Poller(snapshot_of, interval=5, slow_interval=60, timeout=5)
+                poller.discover()
+                placed = assign(source.answer, DeviceIndex(poller.poll(Collector)))
+                named = f"{sum(len(a) for a in placed.assignments.values())} named, {placed.not_shown} not shown"
+            print(f"   {n:6d} pods ({size / 2**20:5.1f} MiB): {took:5.2f} s, {source.state}: {source.error or named}")
+
+
 def main() -> None:
     print("1. per render, 8 GPUs, 110 pods on the node (8 holding a GPU), Slurm jobs from a fake /proc")
     uuids = bench_render("h100-training")
     bench_render("h100-mig")
     bench_reads(uuids)
+    sim = SimBackend(load_scenario("h100-training"))
+    bench_flood(uuids, sim)
+    sim.close()
 
 
 if __name__ == "__main__":

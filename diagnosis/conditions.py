@@ -24,6 +24,7 @@ USED = (
     "gpu_lost", "gpu_unresponsive", "recovery_action", "row_remap_failure", "row_remap_pending",
     "ecc_uncorrectable", "retired_pages_pending", "thermal_slowdown", "power_brake_slowdown", "nvlink_down",
     "sxid_fatal", "sxid_nonfatal", *(f"dcgm_health_{system}" for system in DCGM_HEALTH_SYSTEMS),
+    "kernel_log_unreadable", "driver_events_down", "journal_unwritable", "no_xid_source", "backend_failing",
 )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from typing import TypeVar
 from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.conditions import Condition, load_conditions
 from gpu_triage.diagnosis.data_files import DataError, Problems, adopted
+from gpu_triage.diagnosis.hang_specs import load_hang_specs
 from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, action_playbook, load_playbooks
 from gpu_triage.diagnosis.rule_model import RuleSet
 from gpu_triage.diagnosis.training_kernel import SXID_PLAYBOOK
@@ -52,6 +53,8 @@ def references(catalog: XidCatalog, conditions: Mapping[str, Condition], rules: 
     for rule in rules.rules:
         add(rule.playbook, f"training-log class {rule.class_id}", rule.class_id)
     add(SXID_PLAYBOOK, "NVSwitch SXid findings of diagnose", "sxid")
+    for hang in load_hang_specs().values():
+        add(hang.playbook, f"hang class {hang.class_id}", hang.class_id)
     return refs
 
 
@@ -99,6 +102,7 @@ def check_data() -> None:
     problems = Problems()
     catalog, conditions = _load(load_catalog, problems), _load(load_conditions, problems)
     rules, playbooks = _load(load_rules, problems), _load(load_playbooks, problems)
+    _load(load_hang_specs, problems)
     if catalog is None or conditions is None or rules is None or playbooks is None:
         raise DataError("invalid diagnosis data", problems)  # cross-checks of broken files would only add noise
     refs = references(catalog, conditions, rules)

@@ -29,9 +29,10 @@ def urgency(judged: Judged) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """One input line that supports a finding. `line` counts from 1 within its input."""
+    """One input line that supports a finding. `line` counts from 1 within its input (the daemon: the kernel log's
+    sequence number); None for what no line says, such as a reading of the telemetry."""
 
-    line: int
+    line: int | None
     text: str
     source: str | None = None  # the file it came from, when several were read
 
@@ -54,14 +55,18 @@ class Workload:
     step: str = ""  # Slurm: 0, 1, batch, extern, interactive...
     user: str = ""  # Slurm: the user name, or the uid where the name does not resolve
     mig_uuid: str = ""  # the MIG device it holds, when it holds one rather than the whole GPU
+    gpu_instance: int | None = None  # that MIG device's GPU instance
 
     def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any]
         if self.kind == "pod":
             out = {"kind": self.kind, "namespace": self.namespace, "pod": self.name, "container": self.container}
         else:
             out = {"kind": self.kind, "job_id": self.name, "step": self.step, "user": self.user}
         if self.mig_uuid:
             out["mig_uuid"] = self.mig_uuid
+        if self.gpu_instance is not None:
+            out["gpu_instance"] = self.gpu_instance
         return out
 
     def short(self) -> str:

@@ -9,6 +9,8 @@ its cause is gone:
 - application-level findings (restart or debug the app) close an hour after their last XID;
 - an acknowledgement closes every XID finding up to that moment.
 Telemetry conditions (a lost GPU, a pending row remap) hold exactly as long as the telemetry says.
+
+Only the node's own GPUs get a verdict here; what no GPU holds is in diagnosis/node_verdict.py.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gpu_triage.diagnosis.xid_catalog import XidCatalog
 from gpu_triage.diagnosis.xid_data import load_catalog
 
 APP_FINDING_SECONDS = 3600.0
+_FALLEN_OFF_THE_BUS = 79  # the Xid the driver logs when a GPU stops answering on PCIe
 _APP_ACTIONS = frozenset({Action.RESTART_APP, Action.CHECK_APP, Action.IGNORE})
 _CURED_BY_RESET = frozenset(a for a in Action if a.rank >= Action.DRAIN_AND_RESET.rank)
 
@@ -34,6 +37,9 @@ class Telemetry:
     """What the poller last read that bears on health; None where the GPU does not say."""
 
     status: GpuStatus = GpuStatus.UP
+    lost_since: float | None = None  # when the backend first answered that the GPU is lost
+    lost_answer: str | None = None  # what it answered
+    source: str = "NVML"  # who said all this: the backend's name as evidence lines give it (NVML, DCGM, ...)
     recovery_action: int | None = None
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
@@ -54,31 +60,24 @@ class GpuVerdict:
     findings: tuple[Finding, ...]  # open findings, root cause first
 
 
-@dataclass(frozen=True, slots=True)
-class NodeVerdict:
-    health: Health
-    action: Action
-    gpus: tuple[GpuVerdict, ...]
-    findings: tuple[Finding, ...]  # node-level findings (NVSwitch)
-
-
-def _condition(
+def condition(
     cid: str,
     gpu: str | None,
     detail: str | None = None,
     action: Action | None = None,
     severity: Severity | None = None,
+    where: str | None = None,
 ) -> Finding:
     c = load_conditions()[cid]
     return Finding(
-        id=f"{cid}:{gpu or 'node'}",
+        id=f"{cid}:{gpu or where or 'node'}",
         class_id=cid,
         severity=severity or c.severity,
         action=action or c.action or Action.RUN_DIAGNOSTICS,
         title=c.title,
         playbook=c.playbook,
         gpu=gpu,
-        evidence=[Evidence(0, detail)] if detail else [],
+        evidence=[Evidence(None, detail)] if detail else [],
         steps=list(c.steps),
     )
 
@@ -88,29 +87,31 @@ def condition_findings(t: Telemetry, gpu: str, catalog: XidCatalog | None = None
     catalog = catalog or load_catalog()
     out = []
     if t.status == GpuStatus.LOST:
-        out.append(_condition("gpu_lost", gpu, "NVML: the GPU is lost"))
+        lost = condition("gpu_lost", gpu, t.lost_answer or "the backend answered that the GPU is lost")
+        if t.lost_since is not None:
+            lost.details["first_seen"] = int(t.lost_since)
+        out.append(lost)
     elif t.status == GpuStatus.HUNG:
-        out.append(_condition("gpu_unresponsive", gpu, "a driver call did not return before its deadline"))
+        out.append(condition("gpu_unresponsive", gpu, "a driver call did not return before its deadline"))
     if t.recovery_action:
         name, action = catalog.mappings.recovery_named(t.recovery_action)
-        out.append(_condition("recovery_action", gpu, f"NVML recovery action: {name}", action))
+        out.append(condition("recovery_action", gpu, f"{t.source} recovery action: {name}", action))
     if t.row_remap_failure:
-        out.append(_condition("row_remap_failure", gpu, "NVML: row remapping failure = yes"))
+        out.append(condition("row_remap_failure", gpu, f"{t.source}: row remapping failure = yes"))
     if t.uncorrected_ecc:
-        out.append(
-            _condition("ecc_uncorrectable", gpu, f"NVML: {t.uncorrected_ecc} uncorrectable ECC errors (volatile)")
-        )
+        ecc = f"{t.source}: {t.uncorrected_ecc} uncorrectable ECC errors (volatile)"
+        out.append(condition("ecc_uncorrectable", gpu, ecc))
     if t.row_remap_pending:
-        out.append(_condition("row_remap_pending", gpu, "NVML: row remapping pending = yes"))
+        out.append(condition("row_remap_pending", gpu, f"{t.source}: row remapping pending = yes"))
     if t.retired_pages_pending:
-        out.append(_condition("retired_pages_pending", gpu, "NVML: page retirement pending = yes"))
+        out.append(condition("retired_pages_pending", gpu, f"{t.source}: page retirement pending = yes"))
     if t.nvlink_down:
         links = ", ".join(str(link) for link in t.nvlink_down)
-        out.append(_condition("nvlink_down", gpu, f"NVML: NVLink links down: {links}"))
+        out.append(condition("nvlink_down", gpu, f"{t.source}: NVLink links down: {links}"))
     if t.thermal_slowdown:
-        out.append(_condition("thermal_slowdown", gpu, "NVML clock-event reasons: thermal slowdown"))
+        out.append(condition("thermal_slowdown", gpu, f"{t.source} clock-event reasons: thermal slowdown"))
     if t.power_brake:
-        out.append(_condition("power_brake_slowdown", gpu, "NVML clock-event reasons: hardware power brake"))
+        out.append(condition("power_brake_slowdown", gpu, f"{t.source} clock-event reasons: hardware power brake"))
     out += _dcgm_health(t, gpu)
     return sorted(out, key=urgency)
 
@@ -123,8 +124,10 @@ def _dcgm_health(t: Telemetry, gpu: str) -> list[Finding]:
         if not incidents:
             continue
         failed = any(f for f, _ in incidents)
-        finding = _condition(f"dcgm_health_{system}", gpu, severity=None if failed else Severity.WARNING)
-        finding.evidence = [Evidence(0, f"DCGM {system} health: {'FAIL' if f else 'WARN'}: {m}") for f, m in incidents]
+        finding = condition(f"dcgm_health_{system}", gpu, severity=None if failed else Severity.WARNING)
+        finding.evidence = [
+            Evidence(None, f"DCGM {system} health: {'FAIL' if f else 'WARN'}: {m}") for f, m in incidents
+        ]
         out.append(finding)
     return out
 
@@ -152,22 +155,31 @@ def assess_gpu(
     cleared_at: float | None = None,
     resets: Sequence[float] = (),
     catalog: XidCatalog | None = None,
+    crowded: frozenset[int] = frozenset(),
 ) -> GpuVerdict:
-    """One GPU's verdict from its XID history (all boots: history matters), telemetry and clears."""
+    """One GPU's verdict from its XID history (all boots: history matters), telemetry and clears. `crowded`: the
+    refs of occurrences other GPUs shared (incidents.crowd)."""
     catalog = catalog or load_catalog()
     boundaries = [*resets, *([cleared_at] if cleared_at is not None else [])]
-    decisions = decide(occurrences, recovery_now=telemetry.recovery_action, boundaries=boundaries, catalog=catalog)
+    recovery = telemetry.recovery_action
+    decisions = decide(occurrences, recovery_now=recovery, boundaries=boundaries, catalog=catalog, crowded=crowded)
     live = [d for d in decisions if _open(d, boot_id, now, cleared_at, resets)]
     xid_findings = findings(live, gpu, catalog)
     conditions = condition_findings(telemetry, gpu, catalog)
     if telemetry.recovery_action and xid_findings:  # the XID root cause already carries it: one finding, not two
         conditions = [f for f in conditions if f.class_id != "recovery_action"]
+    fallen = next((f for f in xid_findings if f.class_id == f"xid_{_FALLEN_OFF_THE_BUS}"), None)
+    if fallen is not None and telemetry.status == GpuStatus.LOST:
+        # The GPU lost now is what its Xid 79 said: one finding, which also says what the backend answers.
+        lost = [f for f in conditions if f.class_id == "gpu_lost"]
+        conditions = [f for f in conditions if f.class_id != "gpu_lost"]
+        fallen.evidence += [e for f in lost for e in f.evidence]
     driving, rest = _partition([*xid_findings, *conditions])
     every = sorted(driving, key=urgency) + rest
     return GpuVerdict(gpu, _health(driving, telemetry), most_urgent([f.action for f in driving]), tuple(every))
 
 
-def _drives(f: Finding) -> bool:
+def drives(f: Finding) -> bool:
     return f.action is not Action.IGNORE and f.severity is not Severity.INFO
 
 
@@ -176,7 +188,7 @@ def _partition(found: Sequence[Finding]) -> tuple[list[Finding], list[Finding]]:
     driving: list[Finding] = []
     rest: list[Finding] = []
     for f in found:
-        (driving if _drives(f) else rest).append(f)
+        (driving if drives(f) else rest).append(f)
     return driving, rest
 
 
@@ -186,40 +198,6 @@ def _health(driving: Sequence[Finding], t: Telemetry) -> Health:
     if t.status == GpuStatus.HUNG:
         return Health.UNKNOWN
     return Health.DEGRADED if driving else Health.HEALTHY
-
-
-def sxid_findings(sxids: Sequence[Occurrence], *, boot_id: str) -> list[Finding]:
-    """Node-level findings for NVSwitch SXIDs of the current boot, fatal ones first."""
-    out: dict[str, Finding] = {}
-    for occ in sxids:
-        if occ.boot_id and occ.boot_id != boot_id:
-            continue
-        fatal = occ.details.get("severity", "").lower() == "fatal"
-        cid = "sxid_fatal" if fatal else "sxid_nonfatal"
-        finding = out.get(cid)
-        if finding is None:
-            out[cid] = finding = _condition(cid, None)
-            finding.evidence.append(Evidence(occ.ref, occ.text))
-            finding.count = 0
-        finding.count += 1
-        finding.details[f"sxid_{occ.code}"] = int(finding.details.get(f"sxid_{occ.code}", 0)) + 1
-    return sorted(out.values(), key=lambda f: f.action.rank)
-
-
-_WORST = (Health.UNHEALTHY, Health.UNKNOWN, Health.DEGRADED, Health.HEALTHY)
-
-
-def assess_node(gpus: Sequence[GpuVerdict], node_findings: Sequence[Finding] = ()) -> NodeVerdict:
-    """The node's health is its worst GPU's (or NVSwitch's); its action the most urgent of all."""
-    healths = [g.health for g in gpus]
-    driving = [f for f in node_findings if _drives(f)]
-    if any(f.severity is Severity.CRITICAL for f in driving):
-        healths.append(Health.UNHEALTHY)
-    elif driving:
-        healths.append(Health.DEGRADED)
-    health = next((h for h in _WORST if h in healths), Health.UNKNOWN if not gpus else Health.HEALTHY)
-    action = most_urgent([g.action for g in gpus] + [f.action for f in driving])
-    return NodeVerdict(health, action, tuple(gpus), tuple(node_findings))
 
 
 # `gpu-triage check`: the exit codes health-check hooks (Slurm, Kubernetes, NHC) understand.

@@ -267,6 +267,10 @@ class IdentityBook:
         placed = {proc.rank for proc in self._procs.values() if proc.nranks == nranks and proc.gpu is not None}
         maps.gpus_complete = bool(nranks) and len(placed) == nranks
 
+    def world_size(self) -> int:
+        """The largest communicator NCCL's init lines reported (0: none)."""
+        return max((p.nranks for p in self._procs.values()), default=0)
+
     def host_of(self, rank: int) -> str | None:
         return self._build().rank_host.get(rank)
 

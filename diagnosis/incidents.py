@@ -15,7 +15,9 @@ section of xid_policy.yaml); the values in brackets are the shipped ones.
   a real one is in the incident.
 - Decoded codes (144-150) take their action from NVIDIA's NVLink5 decode of the line's payload.
 - Application faults that keep coming back on one GPU (13 or 31 in three incidents a day, or 13 twice
-  on the same GPC/TPC) are no longer the application's fault alone: run diagnostics.
+  on the same GPC/TPC) are no longer the application's fault alone: run diagnostics. Not when other GPUs
+  logged the same code at the same time (within the burst gap): that is one application crashing on many
+  GPUs at once, each time, and no GPU to suspect (`crowd`).
 - A code that needed a reset or reboot and comes back in a later boot escalates to RMA.
 
 Time is passed in with the occurrences; nothing here reads a clock or a file beyond the catalog.
@@ -36,6 +38,9 @@ from gpu_triage.diagnosis.xid_data import load_catalog
 
 # Actions a reboot should have cured: seeing the code again in a later boot means the hardware.
 _CURED_BY_REBOOT = frozenset({Action.RESET_GPU, Action.DRAIN_AND_RESET, Action.REBOOT_NODE})
+# An occurrence's details: the MIG instance the driver attributes it to (absent: the whole GPU).
+GPU_INSTANCE = "gpu_instance"
+COMPUTE_INSTANCE = "compute_instance"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,22 +95,50 @@ def _apart(before: float | None, after: float | None, cuts: list[float], gap: fl
     return i < len(cuts) and cuts[i] <= after
 
 
+def crowd(histories: Mapping[str, Sequence[Occurrence]], catalog: XidCatalog | None = None) -> frozenset[int]:
+    """The refs of the occurrences of a repeat-escalated code (13, 31) that another GPU logged too, within the
+    burst gap: an application that crashed on many GPUs at once. One sweep per code, linear in the events."""
+    catalog = catalog or load_catalog()
+    gap, codes = catalog.context.burst_gap_seconds, catalog.context.repeats.codes
+    out: set[int] = set()
+    for code in codes:
+        timed = sorted(
+            (o.ts, key, o.ref) for key, occs in histories.items() for o in occs if o.code == code and o.ts is not None
+        )
+        window: dict[str, int] = {}  # GPU -> its occurrences within the gap of the current one, either side
+        lo = hi = 0
+        for ts, _gpu, ref in timed:
+            while hi < len(timed) and timed[hi][0] <= ts + gap:
+                window[timed[hi][1]] = window.get(timed[hi][1], 0) + 1
+                hi += 1
+            while timed[lo][0] < ts - gap:
+                window[timed[lo][1]] -= 1
+                if not window[timed[lo][1]]:
+                    del window[timed[lo][1]]
+                lo += 1
+            if len(window) > 1:  # another GPU in the window
+                out.add(ref)
+    return frozenset(out)
+
+
 def decide(
     occurrences: Sequence[Occurrence],
     *,
     recovery_now: int | None = None,
     boundaries: Sequence[float] = (),
     catalog: XidCatalog | None = None,
+    crowded: frozenset[int] = frozenset(),
 ) -> list[Decision]:
     """A decision for every occurrence of one GPU, in time order. `recovery_now` is the NVML
-    recovery action read now: it applies to the latest incident."""
+    recovery action read now: it applies to the latest incident. `crowded`: refs of occurrences other GPUs
+    shared (see `crowd`), which never make a repeat."""
     catalog = catalog or load_catalog()
     bursts = incidents(occurrences, boundaries, catalog)
     decisions: list[Decision] = []
     for i, burst in enumerate(bursts):
         live_recovery = recovery_now if i == len(bursts) - 1 else None
         decisions.extend(_decide_incident(burst, catalog, live_recovery))
-    return _escalate(decisions, catalog.context.repeats)
+    return _escalate(decisions, catalog.context.repeats, crowded)
 
 
 def _base(occ: Occurrence, catalog: XidCatalog) -> tuple[Action, Severity]:
@@ -174,12 +207,12 @@ class _Seen:
     recent: deque[Occurrence] = field(default_factory=deque)  # within the repeat window
 
 
-def _escalate(decisions: list[Decision], repeats: Repeats) -> list[Decision]:
+def _escalate(decisions: list[Decision], repeats: Repeats, crowded: frozenset[int]) -> list[Decision]:
     """Upgrade root causes by what the same code did before; one pass, in time order."""
     seen: dict[int, _Seen] = {}
     out = []
     for d in decisions:  # already in time order
-        if not d.root:
+        if not d.root or (d.occurrence.code in repeats.codes and d.occurrence.ref in crowded):
             out.append(d)
             continue
         occ = d.occurrence
@@ -219,6 +252,16 @@ def _gpc_tpc(occ: Occurrence) -> tuple[str, str] | None:
     return None if gpc is None or tpc is None else (gpc, tpc)
 
 
+def _scope(details: dict[str, str | int], group: Sequence[Decision]) -> None:
+    """A finding is one MIG instance's when every occurrence of its code was in that instance; when they were in
+    several, or some on the whole GPU, it is the whole GPU's, and the instances are listed."""
+    scopes = {d.occurrence.details.get(GPU_INSTANCE) for d in group}
+    if len(scopes) > 1:
+        details.pop(GPU_INSTANCE, None)
+        details.pop(COMPUTE_INSTANCE, None)
+        details["gpu_instances"] = ", ".join(sorted((s for s in scopes if s is not None), key=int))
+
+
 def findings(decisions: Sequence[Decision], gpu: str | None, catalog: XidCatalog | None = None) -> list[Finding]:
     """One finding per XID code, root causes first (most urgent, then earliest), then symptoms."""
     catalog = catalog or load_catalog()
@@ -235,6 +278,7 @@ def findings(decisions: Sequence[Decision], gpu: str | None, catalog: XidCatalog
         if len(group) > 1:
             evidence.append(Evidence(last.ref, last.text))
         details: dict[str, str | int] = dict(lead.occurrence.details.items())
+        _scope(details, group)
         if lead.note:
             details["note"] = lead.note
         if entry is not None:

@@ -248,6 +248,16 @@ def _parse_sxid(text: str, start: int, line: int) -> KernelEvent | None:
     )
 
 
+def driver_tag(text: str) -> int:
+    """Where the driver's own message starts in `text`: its `NVRM:` or `nvidia-nvswitchN:` tag (`SXid` where the
+    switch driver's name is not in front of it); -1 when neither driver speaks."""
+    nvrm, sxid = text.find("NVRM:"), text.find("SXid")
+    if sxid != -1 and (nvrm == -1 or sxid < nvrm):
+        device = _NVSWITCH.search(text, max(0, sxid - 24), sxid)
+        return device.start() if device is not None else sxid
+    return nvrm
+
+
 def parse_event(text: str, line: int) -> KernelEvent | None:
     """The event `text` (one line, a trigger in it) holds by itself, or None."""
     start = text.find("NVRM:")

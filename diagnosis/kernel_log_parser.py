@@ -1,6 +1,12 @@
 """Kernel-log parsing, a line at a time with the state that messages spanning lines need; `scan` for big inputs.
 
-The formats are in diagnosis/kernel_log.py. What needs state is the fallen-off-the-bus fault: the driver
+The formats are in diagnosis/kernel_log.py, who wrote a line in diagnosis/kernel_origin.py: a line that
+another program wrote is never an event. The daemon's parser is strict (the driver's tag must start the
+message, after nothing but a log writer's prefixes); `diagnose`'s is not (a pasted line may carry any
+launcher's or ticket's prefix) but still refuses a line whose priority or syslog tag names another writer.
+A NUL byte splits a line: what a file holds after a power loss is NUL padding, then the next line.
+
+What needs state is the fallen-off-the-bus fault: the driver
 prints it as a three-line Xid-less message and, usually, an `Xid …: 79` line too, in either order; the
 parser reports the fault once, keeping the Xid line (it names the process). Lines that cannot be parsed
 are counted in `ScanStats`, never raised.
@@ -23,11 +29,13 @@ from gpu_triage.diagnosis.kernel_log import (
     FallenMessage,
     KernelEvent,
     continuation,
+    driver_tag,
     fallen_event,
     fallen_head,
     has_trigger,
     parse_event,
 )
+from gpu_triage.diagnosis.kernel_origin import Origin, origin
 from gpu_triage.diagnosis.line_scan import LineScanner
 
 # A decoded line has at least a quarter as many characters as bytes, so longer ones can be dropped unread.
@@ -45,13 +53,14 @@ class ScanStats:
     candidates: int = 0  # lines holding a trigger literal: the only ones parsed
     events: int = 0  # events handed out (a held fallen-off event counts when it is released)
     overlong: int = 0  # candidate lines longer than MAX_LINE_CHARS, skipped
-    binary: int = 0  # candidate lines holding NUL bytes, skipped
+    binary: int = 0  # candidate lines holding NUL bytes: each piece between them parsed as a line
     invalid_utf8: int = 0  # candidate lines that were not UTF-8; bad bytes replaced, then parsed
     malformed: int = 0  # lines that name an Xid/SXid, or start the fallen-off message, but do not parse
+    not_kernel: int = 0  # lines holding the driver's words that the kernel did not write, skipped
 
     @property
     def skipped(self) -> int:
-        return self.overlong + self.binary + self.malformed
+        return self.overlong + self.malformed + self.not_kernel
 
 
 class KernelLogParser:
@@ -68,14 +77,18 @@ class KernelLogParser:
     measured in line numbers, not in lines fed.
     """
 
-    def __init__(self, stats: ScanStats | None = None) -> None:
+    def __init__(self, stats: ScanStats | None = None, *, strict: bool = True) -> None:
         self.stats = stats if stats is not None else ScanStats()
+        self._strict = strict
         self._pending: FallenMessage | None = None
         self._held: list[tuple[int, KernelEvent]] = []  # (line that completed it, event), in that order
         self._recent79: dict[str, int] = {}  # bus id → line of its latest real Xid 79, oldest first
 
-    def feed(self, text: str, line: int) -> list[KernelEvent]:
-        """The events this line completes or releases: usually none or one; `line` numbers must increase."""
+    def feed(self, text: str, line: int, kernel: bool | None = None) -> list[KernelEvent]:
+        """The events this line completes or releases: usually none or one; `line` numbers must increase.
+
+        `kernel` is what the line's transport says of its writer (a /dev/kmsg record's facility, the
+        journal's `_TRANSPORT`): False refuses the line, None leaves it to the line's own prefixes."""
         text = text.rstrip("\r\n")
         if not has_trigger(text):
             return []
@@ -84,8 +97,19 @@ class KernelLogParser:
         if len(text) > MAX_LINE_CHARS:
             stats.overlong += 1
             return []
-        if "\x00" in text:
-            stats.binary += 1
+        if "\x00" not in text:
+            return self._feed_text(text, line, kernel)
+        stats.binary += 1
+        events = []
+        for piece in text.split("\x00"):
+            if has_trigger(piece):
+                events += self._feed_text(piece, line, kernel)
+        return events
+
+    def _feed_text(self, text: str, line: int, kernel: bool | None) -> list[KernelEvent]:
+        stats = self.stats
+        if not self._from_kernel(text, kernel):
+            stats.not_kernel += 1
             return []
         if self._pending is not None and line - self._pending.line > _FALLEN_WINDOW:
             self._drop_pending()
@@ -96,6 +120,15 @@ class KernelLogParser:
         out = released + [e for e in events if self._keep(e, line)]
         stats.events += len(out)
         return out
+
+    def _from_kernel(self, text: str, kernel: bool | None) -> bool:
+        if kernel is False:
+            return False
+        start = driver_tag(text)
+        if start == -1:
+            return True  # an `Xid (` without the driver's tag: no event, whoever wrote it
+        who = origin(text[:start])
+        return who is Origin.KERNEL or (who is Origin.QUOTED and not self._strict)
 
     def flush(self) -> list[KernelEvent]:
         """Release every held event now, in line order.
@@ -186,12 +219,12 @@ def _decode(raw: bytes, stats: ScanStats) -> str:
         return raw.decode("utf-8", errors="replace")
 
 
-def scan(chunks: Iterable[bytes], stats: ScanStats | None = None) -> Iterator[KernelEvent]:
+def scan(chunks: Iterable[bytes], stats: ScanStats | None = None, *, strict: bool = True) -> Iterator[KernelEvent]:
     """Events in a big input given as byte chunks split anywhere; `stats` (if given) is filled as it goes.
 
     Equivalent to feeding every line, decoded as UTF-8 with bad bytes replaced, to a `KernelLogParser`.
     """
-    parser = KernelLogParser(stats)
+    parser = KernelLogParser(stats, strict=strict)
     # Binary lines go to the parser, which counts them; over-long ones the scanner drops and counts.
     scanner = LineScanner(TRIGGERS, max_line=_MAX_LINE_BYTES, keep_binary=True)
     for chunk in chunks:

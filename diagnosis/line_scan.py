@@ -17,7 +17,8 @@ to the plain search when the sample lied. Both were measured against one compile
 the block (bench/bench_training_log.py), which is the slowest of the three.
 
 Memory stays flat whatever the input: the scanner holds at most one block plus the unfinished last
-line of the previous one. A line longer than `max_line` is not kept. Like a binary line, it is counted
+line of the previous one. A line longer than `max_line` is not kept. Like a binary line (a NUL byte in
+it; NULs only in front of it are the padding a power loss leaves in a file, dropped), it is counted
 as skipped when it would have been a candidate, and only then, wherever the input happened to be cut.
 "Would have been a candidate" is the `skip_test` finder's call (by default the finder itself): the
 literal search, for diagnosis, whichever finder picks the candidates, so that the count does not depend
@@ -49,6 +50,12 @@ _BREAK_EVEN = 400
 
 def strip_ansi(data: bytes) -> bytes:
     return ANSI.sub(b"", data) if b"\x1b" in data else data
+
+
+def _unpadded(line: bytes) -> bytes:
+    """`line` without the NULs in front of it: what a file holds after a power loss (the blocks it had
+    allocated, never written) and before the first line written after it. NULs inside a line make it binary."""
+    return line.lstrip(b"\x00") if line[:1] == b"\x00" else line
 
 
 def _line_span(data: bytes, start: int, end: int, hit: int) -> tuple[int, int]:
@@ -210,7 +217,8 @@ class LineScanner:
                 self.skipped += self._has_hit(self._skip_test, line)
             elif self._has_hit(self._find, line):
                 found = _hits(self._find)
-                yield Candidate(self.lines, line, found.get(0) if found is not None else None)
+                kept = line if self._keep_binary else _unpadded(line)
+                yield Candidate(self.lines, kept, found.get(0) if found is not None else None)
         self._pending = b""
 
     def _clean(self, data: bytes) -> bytes:
@@ -314,13 +322,14 @@ class LineScanner:
             counted_to = line_end + 1
             line = data[line_start:line_end]
             if self._readable(line):
-                yield Candidate(number, line, hits.get(line_start) if hits is not None else None)
+                kept = line if self._keep_binary else _unpadded(line)
+                yield Candidate(number, kept, hits.get(line_start) if hits is not None else None)
             elif own_test:
                 self.skipped += 1
         self.lines = number + data.count(b"\n", counted_to, end)
 
     def _readable(self, line: bytes) -> bool:
-        return len(line) <= self._max_line and (self._keep_binary or b"\x00" not in line)
+        return len(line) <= self._max_line and (self._keep_binary or b"\x00" not in _unpadded(line))
 
     def _unreadable(self, data: bytes, start: int, end: int) -> Iterator[tuple[int, int]]:
         """The lines of data[start:end] over `max_line` or binary, as (start, end without newline).
@@ -342,6 +351,7 @@ class LineScanner:
         while nul >= 0:
             line_start = data.rfind(b"\n", start, nul) + 1 or start
             line_end = data.find(b"\n", nul, end)
-            if line_end - line_start <= self._max_line:  # a long one was told above
+            # A long one was told above; one that only starts with NULs is padding before a line, read.
+            if line_end - line_start <= self._max_line and not self._readable(data[line_start:line_end]):
                 yield line_start, line_end
             nul = data.find(b"\x00", line_end, end)

@@ -32,9 +32,9 @@ _MONTHS = {
 _HMS = r"(?P<hms>\d{2}:\d{2}:\d{2})"
 _DATE = r"(?P<date>\d{4}-\d{2}-\d{2})"
 
-_PRIORITY = re.compile(r"<\d{1,3}>")
+_PRIORITY = re.compile(r"<(?P<pri>\d{1,3})>")
 # syslog's `host ident[pid]: ` after the stamp (`node07 kernel: `, `node07 python3[4242]: `).
-_SENDER = re.compile(r"(?P<host>[\w.-]{1,253}) [\w./-]{1,64}(?:\[\d{1,10}\])?: ")
+_SENDER = re.compile(r"(?P<host>[\w.-]{1,253}) (?P<ident>[\w./-]{1,64})(?:\[\d{1,10}\])?: ")
 _SYSLOG = (
     re.compile(r"(?P<printed>(?P<mon>\S{1,12}) {1,2}(?P<day>\d{1,2}) " + _HMS + r"(?:\.(?P<frac>\d{1,9}))?) "),
     re.compile(r"(?P<printed>" + _DATE + "[T ]" + _HMS + r"(?:\.(?P<frac>\d{1,9}))?(?P<tz>[+-]\d{2}:?\d{2})) "),
@@ -52,7 +52,7 @@ _DMESG_T = re.compile(
     r"\[(?P<printed>\S{1,12} {1,2}(?P<mon>\S{1,12}) {1,2}(?P<day>\d{1,2}) " + _HMS + r" (?P<year>\d{4}))\] ?"
 )
 _DMESG = re.compile(r"\[ {0,12}(?P<printed>\d{1,12}\.\d{1,9})\] ?")
-_KMSG = re.compile(r"\d{1,3},\d{1,20},(?P<printed>\d{1,20}),[^;]{0,32};")
+_KMSG = re.compile(r"(?P<pri>\d{1,10}),\d{1,20},(?P<printed>\d{1,20}),[^;]{0,32};")
 
 
 class Stamp(NamedTuple):
@@ -74,6 +74,8 @@ class Header:
     printed: str  # the timestamp as printed
     stamp: Stamp | None
     host: str | None = None
+    ident: str | None = None  # syslog's: the program that logged the line (`kernel` for the kernel)
+    priority: int | None = None  # syslog's `<N>` or a kmsg record's: facility * 8 + level
 
 
 def _seconds(hms: str, frac: str | None) -> float:
@@ -120,19 +122,24 @@ def header(text: str) -> Header | None:
     """The platform's header at the start of `text`, or None."""
     pri = _PRIORITY.match(text)
     start = pri.end() if pri else 0
+    priority = int(pri["pri"]) if pri else None
     for pattern in _SYSLOG:
         if (m := pattern.match(text, start)) and (sender := _SENDER.match(text, m.end())):
-            return Header("syslog", sender.end(), m["printed"], _syslog_stamp(m), sender["host"])
+            stamp = _syslog_stamp(m)
+            return Header("syslog", sender.end(), m["printed"], stamp, sender["host"], sender["ident"], priority)
     if m := _ISO.match(text, start):
-        return Header("iso", m.end(), m["printed"], abs_stamp(m["date"], m["hms"], m["frac"], m["tz"]))
+        stamp = abs_stamp(m["date"], m["hms"], m["frac"], m["tz"])
+        return Header("iso", m.end(), m["printed"], stamp, priority=priority)
     if m := _DMESG.match(text, start):
-        return Header("dmesg", m.end(), m["printed"], Stamp("uptime", float(m["printed"])))
+        return Header("dmesg", m.end(), m["printed"], Stamp("uptime", float(m["printed"])), priority=priority)
     if m := _DMESG_T.match(text, start):
         month = _MONTHS.get(m["mon"])
         date = f"{m['year']}-{month:02d}-{int(m['day']):02d}" if month else None
-        return Header("dmesg", m.end(), m["printed"], abs_stamp(date, m["hms"], None, None) if date else None)
+        stamp = abs_stamp(date, m["hms"], None, None) if date else None
+        return Header("dmesg", m.end(), m["printed"], stamp, priority=priority)
     if m := _KMSG.match(text, start):
-        return Header("kmsg", m.end(), m["printed"], Stamp("uptime", int(m["printed"]) / 1e6))
+        stamp = Stamp("uptime", int(m["printed"]) / 1e6)
+        return Header("kmsg", m.end(), m["printed"], stamp, priority=int(m["pri"]) if pri is None else priority)
     return None
 
 

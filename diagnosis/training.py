@@ -32,6 +32,7 @@ from gpu_triage.diagnosis.data_files import BlobStore
 from gpu_triage.diagnosis.deaths import ENDS, TextEnd, settle, uncaught
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.fold import fold
+from gpu_triage.diagnosis.hang_report import Decoder, HangInputs
 from gpu_triage.diagnosis.identity import IdentityBook, Who
 from gpu_triage.diagnosis.input_lines import InputLines
 from gpu_triage.diagnosis.kernel_log import has_trigger
@@ -126,7 +127,7 @@ class _Diagnosis:
         finder = finder_for(self.patterns, self.literals, self.engine, self.store, needles, self.parallel)
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
         reader = InputLines(finder, skip_test=skip_test_for(self.literals, needles))
-        kernel = KernelLogParser()
+        kernel = KernelLogParser(strict=False)  # a pasted line may carry any prefix (kernel_log_parser)
         end = TextEnd()
         try:
             for cand in reader.read(end.watch(chunks)):
@@ -349,7 +350,7 @@ class _Diagnosis:
 
     # -- the report -----------------------------------------------------------------------------
 
-    def report(self, lines: int, skipped: int) -> Report:
+    def report(self, lines: int, skipped: int, hangs: HangInputs | None = None) -> Report:
         names = [s.name for s in self.sources]
 
         def label(source: int) -> str | None:
@@ -376,6 +377,8 @@ class _Diagnosis:
         ranked = [r for r in built if r.finding.class_id not in slow]
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)
         ranked += reporter.synthesized()
+        if hangs is not None:  # Flight Recorder dumps and NCCL RAS output (diagnosis/hang_report.py)
+            ranked += hangs.ranked(self.identity, ranked, symptom)
 
         def root_xid(f: Finding) -> bool:
             return f.class_id.startswith("xid_") and f.class_id not in xid_symptoms and f.action is not Action.IGNORE
@@ -393,7 +396,8 @@ class _Diagnosis:
             if source is not None:
                 e["file"] = source
             events.append(e)
-        return Report(events, findings, names, lines, skipped, self.kernel.dropped, self.engine, performance)
+        hang = hangs.to_json() if hangs is not None else None
+        return Report(events, findings, names, lines, skipped, self.kernel.dropped, self.engine, performance, hang)
 
     def _uncaught(self) -> None:
         """Uncaught Python exceptions are deaths (see diagnosis/deaths.py), placed like any finding."""
@@ -413,19 +417,25 @@ def diagnose(
     engine: str | None = None,
     store: BlobStore | None = None,
     parallel: bool = False,
+    decode: Decoder | None = None,
 ) -> Report:
-    """Diagnose training and kernel logs.
+    """Diagnose training and kernel logs, and Flight Recorder dumps and NCCL RAS output among them.
 
     `sources` holds one (name or None, byte chunks) pair per input: a file, one rank's output or
     stdin; the caller decompresses. Chunks may split lines anywhere. Findings come root cause first.
     `engine` chooses the block scan ("hyperscan" or "python"; by default Hyperscan where it is
     installed, see diagnosis/block_scan.py): both give the same findings. `store` keeps the compiled scan
     between processes (diagnosis/knowledge.py); `parallel` lets the scan use a second thread (a second CPU).
+    Dumps and RAS output are told by their content; `decode` reads a pickle dump (diagnosis/hang_report.py).
     """
     state = _Diagnosis(load_rules(), engine, store, parallel)
+    hangs = HangInputs(decode)
     lines = skipped = 0
     for name, chunks in sources:
-        read, skip = state.read(name, chunks)
+        text = hangs.take(name, chunks)
+        if text is None:
+            continue
+        read, skip = state.read(name, text)
         lines += read
         skipped += skip
-    return state.report(lines, skipped)
+    return state.report(lines, skipped, hangs)

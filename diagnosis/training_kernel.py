@@ -27,7 +27,7 @@ from typing import Any
 from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, Tally
 from gpu_triage.diagnosis.identity import Who, short_host
-from gpu_triage.diagnosis.incidents import Decision, Occurrence, decide
+from gpu_triage.diagnosis.incidents import Decision, Occurrence, crowd, decide
 from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
 from gpu_triage.diagnosis.log_lines import LogLine
 from gpu_triage.diagnosis.log_stamps import Stamp
@@ -191,9 +191,15 @@ class KernelFindings:
         burst keeps the action its neighbours call for (Xid 154's recovery action, 48 with 63/64), the
         rest are symptoms. Returns the XID classes that were only ever symptoms."""
         verdicts: dict[tuple[int, str | None, str | None], dict[int, Decision]] = {}
-        for key, seen in self.occurrences.items():
+        timed = {key: _timed(seen) for key, seen in self.occurrences.items()}
+        # An application's crash logs the same Xid on many GPUs of a host at once: no GPU to suspect for it.
+        hosts: dict[tuple[int, str | None], dict[str, list[Occurrence]]] = {}
+        for (source, host, gpu), occurrences in timed.items():
+            hosts.setdefault((source, host), {})[str(gpu)] = occurrences
+        crowded = {place: crowd(gpus) for place, gpus in hosts.items()}
+        for key, occurrences in timed.items():
             lead: dict[int, Decision] = {}
-            for d in decide(_timed(seen)):
+            for d in decide(occurrences, crowded=crowded[key[:2]]):
                 held = lead.get(d.occurrence.code)
                 if held is None or (d.root and (not held.root or d.action.rank < held.action.rank)):
                     lead[d.occurrence.code] = d

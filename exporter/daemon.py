@@ -19,7 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from gpu_triage.diagnosis import knowledge
 from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.diagnosis.health import NodeVerdict
+from gpu_triage.diagnosis.node_verdict import Blind, NodeVerdict
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.cache_store import store_from_env
 from gpu_triage.exporter.metrics.exposition import MetricsCache
@@ -29,7 +29,7 @@ from gpu_triage.exporter.metrics.workloads import workload_families
 from gpu_triage.exporter.metrics.xid import journal_families, source_families, xid_families
 from gpu_triage.exporter.polling.poller import Poller
 from gpu_triage.exporter.polling.snapshot import Snapshot
-from gpu_triage.exporter.settings import Settings
+from gpu_triage.exporter.settings import DEV_KMSG, Settings
 from gpu_triage.exporter.sources.driver_events import DriverEvents
 from gpu_triage.exporter.sources.journal import Event, Journal, Mark, Total
 from gpu_triage.exporter.sources.kmsg import KmsgFollower, boot_time
@@ -41,6 +41,7 @@ from gpu_triage.exporter.workloads.tracker import ByGpu, Workloads
 log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
 PURGE_EVERY_SECONDS = 3600.0
+_SETTLE_SECONDS = 2.0  # at most this long at start for the XID sources to open what they read
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,22 @@ class Families:
 
 def _workloads(by_gpu: ByGpu) -> dict[str, tuple[Workload, ...]]:
     return {uuid: tuple(a.workload for a in found) for uuid, found in by_gpu.items()}
+
+
+def kernel_log(settings: Settings, backend: str) -> Path:
+    """The kernel log to follow: --kmsg.path, else /dev/kmsg; but unless told, the simulator's node has a kernel log
+    of its own, a file in the state directory (append the driver's lines to it), not this machine's."""
+    if settings.kmsg_path is not None:
+        return settings.kmsg_path
+    if backend != "sim":
+        return DEV_KMSG
+    path = settings.state_dir / "kmsg.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+    except OSError:
+        pass  # the reader says it cannot read it, and the verdict that it is incomplete
+    return path
 
 
 def read_boot_id() -> str:
@@ -108,16 +125,20 @@ class Daemon:
         self.kmsg: KmsgFollower | None = None
         if settings.source_kmsg:
             self.kmsg = KmsgFollower(
-                settings.kmsg_path,
+                kernel_log(settings, backend.name),
                 self.pipeline.from_kernel,
                 cursor=self.journal.cursor,
                 boot_id=self.boot_id,
                 boot_time=boot_time,
                 clock=clock,
+                on_change=self._source_changed,
             )
         self.driver_events: DriverEvents | None = None
         if settings.source_events and isinstance(backend, XidEventSource) and backend.reports_xids:
-            self.driver_events = DriverEvents(backend, backend.name, self.pipeline.from_driver)
+            self.driver_events = DriverEvents(
+                backend, backend.name, self.pipeline.from_driver, on_change=self._source_changed
+            )
+        self._sources_moved = threading.Event()  # a source started or stopped working
         # Who uses each GPU (Kubernetes pods, Slurm jobs); a new pod mapping is on /metrics at once.
         self.workloads = Workloads(settings, on_change=self.refresh, clock=clock)
         # Everything /metrics shows, in page order; a new producer of families registers here.
@@ -161,6 +182,7 @@ class Daemon:
         self.poller.start()
         with self._render_lock:
             self._start_sources()
+        self._settle_sources()
         self.workloads.start()
         gpus = self.snapshot.gpus
         log.info(
@@ -196,6 +218,20 @@ class Daemon:
                 if source is not None:
                     source.start()
             self._sources_started = True
+
+    def _source_changed(self) -> None:
+        """A source began or stopped working: the verdict's completeness changed, so render it now."""
+        self._sources_moved.set()
+        self.refresh()
+
+    def _settle_sources(self) -> None:
+        """Give the sources just started a moment to open what they read, so that the first verdict a client
+        gets says whether they work rather than that they have not been tried yet."""
+        deadline = self.monotonic() + _SETTLE_SECONDS
+        while any(b.starting for b in self.incomplete()) and self.monotonic() < deadline:
+            self._sources_moved.wait(0.05)
+            self._sources_moved.clear()
+        self.refresh()
 
     def stop(self) -> None:
         """Stop reading, let the journal finish what is queued, then let go of the driver."""
@@ -264,10 +300,39 @@ class Daemon:
             by_gpu = self.workloads.current(snapshot)
             found = _workloads(by_gpu)
             by_bus = {g.identity.pci_bus_id: found.get(g.identity.uuid, ()) for g in snapshot.gpus}
-            node = self.verdicts.update(snapshot, now, by_bus, settled=self.workloads.settled)
+            node = self.verdicts.update(
+                snapshot, now, by_bus, settled=self.workloads.settled, incomplete=self.incomplete()
+            )
             self._frame = Frame(snapshot, node, by_gpu)
             self.metrics.update(list(self.registry.collect()))
             self.verdicts.node = node
+
+    def incomplete(self) -> list[Blind]:
+        """The sources the verdict depends on that cannot be read now: while one is down, the daemon would miss
+        the next XID, and its verdict says so instead of calling the node healthy."""
+        if not self.journal.stats.up or not self.journal.is_open:
+            # The XID sources read on from cursors in the journal: until it opens, they wait for it.
+            error = self.journal.stats.error
+            return [Blind("journal", error or "the event journal is not open yet", starting=error is None)]
+        out = []
+        if self.kmsg is not None and not self.kmsg.stats.up:
+            error = self.kmsg.stats.error
+            out.append(Blind("kmsg", error or f"{self.kmsg.path} has not been read yet", starting=error is None))
+        events = self.driver_events
+        if events is not None and not events.stats.up:
+            error = events.stats.error
+            what = "the driver's XID events have not been read yet"
+            out.append(Blind(events.name, error or what, starting=error is None))
+        if self.kmsg is None and events is None:
+            out.append(Blind("xid", "the kernel log is not read (--no-source.kmsg) and no driver events are"))
+        # What the GPUs say counts as much: a backend that fails, or a poll loop that stopped, would keep showing
+        # the last readings' verdict, healthy as it may be.
+        snapshot = self.snapshot
+        if snapshot.taken_at and not snapshot.backend_up:
+            out.append(Blind("backend", f"the {snapshot.backend} backend fails: {snapshot.backend_problem}"))
+        elif snapshot.taken_at and (age := self.monotonic() - snapshot.taken_monotonic) > self.stale_after:
+            out.append(Blind("backend", f"the last GPU readings are {age:.0f}s old"))
+        return out
 
     @property
     def frame(self) -> Frame:
@@ -313,4 +378,7 @@ class Daemon:
         age = self.monotonic() - snapshot.taken_monotonic
         if age > self.stale_after:
             return f"the last snapshot is {age:.0f}s old"
+        # A source that fails, not one still opening what it reads (the verdict says that one, for a moment).
+        if blind := [b for b in self.incomplete() if not b.starting]:
+            return "the verdict is incomplete: " + "; ".join(f"{b.source}: {b.problem}" for b in blind)
         return None

@@ -7,6 +7,7 @@ without `--`), the default. Problems are collected and reported together, naming
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,9 @@ class SettingsError(Exception):
         self.problems = problems
 
 
+DEV_KMSG = Path("/dev/kmsg")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPU_TRIAGE_", extra="forbid", frozen=True)
 
@@ -84,6 +88,7 @@ class Settings(BaseSettings):
     web_config_file: Path | None = None
     web_disable_exporter_metrics: bool = False
     web_read_only: bool = False
+    web_allowed_hosts: Annotated[list[str], NoDecode] = []
     web_read_header_timeout: Duration = 10.0
     web_read_timeout: Duration = 60.0
     web_max_connections: Annotated[int, Field(ge=8, le=1_000_000)] = 512
@@ -94,9 +99,9 @@ class Settings(BaseSettings):
     collector_interval: Duration = 5.0
     collector_slow_interval: Duration = 60.0
     collector_timeout: Duration | None = None
-    state_dir: Path = Path("/var/lib/gpu-triage")
+    state_dir: Path = Field(default_factory=lambda: default_state_dir()[0])
     journal_retention: Duration = 30 * 86400.0
-    kmsg_path: Path = Path("/dev/kmsg")
+    kmsg_path: Path | None = None  # /dev/kmsg; the simulator's node has its own (see daemon.kernel_log)
     source_kmsg: bool = True
     source_events: bool = True
     diagnose_max_bytes: Size = 64 * 1024**2
@@ -106,7 +111,7 @@ class Settings(BaseSettings):
     log_level: LogLevel = "info"
     log_format: LogFormat = "logfmt"
 
-    @field_validator("web_listen_address", mode="before")
+    @field_validator("web_listen_address", "web_allowed_hosts", mode="before")
     @classmethod
     def _split_addresses(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -120,6 +125,14 @@ class Settings(BaseSettings):
     def _valid_addresses(cls, value: list[str]) -> list[str]:
         for address in value:
             parse_listen_address(address)
+        return value
+
+    @field_validator("web_allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})", name):
+                raise ValueError(f"{name!r} is not a host name (example: gpu-node-01.example.com)")
         return value
 
     @field_validator("dcgm_address")
@@ -168,6 +181,36 @@ class Settings(BaseSettings):
         return min(0.8 * self.collector_interval, 10.0)
 
 
+SYSTEM_STATE_DIR = Path("/var/lib/gpu-triage")
+
+
+def default_state_dir() -> tuple[Path, str]:
+    """Where the journal lives when --state.dir is not given, and why there.
+
+    Under systemd, the unit's StateDirectory= (systemd says where in $STATE_DIRECTORY, the first of its
+    colon-separated list); else for root the system's place; else the user's own state directory (XDG Base
+    Directory), so that `gpu-triage serve` works as a normal user with nothing set up."""
+    if given := os.environ.get("STATE_DIRECTORY", "").split(":")[0]:
+        return Path(given), "StateDirectory= of the systemd unit ($STATE_DIRECTORY)"
+    if os.geteuid() == 0:
+        return SYSTEM_STATE_DIR, "the default for root"
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    if xdg.startswith("/"):  # a relative value is invalid and must be ignored (XDG Base Directory spec)
+        return Path(xdg) / "gpu-triage", "the default for a user other than root ($XDG_STATE_HOME)"
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):  # no $HOME and no passwd entry (a container's numeric user)
+        return SYSTEM_STATE_DIR, "the default when the user has no home directory"
+    return home / ".local/state/gpu-triage", "the default for a user other than root"
+
+
+def state_dir_origin(settings: Settings) -> str:
+    """Why the journal is where it is: the setting, or default_state_dir()'s reason."""
+    if "state_dir" in settings.model_fields_set:
+        return "--state.dir"
+    return default_state_dir()[1]
+
+
 def parse_listen_address(address: str) -> tuple[str, int]:
     """':9481' -> ('', 9481) (every address); '127.0.0.1:0'; '[::1]:9481'."""
     m = re.fullmatch(r"(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})", address)
@@ -211,6 +254,14 @@ OPTIONS = (
         "web_read_only",
         "refuse every request that changes state (acknowledgements, simulator faults) with 403",
         kind="switch",
+    ),
+    Option(
+        "web.allowed-hosts",
+        "web_allowed_hosts",
+        "more names requests that change state may give as Host, besides IP addresses, localhost and this "
+        "machine's name (against DNS rebinding); repeat or comma-separate",
+        "NAME",
+        "list",
     ),
     Option(
         "web.read-header-timeout",
@@ -272,14 +323,25 @@ OPTIONS = (
         "a driver call taking longer counts as hung (default 0.8 x interval, at most 10s)",
         "DURATION",
     ),
-    Option("state.dir", "state_dir", "where the event journal lives (default /var/lib/gpu-triage)", "DIR"),
+    Option(
+        "state.dir",
+        "state_dir",
+        "where the event journal lives (default: $STATE_DIRECTORY under systemd, /var/lib/gpu-triage for root, "
+        "else $XDG_STATE_HOME/gpu-triage or ~/.local/state/gpu-triage)",
+        "DIR",
+    ),
     Option(
         "journal.retention",
         "journal_retention",
         "how long journaled events are kept (default 30d)",
         "DURATION",
     ),
-    Option("kmsg.path", "kmsg_path", "kernel log to follow: /dev/kmsg, or a file (default /dev/kmsg)", "PATH"),
+    Option(
+        "kmsg.path",
+        "kmsg_path",
+        "kernel log to follow: /dev/kmsg, or a file (default /dev/kmsg; with --backend sim, kmsg.log in --state.dir)",
+        "PATH",
+    ),
     Option("source.kmsg", "source_kmsg", "read XIDs from the kernel log (default on)", kind="toggle"),
     Option(
         "source.events",

@@ -8,8 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_triage.diagnosis.actions import Action
+from gpu_triage.diagnosis.collectives import rank_ranges
 from gpu_triage.diagnosis.findings import Finding, Workload, urgency
-from gpu_triage.diagnosis.health import GpuVerdict, NodeVerdict, verdict_json
+from gpu_triage.diagnosis.fold import fold_gpus
+from gpu_triage.diagnosis.health import GpuVerdict, drives, verdict_json
+from gpu_triage.diagnosis.incidents import GPU_INSTANCE
+from gpu_triage.diagnosis.node_verdict import BLIND_CLASSES, Blind, NodeVerdict
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 
@@ -27,7 +31,7 @@ def diagnosis_json(
     gpus = []
     for state in snapshot.gpus:
         g = state.identity
-        verdict = by_bus.pop(g.pci_bus_id, None)
+        verdict = by_bus.get(g.pci_bus_id)
         gpus.append(
             {
                 "gpu": g.index,
@@ -37,17 +41,23 @@ def diagnosis_json(
                 "workloads": [w.to_json() for w in using.get(g.uuid, ())],
             }
         )
-    for missing in by_bus.values():  # known only from the kernel log
-        gpus.append({"gpu": None, "uuid": None, "status": "missing", **verdict_json(missing), "workloads": []})
-    findings = [f.to_json() for f in sorted(all_findings(node), key=urgency)]
+    # One crash, one finding: an application's Xid on many GPUs is one entry here (each GPU keeps its own above).
+    findings = [f.to_json() for f in fold_gpus(sorted(all_findings(node), key=urgency))]
     for finding in [*findings, *(f for g in gpus for f in g.get("findings", []))]:
         finding.setdefault("workloads", [])
         details = finding["details"]
         for key in _TIMES:
             if isinstance(details.get(key), int | float):
                 details[f"{key}_iso"] = iso_time(details[key])
+    needs = affected(snapshot, node)
     return {
-        "node": {"health": node.health.value, "action": node.action.value, "summary": summary(snapshot, node)},
+        "node": {
+            "health": node.health.value,
+            "action": node.action.value,
+            "summary": summary(snapshot, node, needs),
+            "affected": needs,
+            "incomplete": [blind_json(b) for b in node.incomplete],
+        },
         "gpus": gpus,
         "findings": findings,
         "boot_id": boot_id,
@@ -57,6 +67,20 @@ def diagnosis_json(
 
 
 _TIMES = ("first_seen", "last_seen", "since")  # unix seconds in a finding's details
+_SHOWN = 6  # places named in a summary line; the rest are counted
+_PROBLEM_CHARS = 160
+# What a source that cannot be read is called in one line, and what to do about it.
+_BLIND_TEXT = {
+    "kmsg": ("kernel log unreadable", "give the daemon CAP_SYSLOG (kernel.dmesg_restrict=1) or fix --kmsg.path"),
+    "journal": ("event journal unwritable", "free space under --state.dir"),
+    "xid": ("no XID source", "turn --source.kmsg or --source.events on"),
+    "backend": ("GPU readings failing", "check that nvidia-smi (or nv-hostengine) answers"),
+}
+
+
+def blind_json(b: Blind) -> dict[str, str]:
+    what, fix = _BLIND_TEXT.get(b.source, (f"{b.source} XID events down", "see the daemon's log"))
+    return {"source": b.source, "what": what, "problem": b.problem[:_PROBLEM_CHARS], "fix": fix}
 
 
 def iso_time(seconds: float) -> str:
@@ -64,17 +88,109 @@ def iso_time(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
-def summary(snapshot: Snapshot, node: NodeVerdict) -> str:
-    """One line for STATUS=, the landing page and `gpu-triage check`."""
+def cause(f: Finding) -> str:
+    """What a finding is, in a word or two of a summary line: 'Xid 79', 'lost', 'row_remap_failure'."""
+    if f.class_id.startswith("xid_"):
+        return f"Xid {f.class_id.removeprefix('xid_')}"
+    if f.class_id == "unknown_device":
+        return f"Xid {f.details.get('xid')}"
+    return _CAUSES.get(f.class_id, f.class_id)
+
+
+_CAUSES = {"gpu_lost": "lost", "gpu_unresponsive": "hung", "sxid_fatal": "fatal SXid", "sxid_nonfatal": "SXid"}
+
+
+def affected(snapshot: Snapshot, node: NodeVerdict) -> list[dict[str, Any]]:
+    """Every place that needs an action, most urgent first: each GPU with its action and the finding behind it,
+    then what no GPU holds (NVSwitches, unknown devices). A source that cannot be read is not a place: it is in
+    `incomplete`."""
+    index = {g.identity.pci_bus_id: g.identity.index for g in snapshot.gpus}
+    out: list[dict[str, Any]] = []
+    for v in node.gpus:
+        f = next((f for f in v.findings if f.action is v.action), None)
+        if v.action is Action.IGNORE or f is None:
+            continue
+        gpu = index.get(v.gpu)
+        where = f"GPU {gpu}" if gpu is not None else v.gpu
+        if (instance := f.details.get(GPU_INSTANCE)) is not None:
+            where += f" instance {instance}"  # the MIG instance the driver put the XID in
+        out.append(_place(v.action, where, gpu, v.gpu, f))
+    for f in node.findings:
+        if drives(f) and f.class_id not in BLIND_CLASSES:
+            bus = f.details.get("pci_bus_id")
+            where = "NVSwitch" if f.class_id.startswith("sxid") else str(bus)
+            out.append(_place(f.action, where, None, str(bus) if bus else None, f))
+    return sorted(out, key=lambda a: Action(a["action"]).rank)  # stable: GPU order within one action
+
+
+def _place(action: Action, where: str, gpu: int | None, bus: str | None, f: Finding) -> dict[str, Any]:
+    return {
+        "action": action.value,
+        "where": where,
+        "gpu": gpu,
+        "pci_bus_id": bus,
+        "cause": cause(f),
+        "finding": f.id,
+        "workloads": [w.to_json() for w in f.workloads],
+    }
+
+
+def name_places(places: list[dict[str, Any]], who: bool = False) -> str:
+    """'REBOOT_NODE: GPU 1 Xid 79, GPU 5 lost; RESET_GPU: GPU 3 Xid 48': each action with the places that need
+    it, most urgent first, at most _SHOWN places (then '+N more'). GPUs that need the same action for the same
+    cause are named together ('CHECK_APP: GPUs 0-7 Xid 13': one application's crash). `who` adds the pod or
+    job that was there."""
+    merged: list[dict[str, Any]] = []
+    together: dict[tuple[str, str], dict[str, Any]] = {}
+    for p in places:
+        key = (str(p["action"]), str(p["cause"]))
+        if p.get("gpu") is None or p["where"] != f"GPU {p['gpu']}":  # a bus id, a MIG instance, a switch
+            merged.append(p)
+        elif key in together:
+            together[key]["gpus"].append(p["gpu"])
+            together[key]["workloads"] = [*together[key]["workloads"], *p.get("workloads", [])]
+        else:
+            together[key] = {**p, "gpus": [p["gpu"]], "workloads": list(p.get("workloads", []))}
+            merged.append(together[key])
+    groups: dict[str, list[str]] = {}
+    for p in merged[:_SHOWN]:
+        gpus = p.get("gpus", [])
+        # ASCII, for the drain reason of a scheduler that keeps only that.
+        where = f"GPUs {rank_ranges(gpus).replace(chr(0x2013), '-')}" if len(gpus) > 1 else p["where"]
+        text = f"{where} {p['cause']}"
+        if who and (workload := _short_workload(p.get("workloads") or [])):
+            text += f" {workload}"
+        groups.setdefault(str(p["action"]), []).append(text)
+    line = "; ".join(f"{action}: {', '.join(names)}" for action, names in groups.items())
+    more = len(merged) - _SHOWN
+    return line + (f" +{more} more" if more > 0 else "")
+
+
+def _short_workload(workloads: list[dict[str, Any]]) -> str:
+    """'pod ml/trainer-0', 'job 4242', '+2' more: who was on the GPU, short."""
+    if not workloads:
+        return ""
+    w = workloads[0]
+    first = f"pod {w.get('namespace')}/{w.get('pod')}" if w.get("kind") == "pod" else f"job {w.get('job_id')}"
+    return first + (f" +{len(workloads) - 1}" if len(workloads) > 1 else "")
+
+
+def name_blind(incomplete: list[dict[str, str]]) -> str:
+    """'incomplete: kernel log unreadable (Permission denied (/dev/kmsg)): give the daemon CAP_SYSLOG ...'."""
+    parts = [f"{b['what']} ({b['problem']}): {b['fix']}" for b in incomplete]
+    return "incomplete: " + "; ".join(parts) if parts else ""
+
+
+def summary(snapshot: Snapshot, node: NodeVerdict, places: list[dict[str, Any]] | None = None) -> str:
+    """One line for STATUS=, the landing page and `gpu-triage check`: the GPUs, the node's health, every place that
+    needs an action, and what the verdict could not see."""
     up = sum(g.up for g in snapshot.gpus)
     line = f"{len(snapshot.gpus)} GPUs, {up} up; node {node.health.value}"
-    if node.action is not Action.IGNORE:
-        worst = next((v for v in node.gpus if v.action is node.action), None)
-        where = ""
-        if worst is not None:
-            index = next((g.identity.index for g in snapshot.gpus if g.identity.pci_bus_id == worst.gpu), None)
-            where = f" on GPU {index}" if index is not None else f" on {worst.gpu}"
-        line += f": {node.action.value}{where}"
+    named = name_places(places if places is not None else affected(snapshot, node))
+    if named:
+        line += f": {named}"
+    if node.incomplete:
+        line += "; " + name_blind([blind_json(b) for b in node.incomplete])
     return line
 
 

@@ -19,15 +19,9 @@ from collections.abc import Collection, Mapping, Sequence
 
 from gpu_triage.diagnosis.actions import Action, GpuStatus, Health
 from gpu_triage.diagnosis.findings import Finding, Workload
-from gpu_triage.diagnosis.health import (
-    GpuVerdict,
-    NodeVerdict,
-    Telemetry,
-    assess_gpu,
-    assess_node,
-    sxid_findings,
-)
-from gpu_triage.diagnosis.incidents import Occurrence
+from gpu_triage.diagnosis.health import GpuVerdict, Telemetry, assess_gpu
+from gpu_triage.diagnosis.incidents import GPU_INSTANCE, Occurrence, crowd
+from gpu_triage.diagnosis.node_verdict import Blind, NodeVerdict, assess_node, sxid_findings, unknown_device_findings
 from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID
 from gpu_triage.diagnosis.xid_data import load_catalog
 from gpu_triage.exporter.backends.base import GpuIdentity
@@ -56,7 +50,11 @@ _THERMAL = ClockEventReason.HW_THERMAL_SLOWDOWN.bit | ClockEventReason.SW_THERMA
 _POWER_BRAKE = ClockEventReason.HW_POWER_BRAKE_SLOWDOWN.bit
 
 
-def telemetry(state: GpuState, links_seen_up: Collection[int] = ()) -> Telemetry:
+# How evidence lines name the backend that said what they say.
+_SAID_BY = {"nvml": "NVML", "dcgm": "DCGM", "sim": "the simulator"}
+
+
+def telemetry(state: GpuState, links_seen_up: Collection[int] = (), backend: str = "nvml") -> Telemetry:
     """`links_seen_up`: links of this GPU that were up at some point; only those can be down (an
     uncabled link is inactive from the start and is not a fault)."""
     recovery, remap, ecc, health = state.get(Recovery), state.get(Remapping), state.get(Ecc), state.get(HealthWatch)
@@ -64,6 +62,9 @@ def telemetry(state: GpuState, links_seen_up: Collection[int] = ()) -> Telemetry
     reasons = (clocks.event_reasons or 0) if clocks else 0
     return Telemetry(
         status=GpuStatus(state.status),
+        lost_since=state.lost.since if state.lost else None,
+        lost_answer=state.lost.answer if state.lost else None,
+        source=_SAID_BY.get(backend, backend),
         recovery_action=recovery.action if recovery else None,
         row_remap_pending=remap.pending if remap else None,
         row_remap_failure=remap.failure if remap else None,
@@ -89,8 +90,9 @@ class Verdicts:
         self._journal = journal
         self._boot_id = boot_id
         self._lock = threading.Lock()
-        # By uuid (or PCI bus id when the uuid is unknown), then by code.
+        # By uuid (or PCI bus id when the uuid is unknown), then by code; and the bus id each key was seen on.
         self._xids: dict[str, dict[int, deque[Occurrence]]] = {}
+        self._bus_of: dict[str, str] = {}
         self._sxids: deque[Occurrence] = deque(maxlen=_HISTORY_PER_CODE)
         # Recent events by journal id, to replace one in place when the kernel log enriches it.
         self._recent: OrderedDict[int, tuple[deque[Occurrence], Occurrence]] = OrderedDict()
@@ -144,6 +146,8 @@ class Verdicts:
                 key = event.uuid or event.pci_bus_id or ""
                 history = self._xids.setdefault(key, {}).setdefault(event.code, deque(maxlen=_HISTORY_PER_CODE))
                 history.append(new)
+                if event.pci_bus_id:
+                    self._bus_of[key] = event.pci_bus_id
             if event.id:
                 self._recent[event.id] = (history, new)
                 if len(self._recent) > _RECENT_IDS:
@@ -157,33 +161,48 @@ class Verdicts:
         workloads: Mapping[str, tuple[Workload, ...]] | None = None,
         *,
         settled: bool = True,
+        incomplete: Sequence[Blind] = (),
     ) -> NodeVerdict:
         """Recompute every GPU's verdict. The caller publishes it (`self.node = ...`) once the metrics
         that show it are rendered too, so the API and /metrics never disagree. `workloads` (by PCI bus id)
-        says who uses each GPU now; `settled`, whether every source of that has answered yet."""
+        says who uses each GPU now; `settled`, whether every source of that has answered yet; `incomplete`,
+        the sources the verdict depends on that cannot be read now."""
         with self._lock:
             self._forget_before(now - HISTORY_SECONDS)
             gpus = []
             seen: set[str] = set()
+            histories = {
+                s.identity.uuid: [*self._history(s.identity.uuid), *self._history(s.identity.pci_bus_id)]
+                for s in snapshot.gpus
+            }
+            crowded = crowd(histories)  # one application's crash on many GPUs: no GPU to suspect for its repeats
             for state in snapshot.gpus:
                 g = state.identity
                 seen |= {g.uuid, g.pci_bus_id}
-                history = [*self._history(g.uuid), *self._history(g.pci_bus_id)]
-                gpus.append(self._assess(g.pci_bus_id, g.uuid, history, self._telemetry(state), now))
-            # XIDs of a GPU the driver no longer lists (it fell off the bus before we started): the
-            # kernel log is all we have, and the GPU is as good as lost.
-            for key in self._xids:
-                if key in seen or not (xids := self._history(key)):
-                    continue
-                orphan = self._assess(key, key, xids, Telemetry(status=GpuStatus.LOST), now)
-                if any(f.class_id.startswith("xid_") for f in orphan.findings):
-                    gpus.append(orphan)
-            node = assess_node(gpus, sxid_findings(list(self._sxids), boot_id=self._boot_id))
+                telemetry = self._telemetry(state, snapshot.backend)
+                gpus.append(self._assess(g.pci_bus_id, g.uuid, histories[g.uuid], telemetry, now, crowded))
+            node = assess_node(
+                gpus, [*sxid_findings(list(self._sxids), boot_id=self._boot_id), *self._unknown(seen, now)], incomplete
+            )
             self._stamp(node, now, workloads or {}, settled)
             indexes = {s.identity.pci_bus_id: s.identity for s in snapshot.gpus}
             _fill_steps(node, {bus: g.index for bus, g in indexes.items()})
             self._log_changes(node, indexes, snapshot)
         return node
+
+    def _unknown(self, seen: set[str], now: float) -> list[Finding]:
+        """XIDs on bus ids that are none of the GPUs the driver lists (one that fell off the bus before we
+        started, another device): judged as their codes are, never as a lost GPU."""
+        out = []
+        for key in self._xids:
+            if key in seen or not (xids := self._history(key)):
+                continue
+            bus = self._bus_of.get(key, key)
+            uuid = key if key != bus else None
+            out += unknown_device_findings(
+                bus, xids, boot_id=self._boot_id, now=now, uuid=uuid, cleared_at=self._acknowledged.get(key)
+            )
+        return out
 
     def _log_changes(self, node: NodeVerdict, gpus: dict[str, GpuIdentity], snapshot: Snapshot) -> None:
         """Each GPU's verdict, and the node's, when it differs from the last one logged (at start: from
@@ -207,7 +226,9 @@ class Verdicts:
                     **({"cause": v.findings[0].title} if v.findings else {}),
                 },
             )
-        if (node.health, node.action) != self._told_node:
+        # While a source has not been read yet (the daemon has just started) the node is unknown for a moment:
+        # not a change worth a line.
+        if (node.health, node.action) != self._told_node and not any(b.starting for b in node.incomplete):
             was = self._told_node
             self._told_node = (node.health, node.action)
             log.info(
@@ -229,13 +250,15 @@ class Verdicts:
             while history and history[0].ts is not None and history[0].ts < cutoff:
                 history.popleft()
 
-    def _telemetry(self, state: GpuState) -> Telemetry:
+    def _telemetry(self, state: GpuState, backend: str) -> Telemetry:
         links = state.get(NvLink)
         seen = self._links_up.setdefault(state.identity.uuid, set())
         seen.update(link.link for link in (links.links if links else ()) if link.up)
-        return telemetry(state, seen)
+        return telemetry(state, seen, backend)
 
-    def _assess(self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, now: float) -> GpuVerdict:
+    def _assess(
+        self, bus: str, uuid: str, history: list[Occurrence], t: Telemetry, now: float, crowded: frozenset[int]
+    ) -> GpuVerdict:
         return assess_gpu(
             bus,
             history,
@@ -244,6 +267,7 @@ class Verdicts:
             now=now,
             cleared_at=self._acknowledged.get(uuid),
             resets=sorted(self._resets.get(uuid, ())),
+            crowded=crowded,
         )
 
     def _stamp(
@@ -258,7 +282,7 @@ class Verdicts:
             finding.details["since"] = int(first) if first is not None else int(self._since.setdefault(finding.id, now))
             who = self._who.get(finding.id)
             if finding.gpu is not None and (who is None or not who[1]):
-                who = (workloads.get(finding.gpu, ()), settled)
+                who = (_in_scope(finding, workloads.get(finding.gpu, ())), settled)
                 self._who[finding.id] = who
             finding.workloads = who[0] if who else ()
         for stale in set(self._since) - open_ids:
@@ -283,6 +307,15 @@ def _log_event(event: Event) -> None:
     action = entry.action if entry else UNKNOWN_XID.action
     fields = {"xid": event.code, "gpu": event.gpu_index, "pci_bus_id": event.pci_bus_id, "uuid": event.uuid}
     log.warning("XID", extra={**fields, "action": action.value, "source": event.sources, "text": event.text})
+
+
+def _in_scope(finding: Finding, workloads: tuple[Workload, ...]) -> tuple[Workload, ...]:
+    """Who a finding hit: for an XID the driver put in one MIG instance, the workloads of that instance, unless
+    what it calls for (a reset, a reboot, an RMA) takes the whole GPU, and with it every instance's work."""
+    instance = finding.details.get(GPU_INSTANCE)
+    if instance is None or finding.action.rank <= Action.RESET_GPU.rank:
+        return workloads
+    return tuple(w for w in workloads if w.gpu_instance is not None and str(w.gpu_instance) == str(instance))
 
 
 def _fill_steps(node: NodeVerdict, indexes: dict[str, int]) -> None:

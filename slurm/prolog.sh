@@ -7,6 +7,11 @@
 # "Prolog error"; the job's log and slurmd's log say which GPU and why. GPUs not given to the job, a degraded GPU, and a daemon that
 # does not answer never refuse a job: the health check (gpu-triage-healthcheck) handles the node as a whole.
 #
+# A daemon that answers but cannot read a source its verdict depends on (the kernel log, the driver's events,
+# its journal: `gpu-triage check` says "INCOMPLETE: ...") refuses the job too: it would not see the XID that
+# kills it, so it cannot call the job's GPUs healthy. GPU_TRIAGE_ADMIT_INCOMPLETE=1 admits such jobs instead
+# (a node where the daemon runs without the kernel log on purpose, say).
+#
 # The job's GPUs: SLURM_JOB_GPUS (Slurm's GPU ids), else CUDA_VISIBLE_DEVICES. Ids are matched against the
 # NVML index (nvidia-smi's index), or the GPU UUID for a "GPU-..." id. With gres.conf AutoDetect=nvml Slurm
 # numbers GPUs as NVML does; with hand-written File=/dev/nvidia[0-7] lines the ids are device minor
@@ -37,9 +42,16 @@ if [ -n "${GPU_TRIAGE_URL:-}" ]; then
     check_args+=(--url "$GPU_TRIAGE_URL")
 fi
 
-# One line, e.g. "REBOOT_NODE GPU 3 Xid 79 job 4242": what the worst of the job's GPUs needs, and why.
+# One line, e.g. "REBOOT_NODE: GPU 3 Xid 79 job 4242": what the job's GPUs need, and why.
 why=$(timeout -k 2 "$check_timeout" "$gpu_triage" "${check_args[@]}")
 rc=$?
+if [ $rc -eq 3 ] && [ "${GPU_TRIAGE_ADMIT_INCOMPLETE:-0}" != 1 ]; then
+    case ${why%%$'\n'*} in *"INCOMPLETE: "*)
+        echo "gpu-triage: job ${SLURM_JOB_ID:-?} refused on $(hostname -s): the verdict is incomplete: ${why%%$'\n'*}" >&2
+        exit 1
+        ;;
+    esac
+fi
 if [ $rc -ne 2 ]; then
     # 0 or 1: no GPU of the job's is unhealthy. 3 (no verdict, or a GPU id this node does not have), a timeout
     # or a failure: no verdict, and no verdict refuses no job.

@@ -85,7 +85,8 @@ def sim(clock: FakeClock) -> Iterator[SimBackend]:
 
 def settings(state_dir: Path, **overrides: object) -> Settings:
     """Test settings: the simulator, an empty kernel log file, a journal under `state_dir`, and nothing of the
-    host's: no kubelet socket, and an empty /proc (the simulator's PIDs are not this machine's)."""
+    host's: no kubelet socket, and an empty /proc (the simulator's PIDs are not this machine's). The name
+    TestClient puts in Host, `testserver`, is one of the daemon's, as an operator would configure it."""
     kmsg = state_dir / "kmsg.log"
     kmsg.touch()
     values: dict[str, object] = {
@@ -96,6 +97,7 @@ def settings(state_dir: Path, **overrides: object) -> Settings:
         "kmsg_path": kmsg,
         "kubernetes_pod_resources_socket": "off",
         "path_procfs": state_dir / "no-proc",
+        "web_allowed_hosts": ["testserver"],
     }
     values.update(overrides)
     return load_settings(values, None)

@@ -30,8 +30,8 @@ T = TypeVar("T")
 GPU_TRIAGE = str(Path(sys.executable).with_name("gpu-triage"))
 STOP_SECONDS = 10.0  # after SIGTERM, before SIGKILL
 # Inherited variables that would change how a started daemon behaves: settings from the environment, and
-# systemd's notify socket and watchdog when the test run itself is a systemd service.
-_NOT_INHERITED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "GPU_TRIAGE_")
+# systemd's notify socket, watchdog and state directory when the test run itself is a systemd service.
+_NOT_INHERITED = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "STATE_DIRECTORY", "GPU_TRIAGE_")
 
 
 def free_port() -> int:

@@ -178,7 +178,7 @@ class FakeHostEngine:
 
     def _migs(self, index: int) -> tuple[SimInstance, ...]:
         shape = self.sim.scenario.node.gpus
-        return instances(self.sim.scenario.seed, index, shape.mig_instances.get(index, []), shape.memory_bytes)
+        return instances(self.sim.scenario.seed, index, shape.mig_instances.get(index, []), shape.spec)
 
     def _mig_entities(self) -> Iterator[tuple[int, int, int, SimInstance]]:
         """(GPU index, GPU instance entity, compute instance entity, instance) for every MIG device."""

@@ -1,7 +1,8 @@
 """What the fake DCGM host engine reports for a GPU: DCGM field id -> type, source and value in DCGM's units.
 
-Written from DCGM's field documentation (dcgm_fields.h): MHz, MiB, W, mJ, percent, KB/s for the PCIe
-throughput fields, ratios and bytes/s for the profiling fields, 1/0 for flags. The simulator's "not
+Written from DCGM's field documentation (dcgm_fields.h): MHz, MiB, W, mJ, percent, ratios and bytes/s
+for the profiling fields, 1/0 for flags; the deprecated PCIe throughput fields (200, 201) answer "not
+supported", as DcgmCacheManager.cpp does. The simulator's "not
 supported" (None) becomes DCGM's blank sentinel in tests/dcgm_fake.py.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpu_triage.exporter.backends.base import Collector
-from gpu_triage.exporter.backends.readings import ClockDomain
+from gpu_triage.exporter.backends.readings import ClockDomain, ThresholdKind
 
 MIB = 1024 * 1024
 PROF_ACTIVITY = {
@@ -90,8 +91,12 @@ GPU_FIELDS: dict[int, tuple[str, Collector | None, Callable[[Any, Any], Any]]] =
     164: ("d", _C.POWER, _attr("limit_watts")),
     190: ("i", _C.CLOCKS, _attr("performance_state")),
     191: ("i", _C.THERMAL, _attr("fan_ratio", 100)),
-    200: ("i", _C.PCIE, _attr("tx_bytes_per_second", 1 / 1000)),
-    201: ("i", _C.PCIE, _attr("rx_bytes_per_second", 1 / 1000)),
+    # 200, 201: DcgmCacheManager answers the deprecated PCIe throughput fields "not supported" (absent here).
+    157: ("d", _C.POWER, _attr("instant_watts")),
+    158: ("i", _C.THERMAL, lambda r, _: _scaled(r.thresholds.get(ThresholdKind.SLOWDOWN), 1)),
+    159: ("i", _C.THERMAL, lambda r, _: _scaled(r.thresholds.get(ThresholdKind.SHUTDOWN), 1)),
+    206: ("i", _C.UTILIZATION, _attr("encoder_ratio", 100)),
+    207: ("i", _C.UTILIZATION, _attr("decoder_ratio", 100)),
     202: ("i", _C.PCIE, _attr("replay_errors")),
     203: ("i", _C.UTILIZATION, _attr("gpu_ratio", 100)),
     204: ("i", _C.UTILIZATION, _attr("memory_controller_ratio", 100)),

@@ -297,6 +297,41 @@ class FakeNvml:
         value = get(self._read(handle, collector))
         return None if value is None else (int(value) if isinstance(value, bool) else value)
 
+    # -- what the simulator has no value for: NVML's own "not supported" -------------------------
+
+    def _not_supported(self, *_: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetPersistenceMode(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetGspFirmwareMode(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetTemperatureThreshold(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetGpuFabricInfoV(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetMemoryErrorCounter(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, *args: Any) -> Any:
+        return self._not_supported(*args)
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Handle) -> list[int]:
+        return [
+            round(self._value("nvmlDeviceGetEncoderUtilization", handle, Collector.UTILIZATION, "encoder_ratio") * 100),
+            167000,
+        ]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Handle) -> list[int]:
+        return [
+            round(self._value("nvmlDeviceGetDecoderUtilization", handle, Collector.UTILIZATION, "decoder_ratio") * 100),
+            167000,
+        ]
+
     # -- events --------------------------------------------------------------------------------
 
     def nvmlEventSetCreate(self) -> object:
@@ -319,4 +354,11 @@ class FakeNvml:
             gpu, xid = self.events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
-        return SimpleNamespace(device=self.handle(gpu), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid)
+        # pynvml's c_nvmlEventData_t; nvml.h: 0xFFFFFFFF instance ids for an event of the whole device.
+        return SimpleNamespace(
+            device=self.handle(gpu),
+            eventType=pynvml.nvmlEventTypeXidCriticalError,
+            eventData=xid,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )

@@ -104,7 +104,7 @@ class FakeGpmMig:
 
     def _instances(self, gpu: int) -> tuple[SimInstance, ...]:
         shape, seed = self.sim.scenario.node.gpus, self.sim.scenario.seed
-        return instances(seed, gpu, shape.mig_instances.get(gpu, []), shape.memory_bytes)
+        return instances(seed, gpu, shape.mig_instances.get(gpu, []), shape.spec)
 
     def _instance(self, h: MigHandle) -> SimInstance:
         return next(i for i in self._instances(h.index) if i.mig.gpu_instance == h.gpu_instance)

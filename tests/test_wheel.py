@@ -31,7 +31,9 @@ from tests.conftest import REPO
 from tests.daemon_proc import free_port, running, state_args
 
 # What the build reads: pyproject's package-dir and package data, and the readme it names.
-_SOURCES = ("pyproject.toml", "README.md", "src", "exporter", "diagnosis", "alerts", "dashboards", "systemd")
+_SOURCES = (
+    "pyproject.toml", "README.md", "src", "exporter", "diagnosis", "alerts", "dashboards", "systemd", "slurm", "kubernetes",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -173,8 +175,19 @@ def test_export_lays_down_the_shipped_files(installed: Installed, kind: str) -> 
     result = installed.run("export", kind, str(dest))
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == len(KINDS[kind])
+    command = installed.venv / "bin" / "gpu-triage"
     for name in KINDS[kind]:
-        assert (dest / name).read_bytes() == (REPO / kind / name).read_bytes(), name
+        expected = (REPO / kind / name).read_bytes()
+        if name == "gpu-triage.service":  # the unit starts the installed command
+            expected = expected.replace(b"ExecStart=/usr/local/bin/gpu-triage ", f"ExecStart={command} ".encode())
+        assert (dest / name).read_bytes() == expected, name
+
+
+def test_export_all_writes_the_runbooks_too(installed: Installed) -> None:
+    dest = installed.cwd / "out-all"
+    assert installed.run("export", "all", str(dest)).returncode == 0
+    assert (dest / "runbooks/xid-79.md").read_bytes() == (REPO / "diagnosis/playbooks/xid-79.md").read_bytes()
+    assert (dest / "kubernetes/kustomization.yaml").is_file() and (dest / "slurm/gpu-triage-healthcheck").is_file()
 
 
 def test_explain_and_diagnose_read_their_data(installed: Installed) -> None:

@@ -114,6 +114,10 @@ static void h100(struct vgpu_gpu *g, unsigned int i)
         g->links[l].speed_mbps = H100_LINK_MBPS;
     }
     h100_gpm(&g->gpm);
+    g->more.power_instant_mw = g->power_mw;
+    g->more.fabric_state = 3; /* NVML_GPU_FABRIC_STATE_COMPLETED: an HGX board's NVSwitch fabric is up */
+    g->more.gsp_enabled = 1;
+    g->more.gsp_default = 1;
 
     strcpy(g->name, "NVIDIA H100 80GB HBM3");
     strcpy(g->uuid, k_uuids[i]);

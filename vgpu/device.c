@@ -144,6 +144,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
 {
     struct vgpu_call c;
     nvmlReturn_t ret = vgpu_begin(device, memory != NULL, VGPU_Q_MEMORY, VGPU_ACCEPT_MIG, &c);
+    if (ret == NVML_SUCCESS)
+        ret = vgpu_aggregate_allowed(&c);
     if (ret == NVML_SUCCESS) {
         uint64_t total, reserved, used;
         memory_of(&c, &total, &reserved, &used);
@@ -158,6 +160,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
 {
     struct vgpu_call c;
     nvmlReturn_t ret = vgpu_begin(device, memory != NULL, VGPU_Q_MEMORY, VGPU_ACCEPT_MIG, &c);
+    if (ret == NVML_SUCCESS)
+        ret = vgpu_aggregate_allowed(&c);
     if (ret != NVML_SUCCESS)
         return ret;
     if (memory->version != nvmlMemory_v2)
@@ -341,3 +345,40 @@ GETTER(nvmlDeviceGetComputeMode, nvmlComputeMode_t, VGPU_Q_COMPUTE_MODE, c.rec.c
 GETTER(nvmlDeviceGetPersistenceMode, nvmlEnableState_t, VGPU_Q_PERSISTENCE_MODE, c.rec.persistence_mode)
 GETTER(nvmlDeviceGetDisplayMode, nvmlEnableState_t, VGPU_Q_DISPLAY, c.rec.display_mode)
 GETTER(nvmlDeviceGetDisplayActive, nvmlEnableState_t, VGPU_Q_DISPLAY, c.rec.display_active)
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGspFirmwareMode(nvmlDevice_t device, unsigned int *isEnabled,
+                                                      unsigned int *defaultMode)
+{
+    struct vgpu_call c;
+    nvmlReturn_t ret = vgpu_begin(device, isEnabled != NULL && defaultMode != NULL, VGPU_Q_GSP_FIRMWARE, 0, &c);
+    if (ret == NVML_SUCCESS) {
+        *isEnabled = c.rec.more.gsp_enabled;
+        *defaultMode = c.rec.more.gsp_default;
+    }
+    return ret;
+}
+
+/* -- fabric (NVSwitch and NVL systems) -------------------------------------------------------- */
+
+/* Takes the v2 struct (what pynvml's c_nvmlGpuFabricInfoV_t is) and the header's v3, which adds the
+ * health summary; both start with the same members. A GPU outside any fabric answers NOT_SUPPORTED. */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfo_v3_t *info)
+{
+    struct vgpu_call c;
+    nvmlReturn_t ret = vgpu_begin(device, info != NULL, VGPU_Q_FABRIC, 0, &c);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (info->version != nvmlGpuFabricInfo_v2 && info->version != nvmlGpuFabricInfo_v3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    const struct vgpu_more *m = &c.rec.more;
+    if (m->fabric_state == NVML_GPU_FABRIC_STATE_NOT_SUPPORTED)
+        return NVML_ERROR_NOT_SUPPORTED;
+    memcpy(info->clusterUuid, m->fabric_cluster_uuid, sizeof info->clusterUuid);
+    info->status = (nvmlReturn_t)m->fabric_status;
+    info->cliqueId = m->fabric_clique;
+    info->state = (nvmlGpuFabricState_t)m->fabric_state;
+    info->healthMask = m->fabric_health_mask;
+    if (info->version == nvmlGpuFabricInfo_v3)
+        info->healthSummary = (unsigned char)m->fabric_health_summary;
+    return NVML_SUCCESS;
+}

@@ -139,6 +139,11 @@ static nvmlReturn_t next_event(struct nvmlEventSet_st *s, nvmlEventData_t *data)
         s->cursor = n;
         if (ret == NVML_ERROR_NOT_FOUND || e.gpu >= VGPU_MAX_GPUS)
             continue;
+        /* nvml.h: in MIG mode events of the instances are reported "only if the caller has appropriate
+         * privileges. In absence of required privileges, only the events which affect all the instances
+         * (i.e. the whole device) are reported." */
+        if (e.gpu_instance_id != VGPU_NO_INSTANCE && !vgpu_privileged())
+            continue;
         if ((s->mask[e.gpu] & e.event_type) && n > s->since[e.gpu]) {
             data->device = vgpu_gpu_handle(e.gpu);
             data->eventType = e.event_type;

@@ -89,11 +89,39 @@ static nvmlReturn_t legacy_link_field(const struct vgpu_gpu *g, unsigned int id,
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
+static int blackwell_or_later(const struct vgpu_gpu *g)
+{
+    return g->architecture >= NVML_DEVICE_ARCH_BLACKWELL && g->architecture != 0xFFFFFFFFu;
+}
+
+/* The NVLink5 counters, scoped by link: answered from Blackwell on, NOT_SUPPORTED before. */
+static nvmlReturn_t link_count_field(const struct vgpu_gpu *g, unsigned int id, unsigned int link,
+                                     nvmlFieldValue_t *v)
+{
+    GATE(VGPU_Q_NVLINK);
+    if (!blackwell_or_later(g))
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= g->nvlink_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct vgpu_link_counts *k = &g->more.link_counts[link];
+    switch (id) {
+    case NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS: return put_ull(v, k->recovery_successful);
+    case NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS: return put_ull(v, k->recovery_failed);
+    case NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS: return put_ull(v, k->recovery_events);
+    case NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS: return put_ull(v, k->effective_errors);
+    default: return put_ull(v, k->symbol_errors);
+    }
+}
+
 /* Fields scoped by link id (scopeId); the throughput ones also take UINT_MAX for all links. */
 static nvmlReturn_t scoped_link_field(const struct vgpu_gpu *g, unsigned int id, unsigned int link,
                                       nvmlFieldValue_t *v)
 {
     GATE(VGPU_Q_NVLINK);
+    /* The header, on 161-163: "This is unsupported for Blackwell+. Please use
+     * NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*". */
+    if (id >= NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY && id <= NVML_FI_DEV_NVLINK_ERROR_DL_CRC && blackwell_or_later(g))
+        return NVML_ERROR_NOT_SUPPORTED;
     int throughput = id >= NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX && id <= NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX;
     if (throughput && link == UINT_MAX) {
         uint64_t sum = 0;
@@ -133,8 +161,8 @@ static nvmlReturn_t power_field(const struct vgpu_gpu *g, unsigned int id, unsig
     if (scope != 0)
         return NVML_ERROR_NOT_SUPPORTED;
     switch (id) {
-    case NVML_FI_DEV_POWER_AVERAGE:
-    case NVML_FI_DEV_POWER_INSTANT: return put_uint(v, g->power_mw);
+    case NVML_FI_DEV_POWER_AVERAGE: return put_uint(v, g->power_mw);
+    case NVML_FI_DEV_POWER_INSTANT: return put_uint(v, g->more.power_instant_mw);
     case NVML_FI_DEV_POWER_MIN_LIMIT: return put_uint(v, g->power_limit_min_mw);
     case NVML_FI_DEV_POWER_MAX_LIMIT: return put_uint(v, g->power_limit_max_mw);
     case NVML_FI_DEV_POWER_DEFAULT_LIMIT: return put_uint(v, g->power_limit_default_mw);
@@ -191,8 +219,28 @@ static nvmlReturn_t answer(const struct vgpu_gpu *g, nvmlFieldValue_t *v)
         return put_uint(v, by_id[id - NVML_FI_DEV_REMAPPED_COR]);
     }
     case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: return put_uint(v, g->recovery_action);
+    case NVML_FI_DEV_PERF_POLICY_POWER: GATE(VGPU_Q_CLOCK_EVENT_REASONS); return put_ull(v, g->more.clock_event_ns[0]);
+    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST:
+        GATE(VGPU_Q_CLOCK_EVENT_REASONS);
+        return put_ull(v, g->more.clock_event_ns[1]);
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN:
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN:
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN:
+        GATE(VGPU_Q_CLOCK_EVENT_REASONS);
+        return put_ull(v, g->more.clock_event_ns[2 + id - NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN]);
+    case NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER: GATE(VGPU_Q_PCIE_REPLAY); return put_uint(v, g->more.pcie_l0_recovery);
+    case NVML_FI_DEV_PCIE_COUNT_TX_BYTES: GATE(VGPU_Q_PCIE_THROUGHPUT); return put_ull(v, g->more.pcie_tx_bytes);
+    case NVML_FI_DEV_PCIE_COUNT_RX_BYTES: GATE(VGPU_Q_PCIE_THROUGHPUT); return put_ull(v, g->more.pcie_rx_bytes);
     default: break;
     }
+    if (id >= NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS && id <= NVML_FI_DEV_PCIE_COUNT_LANE_ERROR) {
+        GATE(VGPU_Q_PCIE_REPLAY);
+        return put_ull(v, g->more.pcie_errors[id - NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS]);
+    }
+    if ((id >= NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS &&
+         id <= NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS) ||
+        id == NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS || id == NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS)
+        return link_count_field(g, id, scope, v);
     if ((id >= NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX && id <= NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX) ||
         (id >= NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY && id <= NVML_FI_DEV_NVLINK_GET_VERSION))
         return scoped_link_field(g, id, scope, v);

@@ -2,6 +2,7 @@
 #ifndef VGPU_INTERNAL_H
 #define VGPU_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,17 +29,26 @@ int vgpu_initialized(void);
 
 struct nvmlDevice_st {
     unsigned int gpu;
-    int mig; /* slot in vgpu_gpu.mig, or -1 for the whole GPU */
+    int mig;                          /* slot in vgpu_gpu.mig, or -1 for the whole GPU */
+    _Atomic unsigned int generation; /* a MIG handle: the GPU's reset_generation when it was handed out */
 };
 
 nvmlDevice_t vgpu_gpu_handle(unsigned int gpu);
-nvmlDevice_t vgpu_mig_handle(unsigned int gpu, unsigned int slot);
+/* A MIG device's handle, valid until the GPU's next reset (`rec` is the GPU's snapshot now). */
+nvmlDevice_t vgpu_mig_handle(unsigned int gpu, unsigned int slot, const struct vgpu_gpu *rec);
+/* Whether the caller acts with root's privileges: not when GPU_TRIAGE_VGPU_UNPRIVILEGED=1 was set at
+ * nvmlInit. The header makes some MIG-mode aggregates need them. */
+int vgpu_privileged(void);
 
 struct vgpu_call {
     unsigned int gpu;
     int mig;
     struct vgpu_gpu rec; /* one consistent snapshot of the GPU, taken after the gate */
 };
+
+/* The header: "In MIG mode, if device handle is provided, the API returns aggregate information, only
+ * if the caller has appropriate privileges." NO_PERMISSION, then, or SUCCESS. */
+nvmlReturn_t vgpu_aggregate_allowed(const struct vgpu_call *c);
 
 #define VGPU_NO_QUERY (-1)
 #define VGPU_ACCEPT_MIG 1u /* the call is meaningful on a MIG device handle */

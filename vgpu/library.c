@@ -21,13 +21,29 @@ static atomic_uint g_refcount;
 
 #define HUNG_POLL_US 2000
 
+static int g_unprivileged; /* read from the environment by the first nvmlInit */
+
 static void handles_init(void)
 {
     for (unsigned int g = 0; g < VGPU_MAX_GPUS; g++) {
-        g_gpu_handles[g] = (struct nvmlDevice_st){g, -1};
+        g_gpu_handles[g] = (struct nvmlDevice_st){g, -1, 0};
         for (unsigned int m = 0; m < VGPU_MAX_MIG; m++)
-            g_mig_handles[g * VGPU_MAX_MIG + m] = (struct nvmlDevice_st){g, (int)m};
+            g_mig_handles[g * VGPU_MAX_MIG + m] = (struct nvmlDevice_st){g, (int)m, 0};
     }
+    const char *flag = getenv("GPU_TRIAGE_VGPU_UNPRIVILEGED");
+    g_unprivileged = flag != NULL && strcmp(flag, "1") == 0;
+}
+
+int vgpu_privileged(void)
+{
+    return !g_unprivileged;
+}
+
+nvmlReturn_t vgpu_aggregate_allowed(const struct vgpu_call *c)
+{
+    if (c->mig < 0 && c->rec.mig_mode == NVML_DEVICE_MIG_ENABLE && !vgpu_privileged())
+        return NVML_ERROR_NO_PERMISSION;
+    return NVML_SUCCESS;
 }
 
 nvmlDevice_t vgpu_gpu_handle(unsigned int gpu)
@@ -35,9 +51,11 @@ nvmlDevice_t vgpu_gpu_handle(unsigned int gpu)
     return (nvmlDevice_t){&g_gpu_handles[gpu]};
 }
 
-nvmlDevice_t vgpu_mig_handle(unsigned int gpu, unsigned int slot)
+nvmlDevice_t vgpu_mig_handle(unsigned int gpu, unsigned int slot, const struct vgpu_gpu *rec)
 {
-    return (nvmlDevice_t){&g_mig_handles[gpu * VGPU_MAX_MIG + slot]};
+    struct nvmlDevice_st *d = &g_mig_handles[gpu * VGPU_MAX_MIG + slot];
+    atomic_store(&d->generation, rec->more.reset_generation);
+    return (nvmlDevice_t){d};
 }
 
 static int element_of(uintptr_t p, const void *array, size_t size)
@@ -111,8 +129,10 @@ nvmlReturn_t vgpu_begin(nvmlDevice_t device, int args_ok, int query, unsigned in
         vgpu_sleep_us(HUNG_POLL_US);
     }
     if (d->mig >= 0) {
-        /* A MIG device handle outlives its instance only as an invalid handle. */
-        if (call->rec.mig_mode != NVML_DEVICE_MIG_ENABLE || (unsigned int)d->mig >= call->rec.mig_count)
+        /* A MIG device handle outlives its instance, and a reset of its GPU ("If the parent device is
+         * unbound, reset ... the GPU instance handle would become invalid"), only as an invalid handle. */
+        if (call->rec.mig_mode != NVML_DEVICE_MIG_ENABLE || (unsigned int)d->mig >= call->rec.mig_count ||
+            atomic_load(&d->generation) != call->rec.more.reset_generation)
             return NVML_ERROR_INVALID_ARGUMENT;
         if (!(flags & VGPU_ACCEPT_MIG))
             return NVML_ERROR_NOT_SUPPORTED;
@@ -304,7 +324,7 @@ static nvmlReturn_t find_device(int args_ok, nvmlDevice_t *device, int (*match)(
             return hand_out(vgpu_gpu_handle(i), device);
         for (unsigned int m = 0; g.mig_mode == NVML_DEVICE_MIG_ENABLE && m < g.mig_count; m++)
             if (match(key, g.mig[m].uuid, NULL))
-                return hand_out(vgpu_mig_handle(i, m), device);
+                return hand_out(vgpu_mig_handle(i, m, &g), device);
     }
     return NVML_ERROR_NOT_FOUND;
 }

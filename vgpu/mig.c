@@ -36,8 +36,76 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device
         return NVML_ERROR_INVALID_ARGUMENT;
     if (index >= c.rec.mig_count)
         return NVML_ERROR_NOT_FOUND;
-    *migDevice = vgpu_mig_handle(c.gpu, index);
+    *migDevice = vgpu_mig_handle(c.gpu, index, &c.rec);
     return NVML_SUCCESS;
+}
+
+/* "This API currently only supports MIG device handles." */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    struct vgpu_call c;
+    nvmlReturn_t ret = vgpu_begin(device, attributes != NULL, VGPU_Q_MIG, VGPU_ACCEPT_MIG, &c);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (c.mig < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    const struct vgpu_mig_attributes *a = &c.rec.more.mig_attributes[c.mig];
+    *attributes = (nvmlDeviceAttributes_t){
+        .multiprocessorCount = a->sms,
+        .sharedCopyEngineCount = a->copy_engines,
+        .sharedDecoderCount = a->decoders,
+        .sharedEncoderCount = a->encoders,
+        .sharedJpegCount = a->jpegs,
+        .sharedOfaCount = a->ofas,
+        .gpuInstanceSliceCount = a->gpu_instance_slices,
+        .computeInstanceSliceCount = a->compute_instance_slices,
+        .memorySizeMB = a->memory_mb,
+    };
+    return NVML_SUCCESS;
+}
+
+/* The GPU instance profiles of a GPU: by NVML_GPU_INSTANCE_PROFILE_* index; one the GPU does not
+ * offer is NOT_SUPPORTED, as is every profile while MIG is disabled. No privileges needed: the
+ * header asks for none here, unlike for creating or listing instances. */
+static nvmlReturn_t profile_info(nvmlDevice_t device, unsigned int profile, const struct vgpu_mig_profile **out,
+                                 struct vgpu_call *c, int args_ok)
+{
+    args_ok = args_ok && profile < NVML_GPU_INSTANCE_PROFILE_COUNT;
+    nvmlReturn_t ret = vgpu_begin(device, args_ok, VGPU_Q_MIG_PROFILES, 0, c);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (c->rec.mig_mode != NVML_DEVICE_MIG_ENABLE)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int i = 0; i < c->rec.more.mig_profile_count && i < VGPU_MAX_MIG_PROFILES; i++)
+        if (c->rec.more.mig_profiles[i].profile == profile) {
+            *out = &c->rec.more.mig_profiles[i];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+                                                              nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    struct vgpu_call c;
+    const struct vgpu_mig_profile *p = NULL;
+    nvmlReturn_t ret = profile_info(device, profile, &p, &c, info != NULL);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (info->version != nvmlGpuInstanceProfileInfo_v2)
+        return NVML_ERROR_INVALID_ARGUMENT; /* the header lists a bad info->version under INVALID_ARGUMENT */
+    info->id = p->id;
+    info->isP2pSupported = 0;
+    info->sliceCount = p->slices;
+    info->instanceCount = p->instances;
+    info->multiprocessorCount = p->sms;
+    info->copyEngineCount = p->copy_engines;
+    info->decoderCount = p->decoders;
+    info->encoderCount = p->encoders;
+    info->jpegCount = p->jpegs;
+    info->ofaCount = p->ofas;
+    info->memorySizeMB = p->memory_mb;
+    return vgpu_copy_string(info->name, sizeof info->name, p->name, sizeof p->name);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
@@ -94,6 +162,8 @@ static nvmlReturn_t processes(nvmlDevice_t device, uint32_t kind, unsigned int *
 {
     struct vgpu_call c;
     nvmlReturn_t ret = vgpu_begin(device, infoCount != NULL, VGPU_Q_PROCESSES, VGPU_ACCEPT_MIG, &c);
+    if (ret == NVML_SUCCESS)
+        ret = vgpu_aggregate_allowed(&c);
     if (ret != NVML_SUCCESS)
         return ret;
     const struct vgpu_proc *match[VGPU_MAX_PROCS];

@@ -327,6 +327,29 @@ typedef struct nvmlFieldValue_st {
 #define NVML_FI_DEV_ENERGY 191
 #define NVML_FI_DEV_POWER_REQUESTED_LIMIT 192
 #define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+/* Clock-event (throttle) durations, in ns ("All counters are in nanoseconds"). */
+#define NVML_FI_DEV_PERF_POLICY_POWER 74 /* = NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP */
+#define NVML_FI_DEV_PERF_POLICY_SYNC_BOOST 76 /* = NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST */
+#define NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN 269
+#define NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN 270
+#define NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN 271
+/* PCIe: recovery and AER-style counters, and the exact byte counters ("Value can be wrapped"). */
+#define NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER 169
+#define NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS 173
+#define NVML_FI_DEV_PCIE_COUNT_LANE_ERROR 183
+#define NVML_FI_DEV_PCIE_COUNT_TX_BYTES 197
+#define NVML_FI_DEV_PCIE_COUNT_RX_BYTES 198
+/* NVLink5 link counters, scoped by link: what replaces 161-163 on Blackwell and later. */
+#define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS 213
+#define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS 214
+#define NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS 215
+#define NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS 219
+#define NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS 221
+
+#define NVML_DEVICE_ARCH_AMPERE 7
+#define NVML_DEVICE_ARCH_ADA 8
+#define NVML_DEVICE_ARCH_HOPPER 9
+#define NVML_DEVICE_ARCH_BLACKWELL 10
 
 /* NVML_FI_DEV_NVLINK_GET_STATE values. 0-2 are in the 13.3 header; 3 comes from
  * nvidia-ml-py 13.615 (NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED), newer than that header. */
@@ -354,6 +377,62 @@ typedef struct nvmlEventData_st {
 /* MIG */
 #define NVML_DEVICE_MIG_DISABLE 0x0
 #define NVML_DEVICE_MIG_ENABLE 0x1
+#define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12
+
+typedef struct nvmlDeviceAttributes_st {
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    unsigned int gpuInstanceSliceCount;
+    unsigned int computeInstanceSliceCount;
+    unsigned long long memorySizeMB; /* MiB */
+} nvmlDeviceAttributes_t;
+
+typedef struct nvmlGpuInstanceProfileInfo_v2_st {
+    unsigned int version;
+    unsigned int id;
+    unsigned int isP2pSupported;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int copyEngineCount;
+    unsigned int decoderCount;
+    unsigned int encoderCount;
+    unsigned int jpegCount;
+    unsigned int ofaCount;
+    unsigned long long memorySizeMB;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+} nvmlGpuInstanceProfileInfo_v2_t;
+#define nvmlGpuInstanceProfileInfo_v2 NVML_STRUCT_VERSION(GpuInstanceProfileInfo, 2)
+
+/* Fabric (NVSwitch / NVL systems). v2 is what pynvml's c_nvmlGpuFabricInfoV_t is; the header's V is v3. */
+#define NVML_GPU_FABRIC_UUID_LEN 16
+#define NVML_GPU_FABRIC_STATE_NOT_SUPPORTED 0
+typedef unsigned char nvmlGpuFabricState_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+} nvmlGpuFabricInfo_v2_t;
+#define nvmlGpuFabricInfo_v2 NVML_STRUCT_VERSION(GpuFabricInfo, 2)
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+#define nvmlGpuFabricInfo_v3 NVML_STRUCT_VERSION(GpuFabricInfo, 3)
 
 /* GPM */
 #define NVML_GPM_METRIC_MAX 333
@@ -397,5 +476,9 @@ _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_v2_t layout");
 _Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout");
 _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t layout");
 _Static_assert(sizeof(nvmlGpmMetric_t) == 40, "nvmlGpmMetric_t layout");
+_Static_assert(sizeof(nvmlDeviceAttributes_t) == 40, "nvmlDeviceAttributes_t layout");
+_Static_assert(nvmlGpuInstanceProfileInfo_v2 == 0x02000098, "nvmlGpuInstanceProfileInfo_v2 version");
+_Static_assert(nvmlGpuFabricInfo_v2 == 0x02000024, "nvmlGpuFabricInfo_v2 version");
+_Static_assert(nvmlGpuFabricInfo_v3 == 0x03000028, "nvmlGpuFabricInfo_v3 version");
 
 #endif

@@ -22,10 +22,11 @@
 #include <stdint.h>
 
 #define VGPU_MAGIC "GTVGPUST"
-#define VGPU_LAYOUT_VERSION 2u /* 2: 64 GPUs (1 had 16) */
+#define VGPU_LAYOUT_VERSION 3u /* 3: the record's `more` tail; 2: 64 GPUs (1 had 16) */
 
 #define VGPU_MAX_GPUS 64
 #define VGPU_MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
+#define VGPU_NO_INSTANCE 0xFFFFFFFFu /* an event's gpuInstanceId / computeInstanceId: the whole device (nvml.h) */
 #define VGPU_MAX_MIG 7
 #define VGPU_MAX_PROCS 32
 #define VGPU_MAX_OVERRIDES 16
@@ -33,11 +34,13 @@
 #define VGPU_GPM_SLOTS 128 /* GPM metric ids 0..127 can carry a value */
 #define VGPU_EVENT_CAPACITY 256
 #define VGPU_FIELD_MASK_WORDS 8 /* field ids 0..511 */
+#define VGPU_MAX_MIG_PROFILES 16 /* GPU instance profiles (NVML_GPU_INSTANCE_PROFILE_COUNT is 0x12) */
+#define VGPU_CLOCK_EVENT_COUNTERS 8
 
 /* Per-GPU fault flags. */
 #define VGPU_F_LOST (1u << 0)           /* every device call: NVML_ERROR_GPU_IS_LOST */
 #define VGPU_F_HUNG (1u << 1)           /* device calls block until cleared, or the header's hang_max_ms */
-#define VGPU_F_INVALID_HANDLE (1u << 2) /* device calls: NVML_ERROR_INVALID_ARGUMENT (a reset in flight) */
+#define VGPU_F_INVALID_HANDLE (1u << 2) /* device calls: NVML_ERROR_INVALID_ARGUMENT (a stale handle) */
 
 /* Process kinds (vgpu_proc.kinds). */
 #define VGPU_PROC_COMPUTE (1u << 0)
@@ -77,6 +80,9 @@ enum vgpu_query {
     VGPU_Q_VBIOS_VERSION = 29,
     VGPU_Q_INFOROM_VERSION = 30,
     VGPU_Q_ENCODER_DECODER = 31,
+    VGPU_Q_FABRIC = 32,
+    VGPU_Q_GSP_FIRMWARE = 33,
+    VGPU_Q_MIG_PROFILES = 34,
 };
 
 struct vgpu_header {
@@ -147,6 +153,71 @@ struct vgpu_mig {
     char name[96];
     char uuid[96];
     struct vgpu_gpm gpm;
+};
+
+/* The NVLink5 (Blackwell) link counters, NVML_FI_DEV_NVLINK_COUNT_*, which replace fields 161-163 there. */
+struct vgpu_link_counts {
+    uint64_t recovery_successful; /* 213: up -> recovery -> up */
+    uint64_t recovery_failed;     /* 214: up -> recovery -> declared down */
+    uint64_t recovery_events;     /* 215: up -> recovery, whatever the outcome */
+    uint64_t effective_errors;    /* 219 */
+    uint64_t symbol_errors;       /* 221 */
+};
+
+/* One GPU instance profile, as nvmlDeviceGetGpuInstanceProfileInfoV answers it. */
+struct vgpu_mig_profile {
+    uint32_t profile; /* NVML_GPU_INSTANCE_PROFILE_* index the caller asks by */
+    uint32_t id;
+    uint32_t slices;
+    uint32_t instances;
+    uint32_t sms;
+    uint32_t copy_engines;
+    uint32_t decoders;
+    uint32_t encoders;
+    uint32_t jpegs;
+    uint32_t ofas;
+    uint64_t memory_mb; /* MiB, as the header's "MBytes" means */
+    char name[96];      /* "MIG 1g.18gb" */
+};
+
+/* A MIG device's nvmlDeviceAttributes_t. */
+struct vgpu_mig_attributes {
+    uint32_t sms;
+    uint32_t copy_engines;
+    uint32_t decoders;
+    uint32_t encoders;
+    uint32_t jpegs;
+    uint32_t ofas;
+    uint32_t gpu_instance_slices;
+    uint32_t compute_instance_slices;
+    uint64_t memory_mb;
+};
+
+/* What layout 3 added to a GPU's record, with room to grow without another layout change. */
+struct vgpu_more {
+    uint64_t pcie_tx_bytes; /* NVML_FI_DEV_PCIE_COUNT_TX_BYTES (197): wraps where the writer lets it */
+    uint64_t pcie_rx_bytes; /* 198 */
+    uint64_t pcie_errors[11]; /* NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS (173) .. _LANE_ERROR (183) */
+    /* Clock-event (throttle) durations in ns, by field: 74 SW power cap, 76 sync boost,
+     * 269 SW thermal, 270 HW thermal, 271 HW power brake; the rest unused. */
+    uint64_t clock_event_ns[VGPU_CLOCK_EVENT_COUNTERS];
+    uint32_t pcie_l0_recovery; /* NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER (169) */
+    uint32_t power_instant_mw; /* NVML_FI_DEV_POWER_INSTANT (186) */
+    uint32_t reset_generation; /* counts completed resets: MIG handles from before one answer INVALID_ARGUMENT */
+    uint32_t fabric_state;     /* NVML_GPU_FABRIC_STATE_*; 0 (not supported): the query answers NOT_SUPPORTED */
+    uint32_t fabric_status;    /* nvmlReturn_t of the fabric probe */
+    uint32_t fabric_clique;
+    uint32_t fabric_health_mask;
+    uint32_t fabric_health_summary; /* NVML_GPU_FABRIC_HEALTH_SUMMARY_* (v3) */
+    uint8_t fabric_cluster_uuid[16];
+    uint32_t gsp_enabled; /* nvmlDeviceGetGspFirmwareMode */
+    uint32_t gsp_default;
+    uint32_t mig_profile_count;
+    uint32_t reserved0;
+    struct vgpu_mig_attributes mig_attributes[VGPU_MAX_MIG]; /* by MIG slot */
+    struct vgpu_mig_profile mig_profiles[VGPU_MAX_MIG_PROFILES];
+    struct vgpu_link_counts link_counts[VGPU_MAX_LINKS];
+    uint8_t reserved[1888];
 };
 
 struct vgpu_gpu {
@@ -236,6 +307,7 @@ struct vgpu_gpu {
     struct vgpu_field_override overrides[VGPU_MAX_OVERRIDES];
     struct vgpu_gpm gpm;
     struct vgpu_mig mig[VGPU_MAX_MIG];
+    struct vgpu_more more;
 };
 
 struct vgpu_event {
@@ -267,9 +339,14 @@ _Static_assert(sizeof(struct vgpu_gpm) == 1040, "gpm size");
 _Static_assert(sizeof(struct vgpu_mig) == 1264, "mig size");
 _Static_assert(offsetof(struct vgpu_gpu, name) == 1232, "gpu scalars size");
 _Static_assert(offsetof(struct vgpu_gpu, links) == 1584, "gpu strings size");
-_Static_assert(sizeof(struct vgpu_gpu) == 15504, "gpu size");
+_Static_assert(offsetof(struct vgpu_gpu, more) == 15504, "gpu record before layout 3");
+_Static_assert(sizeof(struct vgpu_link_counts) == 40, "link counts size");
+_Static_assert(sizeof(struct vgpu_mig_profile) == 144, "MIG profile size");
+_Static_assert(sizeof(struct vgpu_mig_attributes) == 40, "MIG attributes size");
+_Static_assert(sizeof(struct vgpu_more) == 6144, "more size");
+_Static_assert(sizeof(struct vgpu_gpu) == 21648, "gpu size");
 
 _Static_assert(sizeof(struct vgpu_event) == 40, "event size");
-_Static_assert(VGPU_FILE_SIZE == 256 + 64 * 15504 + 256 * 40, "no padding between sections");
+_Static_assert(VGPU_FILE_SIZE == 256 + 64 * 21648 + 256 * 40, "no padding between sections");
 
 #endif

@@ -88,6 +88,9 @@ class DriverXid:
     timestamp: float
     message: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
+    # The MIG instance the driver attributes it to (NVML's gpuInstanceId, computeInstanceId); None: the whole GPU.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 class GpuBackend(Protocol):

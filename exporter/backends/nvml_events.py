@@ -30,6 +30,13 @@ from gpu_triage.exporter.backends.nvml_query import LOST, STALE, error_name
 log = logging.getLogger(__name__)
 _XID = pynvml.nvmlEventTypeXidCriticalError
 _DRAIN_AT_MOST = 1000  # events handed over per call: a stream that never pauses is still delivered
+# nvml.h: gpuInstanceId / computeInstanceId hold "a valid GPU instance ID" when the XID "is attributable to a GPU
+# instance" in MIG mode, and 0xFFFFFFFF otherwise: the whole device.
+_WHOLE_DEVICE = 0xFFFFFFFF
+
+
+def _instance(value: int) -> int | None:
+    return None if value == _WHOLE_DEVICE else int(value)
 
 
 def address(handle: Any) -> int | None:
@@ -74,7 +81,15 @@ class XidEvents:
             if data.eventType == _XID:
                 key = address(data.device)
                 index = self._by_address.get(key, -1) if key is not None else -1
-                out.append(DriverXid(gpu=index, code=int(data.eventData), timestamp=time.time()))
+                out.append(
+                    DriverXid(
+                        gpu=index,
+                        code=int(data.eventData),
+                        timestamp=time.time(),
+                        gpu_instance=_instance(data.gpuInstanceId),
+                        compute_instance=_instance(data.computeInstanceId),
+                    )
+                )
             if len(out) >= _DRAIN_AT_MOST:
                 return out
             wait_ms = 0  # drain whatever else is queued, then return

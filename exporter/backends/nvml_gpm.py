@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 import pynvml
 
 from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.mig_instance import MigInstance
 from gpu_triage.exporter.backends.nvml_mig import MigDevice, listed
 from gpu_triage.exporter.backends.nvml_query import Query
-from gpu_triage.exporter.backends.readings import Activity, InstanceActivity, LinkThroughput, MigInstance, Profiling
+from gpu_triage.exporter.backends.readings import Activity, InstanceActivity, LinkThroughput, Profiling
 
 if TYPE_CHECKING:
     from gpu_triage.exporter.backends.nvml import NvmlBackend

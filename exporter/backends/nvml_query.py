@@ -100,6 +100,11 @@ class Query:
         self.failed: list[str] = []
         self._log = log_once
         self._handle = handle
+        self._expected: dict[str, str] = {}  # field -> why NO_PERMISSION is expected there
+
+    def expect_no_permission(self, why: str, fields: Sequence[str]) -> None:
+        """NO_PERMISSION from these fields is how the GPU is set up: log `why` once per GPU at INFO."""
+        self._expected.update(dict.fromkeys(fields, why))
 
     def __call__(self, field: str, fn: Callable[..., T], *args: Any) -> T | None:
         try:
@@ -157,9 +162,13 @@ class Query:
         if code in STALE and not absent:
             raise HandleLostError(f"GPU {self.gpu}: its NVML handle is no longer valid ({name})") from err
         if code in LOST:
-            raise GpuLostError(f"GPU {self.gpu}: {name}") from err
+            raise GpuLostError(f"GPU {self.gpu}: {name} (reading {field})") from err
         if code in BROKEN:
             raise BackendError(f"NVML: {name}") from err
+        if code == pynvml.NVML_ERROR_NO_PERMISSION and (why := self._expected.get(field)) is not None:
+            if self._log.first(self.gpu, why, name):
+                log.info(why, extra={"gpu": self.gpu})
+            return
         first = self._log.first(self.gpu, field, name)
         if code in ABSENT or absent:
             if first:

@@ -1,29 +1,31 @@
 """One reader per collector for the NVML backend: NVML's answers in, readings in base units out.
 
-Units are converted here, once: mW -> W, mJ -> J, MHz -> Hz, percent -> ratio, KB/s -> B/s. MIG
-devices (nvml_mig.py) and GPM profiling (nvml_gpm.py) have modules of their own.
+Units are converted here, once, as nvml.h gives them: mW -> W, mJ -> J, MHz -> Hz, percent -> ratio,
+ns -> s. PCIe and NVLink (nvml_buses.py), MIG devices (nvml_mig.py) and GPM profiling (nvml_gpm.py)
+have modules of their own.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import TYPE_CHECKING, Any
 
 import pynvml
 
 from gpu_triage.exporter.backends.base import Collector, require_every_collector
+from gpu_triage.exporter.backends.nvml_buses import read_nvlink, read_pcie
 from gpu_triage.exporter.backends.nvml_gpm import read_profiling
 from gpu_triage.exporter.backends.nvml_mig import with_instance_memory, with_instance_processes
 from gpu_triage.exporter.backends.nvml_query import Query, text
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
+    ClockEventReason,
     Clocks,
     Ecc,
+    Fabric,
     HealthWatch,
     Inventory,
-    LinkReading,
     Memory,
-    NvLink,
-    Pcie,
     Power,
     Processes,
     ProcessReading,
@@ -31,6 +33,7 @@ from gpu_triage.exporter.backends.readings import (
     Recovery,
     Remapping,
     Thermal,
+    ThresholdKind,
     Utilization,
     cuda_version,
 )
@@ -39,10 +42,7 @@ if TYPE_CHECKING:
     from gpu_triage.exporter.backends.nvml import NvmlBackend
 
 MHZ = 1e6
-# nvmlDeviceGetPcieThroughput answers in "KB/s" (nvml.h; NVIDIA's NVML API reference says the same), and
-# decimal kilobytes are meant: the same header writes "KiB" where it means 1024 bytes (the NVLink
-# throughput fields, NVML_FI_DEV_NVLINK_THROUGHPUT_*). To be confirmed on a GPU with a copy of known size.
-PCIE_KB = 1000
+NS = 1e-9
 _CLOCKS = {
     ClockDomain.SM: pynvml.NVML_CLOCK_SM,
     ClockDomain.MEMORY: pynvml.NVML_CLOCK_MEM,
@@ -61,13 +61,25 @@ _REMAP_FIELDS = (
     pynvml.NVML_FI_DEV_REMAPPED_PENDING,
     pynvml.NVML_FI_DEV_REMAPPED_FAILURE,
 )
-# Per-link fields, scoped by link index: state, then the three data-link error counters.
-_LINK_FIELDS = (
-    pynvml.NVML_FI_DEV_NVLINK_GET_STATE,
-    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
-    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
-    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
-)
+# Clock-event (throttle) durations, "All counters are in nanoseconds" (nvml.h).
+_CLOCK_EVENT_FIELDS = {
+    ClockEventReason.SW_POWER_CAP: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP,
+    ClockEventReason.SYNC_BOOST: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST,
+    ClockEventReason.SW_THERMAL_SLOWDOWN: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+    ClockEventReason.HW_THERMAL_SLOWDOWN: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
+    ClockEventReason.HW_POWER_BRAKE_SLOWDOWN: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
+}
+_THRESHOLDS = {
+    ThresholdKind.SHUTDOWN: pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+    ThresholdKind.SLOWDOWN: pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+    ThresholdKind.MEMORY_MAX: pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX,
+    ThresholdKind.GPU_MAX: pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX,
+}
+_ECC_LOCATIONS = {"dram": pynvml.NVML_MEMORY_LOCATION_DRAM, "sram": pynvml.NVML_MEMORY_LOCATION_SRAM}
+_ECC_ERRORS = {
+    "corrected": pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+    "uncorrected": pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+}
 
 
 def _int(value: float | None) -> int | None:
@@ -91,14 +103,25 @@ def _inventory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
         driver_version=text(q("driver_version", pynvml.nvmlSystemGetDriverVersion)),
         cuda_driver_version=cuda_version(q("cuda_driver_version", pynvml.nvmlSystemGetCudaDriverVersion)),
         mig_enabled=None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
+        persistence_mode=_flag(q("persistence_mode", pynvml.nvmlDeviceGetPersistenceMode, h)),
+        gsp_firmware=_flag(gsp[0] if (gsp := q("gsp_firmware", pynvml.nvmlDeviceGetGspFirmwareMode, h)) else None),
     )
+
+
+def _flag(value: int | None) -> bool | None:
+    return None if value is None else bool(value)
 
 
 def _utilization(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     rates = q("utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
-    if rates is None:
-        return Utilization(None, None)
-    return Utilization(_ratio(rates.gpu), _ratio(rates.memory))
+    encoder = q("encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization, h)  # [percent, sampling period]
+    decoder = q("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, h)
+    return Utilization(
+        None if rates is None else _ratio(rates.gpu),
+        None if rates is None else _ratio(rates.memory),
+        None if encoder is None else _ratio(encoder[0]),
+        None if decoder is None else _ratio(decoder[0]),
+    )
 
 
 def _memory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
@@ -115,10 +138,12 @@ def _power(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     usage = q("power_usage", pynvml.nvmlDeviceGetPowerUsage, h)
     limit = q("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
     energy = q("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+    (instant,) = q.fields(h, [(pynvml.NVML_FI_DEV_POWER_INSTANT, 0)], ["power_instant"])  # scope 0: the GPU
     return Power(
         usage_watts=None if usage is None else usage / 1000.0,
         limit_watts=None if limit is None else limit / 1000.0,
         energy_joules=None if energy is None else energy / 1000.0,
+        instant_watts=None if instant is None else instant / 1000.0,
     )
 
 
@@ -133,7 +158,24 @@ def _thermal(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
         gpu_celsius=None if temp is None else float(temp),
         memory_celsius=memory_temp,
         fan_ratio=_ratio(fan),
+        thresholds=_thresholds(b, q, h, gpu),
     )
+
+
+def _thresholds(b: NvmlBackend, q: Query, h: Any, gpu: int) -> dict[ThresholdKind, float]:
+    """The GPU's own temperature limits: fixed for the board, so read until NVML has answered, then kept."""
+    if gpu in b.thresholds:
+        return b.thresholds[gpu]
+    failed = len(q.failed)
+    found = {}
+    for kind, which in _THRESHOLDS.items():
+        if (
+            celsius := q(f"temperature_threshold_{kind}", pynvml.nvmlDeviceGetTemperatureThreshold, h, which)
+        ) is not None:
+            found[kind] = float(celsius)
+    if len(q.failed) == failed:  # answers, "not supported" included: no need to ask again
+        b.thresholds[gpu] = found
+    return found
 
 
 def _clocks(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
@@ -149,48 +191,10 @@ def _clocks(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
         ("clock_throttle_reasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, (h,)),
     )
     pstate = q("performance_state", pynvml.nvmlDeviceGetPerformanceState, h)
-    return Clocks(current, maximum, _int(reasons), _pstate(pstate))
-
-
-def _pcie(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
-    # Each throughput call samples a 20 ms window, which is why PCIe is its own collector.
-    tx = q("pcie_tx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-    rx = q("pcie_rx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-    return Pcie(
-        link_generation=q("pcie_link_gen", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
-        max_link_generation=q("pcie_max_link_gen", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
-        link_width=q("pcie_link_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
-        max_link_width=q("pcie_max_link_width", pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
-        replay_errors=q("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, h),
-        tx_bytes_per_second=None if tx is None else tx * PCIE_KB,
-        rx_bytes_per_second=None if rx is None else rx * PCIE_KB,
-    )
-
-
-def _nvlink(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
-    links = _link_count(b, q, h, gpu)
-    if not links:
-        return NvLink(())
-    ids = [(field, link) for link in range(links) for field in _LINK_FIELDS]
-    names = [f"nvlink_{link}_{field}" for link in range(links) for field in _LINK_FIELDS]
-    values = q.fields(h, ids, names)
-    out = []
-    for link in range(links):
-        state, replay, recovery, crc = values[link * 4 : link * 4 + 4]
-        # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The
-        # count is of links the GPU has, cabled or not: an uncabled one is inactive for good.
-        out.append(LinkReading(link, _int(state), _int(replay), _int(recovery), _int(crc)))
-    return NvLink(tuple(out))
-
-
-def _link_count(b: NvmlBackend, q: Query, h: Any, gpu: int) -> int:
-    if gpu not in b.link_counts:
-        failed = len(q.failed)
-        (count,) = q.fields(h, [(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)], ["nvlink_link_count"])
-        if len(q.failed) > failed:
-            return 0  # a failed read, not an answer: ask again next poll
-        b.link_counts[gpu] = int(count or 0)
-    return b.link_counts[gpu]
+    ids = [(fid, 0) for fid in _CLOCK_EVENT_FIELDS.values()]
+    durations = q.fields(h, ids, [f"clock_event_ns_{reason}" for reason in _CLOCK_EVENT_FIELDS])
+    seconds = {r: ns * NS for r, ns in zip(_CLOCK_EVENT_FIELDS, durations, strict=True) if ns is not None}
+    return Clocks(current, maximum, _int(reasons), _pstate(pstate), seconds)
 
 
 def _processes(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
@@ -202,7 +206,17 @@ def _processes(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
 
 def _recovery(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     (action,) = q.fields(h, [(pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)], ["recovery_action"])
-    return Recovery(_int(action))
+    return Recovery(_int(action), _fabric(q, h))
+
+
+def _fabric(q: Query, h: Any) -> Fabric | None:
+    """The GPU's NVSwitch fabric registration; None on a GPU in no fabric (NVML: not supported)."""
+    info = pynvml.c_nvmlGpuFabricInfo_v3_t()  # the header's nvmlGpuFabricInfoV_t: v2 plus the health summary
+    if q("fabric", pynvml.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(info)) is None:
+        return None
+    if info.state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+        return None
+    return Fabric(int(info.state), int(info.status), int(info.healthSummary))
 
 
 def _ecc(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
@@ -213,6 +227,14 @@ def _ecc(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     sbe = q("retired_pages_sbe", retired, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
     dbe = q("retired_pages_dbe", retired, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
     pending = q("retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+    by_location: dict[str, dict[str, int]] = {}
+    if mode is not None and mode[0]:
+        for location, where in _ECC_LOCATIONS.items():
+            for error, kind in _ECC_ERRORS.items():
+                name = f"ecc_{error}_{location}"
+                count = q(name, pynvml.nvmlDeviceGetMemoryErrorCounter, h, kind, pynvml.NVML_VOLATILE_ECC, where)
+                if count is not None:
+                    by_location.setdefault(location, {})[error] = int(count)
     return Ecc(
         enabled=None if mode is None else bool(mode[0]),
         corrected_volatile=_int(sbe_vol),
@@ -222,6 +244,7 @@ def _ecc(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
         retired_pages_single_bit=None if sbe is None else len(sbe),
         retired_pages_double_bit=None if dbe is None else len(dbe),
         retired_pages_pending=None if pending is None else bool(pending),
+        by_location=by_location,
     )
 
 
@@ -243,8 +266,8 @@ READERS = {
     Collector.POWER: _power,
     Collector.THERMAL: _thermal,
     Collector.CLOCKS: _clocks,
-    Collector.PCIE: _pcie,
-    Collector.NVLINK: _nvlink,
+    Collector.PCIE: read_pcie,
+    Collector.NVLINK: read_nvlink,
     Collector.PROCESSES: with_instance_processes(_processes),
     Collector.RECOVERY: _recovery,
     Collector.ECC: _ecc,

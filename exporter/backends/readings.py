@@ -24,23 +24,9 @@ from typing import Any, ClassVar
 
 from gpu_triage.exporter.backends import families as f
 from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.mig_instance import MigInstance
 
 Value = float | int | bool | None
-
-
-@dataclass(frozen=True, slots=True)
-class MigInstance:
-    """A MIG device: a compute instance inside a GPU instance, as NVML numbers them."""
-
-    gpu_instance: int
-    compute_instance: int
-    profile: str  # "3g.40gb", or "1c.3g.40gb" for a compute instance smaller than its GPU instance
-    uuid: str  # "MIG-…"
-
-    @property
-    def labels(self) -> tuple[tuple[str, str], ...]:
-        values = (str(self.gpu_instance), str(self.compute_instance), self.profile, self.uuid)
-        return tuple(zip(f.MIG_LABELS, values, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +80,8 @@ class Inventory(Reading, collector=Collector.INVENTORY):
     driver_version: str | None
     cuda_driver_version: str | None  # "12.8"
     mig_enabled: bool | None = series(f.MIG_ENABLED)
+    persistence_mode: bool | None = series(f.PERSISTENCE_MODE, default=None)
+    gsp_firmware: bool | None = series(f.GSP_FIRMWARE, default=None)  # the driver runs on the GPU's GSP
 
 
 def cuda_version(raw: int | None) -> str | None:
@@ -105,6 +93,8 @@ def cuda_version(raw: int | None) -> str | None:
 class Utilization(Reading, collector=Collector.UTILIZATION):
     gpu_ratio: float | None = series(f.UTILIZATION)
     memory_controller_ratio: float | None = series(f.MEMORY_CONTROLLER)
+    encoder_ratio: float | None = series(f.ENCODER_UTILIZATION, default=None)
+    decoder_ratio: float | None = series(f.DECODER_UTILIZATION, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +119,19 @@ class Memory(Reading, collector=Collector.MEMORY):
 
 @dataclass(frozen=True, slots=True)
 class Power(Reading, collector=Collector.POWER):
-    usage_watts: float | None = series(f.POWER)
+    usage_watts: float | None = series(f.POWER)  # nvmlDeviceGetPowerUsage: a 1 s average on Ampere+ but GA100
     limit_watts: float | None = series(f.POWER_LIMIT)  # the enforced limit
     energy_joules: float | None = series(f.ENERGY)  # since the driver was loaded
+    instant_watts: float | None = series(f.POWER_INSTANT, default=None)  # NVML_FI_DEV_POWER_INSTANT
+
+
+class ThresholdKind(StrEnum):
+    """The GPU's own temperature limits (nvmlTemperatureThresholds_t), named as the `threshold` label."""
+
+    SHUTDOWN = "shutdown"  # the GPU shuts down to protect itself
+    SLOWDOWN = "slowdown"  # hardware slowdown begins
+    MEMORY_MAX = "memory_max"  # software slowdown for memory temperature
+    GPU_MAX = "gpu_max"  # the GPU may be throttled below its base clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +139,11 @@ class Thermal(Reading, collector=Collector.THERMAL):
     gpu_celsius: float | None = series(f.TEMPERATURE)
     memory_celsius: float | None = series(f.MEMORY_TEMPERATURE)
     fan_ratio: float | None = series(f.FAN)
+    thresholds: Mapping[ThresholdKind, float] = field(default_factory=dict)  # those the GPU reports
+
+    def more_samples(self) -> Iterator[Sample]:
+        for kind, celsius in self.thresholds.items():
+            yield Sample(f.TEMPERATURE_THRESHOLD, (kind.value,), celsius)
 
 
 class ClockDomain(StrEnum):
@@ -160,13 +165,29 @@ class ClockEventReason(StrEnum):
     HW_THERMAL_SLOWDOWN = "hw_thermal_slowdown"
     HW_POWER_BRAKE_SLOWDOWN = "hw_power_brake_slowdown"
     DISPLAY_CLOCK_SETTING = "display_clock_setting"
+    BOARD_LIMIT = "board_limit"
+    RELIABILITY = "reliability"
 
     @property
     def bit(self) -> int:
         return _REASON_BITS[self]
 
 
-_REASON_BITS = {reason: 1 << i for i, reason in enumerate(ClockEventReason)}
+# nvml.h 13.3 nvmlClocksEventReason* (0x1-0x100); board limit and reliability from nvidia-ml-py 13.615
+# (nvmlClocksThrottleReasonBoardLimit, nvmlClocksThrottleReasonReliability), newer than that header.
+_REASON_BITS = {
+    ClockEventReason.GPU_IDLE: 0x1,
+    ClockEventReason.APPLICATIONS_CLOCKS_SETTING: 0x2,
+    ClockEventReason.SW_POWER_CAP: 0x4,
+    ClockEventReason.HW_SLOWDOWN: 0x8,
+    ClockEventReason.SYNC_BOOST: 0x10,
+    ClockEventReason.SW_THERMAL_SLOWDOWN: 0x20,
+    ClockEventReason.HW_THERMAL_SLOWDOWN: 0x40,
+    ClockEventReason.HW_POWER_BRAKE_SLOWDOWN: 0x80,
+    ClockEventReason.DISPLAY_CLOCK_SETTING: 0x100,
+    ClockEventReason.BOARD_LIMIT: 0x200,
+    ClockEventReason.RELIABILITY: 0x400,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +196,8 @@ class Clocks(Reading, collector=Collector.CLOCKS):
     max_hz: Mapping[ClockDomain, float]
     event_reasons: int | None  # NVML bitmask, see ClockEventReason.bit
     performance_state: int | None = series(f.PSTATE)  # P0..P15
+    # How long each reason has held the clocks down since the driver loaded (NVML's ns counters).
+    event_seconds: Mapping[ClockEventReason, float] = field(default_factory=dict)
 
     def more_samples(self) -> Iterator[Sample]:
         for domain in ClockDomain:
@@ -183,6 +206,8 @@ class Clocks(Reading, collector=Collector.CLOCKS):
         if self.event_reasons is not None:
             for reason in ClockEventReason:
                 yield Sample(f.CLOCK_EVENT, (reason.value,), bool(self.event_reasons & reason.bit))
+        for reason, seconds in self.event_seconds.items():
+            yield Sample(f.CLOCK_EVENT_SECONDS, (reason.value,), seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +219,14 @@ class Pcie(Reading, collector=Collector.PCIE):
     replay_errors: int | None = series(f.PCIE_REPLAYS)  # counter since driver load
     tx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "tx")
     rx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "rx")
+    tx_bytes: int | None = series(f.PCIE_BYTES, "tx", default=None)  # NVML's byte counters, which may wrap
+    rx_bytes: int | None = series(f.PCIE_BYTES, "rx", default=None)
+    # The link's error counters by kind (NVML_FI_DEV_PCIE_COUNT_*, L0-to-recovery): only those the GPU has.
+    errors: Mapping[str, int] = field(default_factory=dict)
+
+    def more_samples(self) -> Iterator[Sample]:
+        for kind, count in self.errors.items():
+            yield Sample(f.PCIE_ERRORS, (kind,), count)
 
 
 class LinkState(IntEnum):
@@ -210,8 +243,18 @@ class LinkReading:
     link: int
     state: int | None  # NVML's value, see LinkState; a value newer than LinkState is passed on as it is
     replay_errors: int | None
-    recovery_errors: int | None
+    recovery_errors: int | None  # recoveries, whatever their outcome (NVLink5: NVML's recovery events)
     crc_errors: int | None
+    # NVLink5 (Blackwell and later), where NVML has these instead of replay and CRC counters.
+    recovery_failed: int | None = None
+    recovery_successful: int | None = None
+    effective_errors: int | None = None
+    symbol_errors: int | None = None
+    # Data moved since the driver loaded, in bytes (NVML's KiB counters), and the rate over the last poll.
+    tx_bytes: int | None = None
+    rx_bytes: int | None = None
+    tx_bytes_per_second: float | None = None
+    rx_bytes_per_second: float | None = None
 
     @property
     def up(self) -> bool:
@@ -231,6 +274,16 @@ class NvLink(Reading, collector=Collector.NVLINK):
             yield Sample(f.NVLINK_ERRORS, (n, "replay"), link.replay_errors)
             yield Sample(f.NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
             yield Sample(f.NVLINK_ERRORS, (n, "crc"), link.crc_errors)
+            yield Sample(f.NVLINK_ERRORS, (n, "recovery_failed"), link.recovery_failed)
+            yield Sample(f.NVLINK_ERRORS, (n, "recovery_successful"), link.recovery_successful)
+            yield Sample(f.NVLINK_ERRORS, (n, "effective"), link.effective_errors)
+            yield Sample(f.NVLINK_ERRORS, (n, "symbol"), link.symbol_errors)
+            yield Sample(f.NVLINK_BYTES, (n, "tx"), link.tx_bytes)
+            yield Sample(f.NVLINK_BYTES, (n, "rx"), link.rx_bytes)
+            # Profiling's per-link throughput, where there is profiling, is preferred to this.
+            link_label = (("link", n),)
+            yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, link_label)
+            yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, link_label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +296,14 @@ class Ecc(Reading, collector=Collector.ECC):
     retired_pages_single_bit: int | None = series(f.RETIRED_PAGES, "single_bit")  # pre-Ampere page retirement
     retired_pages_double_bit: int | None = series(f.RETIRED_PAGES, "double_bit")
     retired_pages_pending: bool | None = series(f.RETIRED_PENDING)
+    # Volatile counts by location and error, {"dram": {"corrected": 0, "uncorrected": 0}, "sram": {...}},
+    # where the GPU counts by location (nvidia-smi's SRAM/DRAM split).
+    by_location: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    def more_samples(self) -> Iterator[Sample]:
+        for location, counts in self.by_location.items():
+            for error, count in counts.items():
+                yield Sample(f.ECC_LOCATION, (error, location), count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,11 +338,43 @@ class Processes(Reading, collector=Collector.PROCESSES):
             yield Sample(f.PROCESS_MEMORY, (str(p.pid), p.name or ""), p.used_bytes, extra)
 
 
+# nvmlDeviceGpuRecoveryAction_t, named as the `action` label of nvidia_gpu_recovery_action_state.
+RECOVERY_ACTIONS = ("none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset", "recover_imex_domain",
+                    "bus_reset", "system_reboot")  # fmt: skip
+# NVML_GPU_FABRIC_STATE_* from 1 on (0, not supported, is no fabric at all), as the `state` label.
+FABRIC_STATES = ("not_started", "in_progress", "completed")
+# NVML_GPU_FABRIC_HEALTH_SUMMARY_* from 1 on (0 is not supported), as the `state` label.
+FABRIC_HEALTH = ("healthy", "unhealthy", "limited_capacity")
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    """An NVSwitch or NVL system's registration of the GPU (nvmlDeviceGetGpuFabricInfoV)."""
+
+    state: int  # NVML_GPU_FABRIC_STATE_*: 1 not started, 2 in progress, 3 completed
+    status: int  # the probe's nvmlReturn_t, meaningful once completed: 0 is success
+    health_summary: int | None = None  # NVML_GPU_FABRIC_HEALTH_SUMMARY_*: 1 healthy, 2 unhealthy, 3 limited
+
+
 @dataclass(frozen=True, slots=True)
 class Recovery(Reading, collector=Collector.RECOVERY):
     # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset,
     # 5 recover the IMEX domain, 6 bus reset, 7 system reboot
     action: int | None = series(f.RECOVERY_ACTION)
+    fabric: Fabric | None = None  # None: the GPU is in no fabric, or the source cannot say
+
+    def more_samples(self) -> Iterator[Sample]:
+        if self.action is not None:
+            for value, name in enumerate(RECOVERY_ACTIONS):
+                yield Sample(f.RECOVERY_ACTION_STATE, (name,), self.action == value)
+        if self.fabric is not None:
+            for value, name in enumerate(FABRIC_STATES, start=1):
+                yield Sample(f.FABRIC_STATE, (name,), self.fabric.state == value)
+            done = self.fabric.state == len(FABRIC_STATES)
+            yield Sample(f.FABRIC_PROBE_FAILED, (), (self.fabric.status != 0) if done else None)
+            if self.fabric.health_summary:  # 0: not supported
+                for value, name in enumerate(FABRIC_HEALTH, start=1):
+                    yield Sample(f.FABRIC_HEALTH, (name,), self.fabric.health_summary == value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,8 +406,8 @@ class Activity(Reading):
     def more_samples(self) -> Iterator[Sample]:
         for link in self.nvlink_links:
             extra = (("link", str(link.link)),)
-            yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, extra)
-            yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, extra)
+            yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, extra, preferred=True)
+            yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, extra, preferred=True)
         if not self.nvlink_links:
             yield Sample(f.NVLINK_THROUGHPUT, ("tx",), self.nvlink_tx_bytes_per_second)
             yield Sample(f.NVLINK_THROUGHPUT, ("rx",), self.nvlink_rx_bytes_per_second)

@@ -34,6 +34,7 @@ def open_configured(settings: Settings) -> GpuBackend:
         dcgm_bindings_dir=settings.dcgm_bindings_dir,
         interval=settings.collector_interval,
         slow_interval=settings.collector_slow_interval,
+        state_dir=settings.state_dir,
     )
 
 
@@ -45,11 +46,13 @@ def open_backend(
     dcgm_bindings_dir: Path | None = None,
     interval: float = 5.0,
     slow_interval: float = 60.0,
+    state_dir: Path | None = None,
 ) -> GpuBackend:
     """The backend called `name`, ready to `discover()`. Raises BackendError with a message for the user.
 
     Without `dcgm_address`, the host engine is looked for where nv-hostengine listens by default: its TCP
-    port on localhost, then its unix socket.
+    port on localhost, then its unix socket. `state_dir` is where the NVML backend looks for a request to
+    let go of NVML for a GPU reset (`gpu-triage release`).
     """
     if name == "sim":
         from gpu_triage.exporter.backends.sim import ScenarioError, SimBackend, load_scenario
@@ -70,7 +73,7 @@ def open_backend(
             raise BackendError(nobody)
         return _dcgm(address, dcgm_bindings_dir, interval, slow_interval)
     if name == "nvml":
-        return _nvml(address, dcgm_bindings_dir)
+        return _nvml(address, dcgm_bindings_dir, state_dir)
     why_not = nobody if address is None else _no_bindings(address, dcgm_bindings_dir)
     if address is not None and why_not is None:
         try:
@@ -80,7 +83,7 @@ def open_backend(
             why_not = f"the DCGM host engine at {address} answers, but: {e}"
     if why_not is not None:
         try:
-            backend = _nvml(address, dcgm_bindings_dir)
+            backend = _nvml(address, dcgm_bindings_dir, state_dir)
         except BackendError as e:
             raise BackendError(f"no GPU backend could start: {why_not}; {e}") from e
         backend.why = f"auto: {why_not}; NVML instead"
@@ -115,17 +118,17 @@ def _dcgm(address: Address, bindings_dir: Path | None, interval: float, slow_int
         raise
 
 
-def _nvml_alone() -> NvmlBackend:
+def _nvml_alone(release_dir: Path | None = None) -> NvmlBackend:
     from gpu_triage.exporter.backends.nvml import NvmlBackend
 
-    return NvmlBackend()
+    return NvmlBackend(release_dir=release_dir)
 
 
-def _nvml(address: Address | None, bindings_dir: Path | None) -> NvmlBackend:
+def _nvml(address: Address | None, bindings_dir: Path | None, release_dir: Path | None = None) -> NvmlBackend:
     """NVML, with GPM off when a DCGM host engine already profiles: never two profilers at once."""
     from gpu_triage.exporter.backends.dcgm.probe import profiling_watched
 
-    backend = _nvml_alone()
+    backend = _nvml_alone(release_dir)
     if address is not None and (watcher := profiling_watched(address, bindings_dir)) is not None:
         backend.gpm.turn_off(f"GPM stays off: {watcher}; --backend dcgm reads its profiling fields")
         log.info("GPM off: DCGM profiles this node", extra={"dcgm": watcher})

@@ -3,9 +3,15 @@
 Exit status 0 healthy (OK), 1 degraded (WARNING), 2 unhealthy (CRITICAL), 3 unknown (including: the daemon
 does not answer). `--gpus 0,3` narrows the verdict, the output and the exit status to those GPUs. Formats:
 
-    text    "CRITICAL - 8 GPUs, 8 up; node unhealthy: REBOOT_NODE on GPU 3", then one line per finding
+    text    "CRITICAL - 8 GPUs, 7 up; node unhealthy: REBOOT_NODE: GPU 3 Xid 79, GPU 5 lost", then one line per
+            finding
     json    the /api/v1/diagnosis body (narrowed with --gpus); with no verdict, the same shape saying why
-    reason  one line for a drain reason or a refused job: "REBOOT_NODE GPU 3 Xid 79 job 4242"
+    reason  one line for a drain reason or a refused job: "REBOOT_NODE: GPU 3 Xid 79 job 4242, GPU 5 lost"; a
+            verdict that could not see everything starts "INCOMPLETE"
+
+A daemon that cannot read a source its verdict depends on (the kernel log, the driver's events, its
+journal) answers an incomplete verdict: `unknown` unless something it did see is worse, exit 3, and the
+line names the source and what to do.
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ from typing import Any, TextIO
 import httpx
 
 from gpu_triage.diagnosis.actions import Action, Health, most_urgent
+from gpu_triage.diagnosis.collectives import rank_ranges
 from gpu_triage.diagnosis.health import EXIT_CODES
+from gpu_triage.exporter.cli.report_text import safe
+from gpu_triage.exporter.verdict_report import name_blind, name_places
 
 FORMATS = ("text", "json", "reason")
 NAGIOS = {Health.HEALTHY: "OK", Health.DEGRADED: "WARNING", Health.UNHEALTHY: "CRITICAL", Health.UNKNOWN: "UNKNOWN"}
@@ -65,72 +74,82 @@ class DaemonClient:
 
 def select(body: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
     """The verdict of the GPUs `wanted` (NVML indexes or GPU UUIDs) alone: the worst of their health, the most
-    urgent of their actions, their findings. NoVerdictError names any that this node does not have."""
+    urgent of their actions, their findings. A source the daemon cannot read leaves every GPU's verdict
+    incomplete. NoVerdictError names any GPU that this node does not have."""
     gpus = [g for g in body["gpus"] if {str(g.get("gpu")), str(g.get("uuid"))} & set(wanted)]
     known = {str(g.get(k)) for g in gpus for k in ("gpu", "uuid")}
     if missing := [w for w in wanted if w not in known]:
         listed = ", ".join(str(g["gpu"]) for g in body["gpus"] if g.get("gpu") is not None)
         raise NoVerdictError(f"no GPU {', '.join(missing)} on this node (it has GPUs {listed or 'none'})")
+    incomplete = body["node"].get("incomplete") or []
     healths = {Health(g.get("health", Health.UNKNOWN.value)) for g in gpus}
+    if incomplete:
+        healths.add(Health.UNKNOWN)
     health = next(h for h in _WORST_FIRST if h in healths)
     action = most_urgent([Action(g.get("action", Action.IGNORE.value)) for g in gpus])
     buses = {g.get("pci_bus_id") for g in gpus}
+    places = [p for p in body["node"].get("affected") or [] if p.get("gpu") is not None and p["pci_bus_id"] in buses]
     names = ", ".join(str(g["gpu"]) for g in gpus)
     summary = f"GPU{'s' if len(gpus) > 1 else ''} {names} of {len(body['gpus'])}: {health.value}"
-    if action is not Action.IGNORE:
-        worst = next(g for g in gpus if g.get("action") == action.value)
-        summary += f": {action.value} on GPU {worst['gpu']}"
+    if named := name_places(places):
+        summary += f": {named}"
+    if incomplete:
+        summary += f"; {name_blind(incomplete)}"
+    node = {**body["node"], "health": health.value, "action": action.value, "summary": summary, "affected": places}
     return {
         **body,
-        "node": {"health": health.value, "action": action.value, "summary": summary},
+        "node": node,
         "gpus": gpus,
-        "findings": [f for f in body["findings"] if f.get("gpu") in buses],
+        "findings": [f for f in body["findings"] if f.get("gpu") in buses or buses & set(_gpus_of(f))],
         "selected": wanted,
     }
 
 
-def _why(finding: dict[str, Any]) -> str:
-    cls = str(finding.get("class", ""))
-    return f"Xid {cls.removeprefix('xid_')}" if cls.startswith("xid_") else cls
-
-
-def _who(workloads: list[dict[str, Any]]) -> str:
-    """'pod ml/trainer-0', 'job 4242', '+2' more: who was on the GPU, short."""
-    if not workloads:
-        return ""
-    w = workloads[0]
-    first = f"pod {w.get('namespace')}/{w.get('pod')}" if w.get("kind") == "pod" else f"job {w.get('job_id')}"
-    return first + (f" +{len(workloads) - 1}" if len(workloads) > 1 else "")
-
-
 def reason(body: dict[str, Any]) -> str:
-    """One line: the action, the GPU that needs it, the root cause and who was on that GPU."""
-    health, action = Health(body["node"]["health"]), Action(body["node"]["action"])
-    if action is Action.IGNORE:
-        return NAGIOS[health]
-    finding = next((f for f in body["findings"] if f.get("action") == action.value), None)
-    gpu = next((g for g in body["gpus"] if finding and g.get("pci_bus_id") == finding.get("gpu")), None)
-    parts = [action.value]
-    if gpu is not None:
-        parts.append(f"GPU {gpu['gpu']}" if gpu.get("gpu") is not None else str(gpu.get("pci_bus_id")))
-    if finding is not None:
-        parts += [_why(finding), _who(finding.get("workloads") or (gpu or {}).get("workloads") or [])]
-    return " ".join(" ".join(parts).split())  # one line, whatever the parts hold
+    """One line: each action with the places that need it, the root cause and who was there; then what the
+    verdict could not see."""
+    node = body["node"]
+    health, action = Health(node["health"]), Action(node["action"])
+    parts = []
+    incomplete = node.get("incomplete")
+    if named := name_places(node.get("affected") or [], who=True):
+        parts.append(named)
+    elif action is not Action.IGNORE and not incomplete:
+        parts.append(action.value)
+    if incomplete:
+        parts.append("INCOMPLETE: " + ", ".join(f"{b['what']} ({b['problem']})" for b in incomplete))
+    return " ".join("; ".join(parts or [NAGIOS[health]]).split())  # one line, whatever the parts hold
 
 
 def _text(body: dict[str, Any], base: str) -> str:
+    """The verdict, then one line per finding that asks for something, most urgent first: an application's Xid
+    on many GPUs is one line for them all, the node's own findings (NVSwitches, unknown devices, sources it
+    cannot read) name their place."""
     lines = [f"{NAGIOS[Health(body['node']['health'])]} - {body['node']['summary']}"]
-    on_gpus: set[str] = set()
-    for gpu in body["gpus"]:
-        where = f"GPU {gpu['gpu']}" if gpu["gpu"] is not None else gpu.get("pci_bus_id", "?")
-        for finding in gpu.get("findings", []):
-            on_gpus.add(finding["id"])
-            lines += _finding_line(where, finding, base)
-    # The node's own findings (NVSwitch SXIDs): no GPU holds them, and a fatal one drives the verdict.
+    index = {g.get("pci_bus_id"): g.get("gpu") for g in body["gpus"]}
     for finding in body["findings"]:
-        if finding["id"] not in on_gpus:
-            lines += _finding_line("NVSwitch", finding, base)
-    return "\n".join(lines) + "\n"
+        lines += _finding_line(_place(finding, index), finding, base)
+    # Pod, container and job names are whoever made them: none may add a line or drive the terminal.
+    return "\n".join(safe(line) for line in lines) + "\n"
+
+
+def _place(finding: dict[str, Any], index: dict[Any, Any]) -> str:
+    details = finding.get("details", {})
+    if (bus := finding.get("gpu")) is not None:
+        where = f"GPU {index[bus]}" if index.get(bus) is not None else str(bus)
+        return where + (f" instance {details['gpu_instance']}" if "gpu_instance" in details else "")
+    if gpus := _gpus_of(finding):
+        numbers = [index[b] for b in gpus if index.get(b) is not None]
+        return f"GPUs {rank_ranges(numbers)}" if len(numbers) == len(gpus) else "GPUs " + ", ".join(gpus)
+    if str(finding.get("class", "")).startswith("sxid"):
+        return "NVSwitch"
+    return str(details.get("pci_bus_id") or "gpu-triage")
+
+
+def _gpus_of(finding: dict[str, Any]) -> list[str]:
+    """The bus ids of a finding folded across GPUs (diagnosis/fold.py), or none."""
+    listed = finding.get("details", {}).get("gpus")
+    return [b for b in str(listed).split(", ") if b] if listed else []
 
 
 def _finding_line(where: str, finding: dict[str, Any], base: str) -> list[str]:
@@ -172,13 +191,13 @@ def check(daemon: DaemonClient, fmt: str = "text", gpus: str | None = None, out:
         if fmt == "json":
             out.write(json.dumps(no_verdict(message), indent=2) + "\n")
         else:
-            out.write(f"UNKNOWN - {message}\n")
+            out.write(f"UNKNOWN - {safe(message)}\n")
         return EXIT_CODES[Health.UNKNOWN]
     health = Health(body["node"]["health"])
     if fmt == "json":
         out.write(json.dumps(body, indent=2) + "\n")
     elif fmt == "reason":
-        out.write(reason(body) + "\n")
+        out.write(safe(reason(body)) + "\n")
     else:
         out.write(_text(body, daemon.base))
     return EXIT_CODES[health]

@@ -69,6 +69,23 @@ class _Progress:
 
 
 PROGRESS_MIN_BYTES = 64 << 20
+ARCHIVE_MAX_BYTES = 1 << 30  # a tar or zip of a dump folder is unpacked in memory
+
+
+def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    if first:
+        yield first
+    yield from rest
+
+
+def _bounded(chunks: Iterator[bytes], limit: int, path: str) -> Iterator[bytes]:
+    for chunk in chunks:
+        limit -= len(chunk)
+        if limit < 0:
+            raise _UnreadableError(
+                f"{path}: an archive over {ARCHIVE_MAX_BYTES >> 20} MiB; unpack it and name the folder"
+            )
+        yield chunk
 
 
 class _UnreadableError(Exception):
@@ -94,10 +111,36 @@ class _Inputs:
                     raise _UnreadableError(f"cannot read {path}: {e.strerror or e}") from None
 
     def __iter__(self) -> Iterator[tuple[str, Iterator[bytes]]]:
+        from gpu_triage.exporter.dump_inputs import ArchiveError, folder_files
         from gpu_triage.exporter.log_input import decoded
 
         for path in self.paths:
-            yield ("stdin" if path == "-" else path), decoded(self._chunks(path))
+            if path != "-" and Path(path).is_dir():  # a job's collected folder: logs, dumps, RAS output
+                try:
+                    files = folder_files(Path(path))
+                except (ArchiveError, OSError) as e:
+                    raise _UnreadableError(str(e)) from None
+                for f in files:
+                    yield from self._file(str(f), decoded)
+            else:
+                yield from self._file(path, decoded)
+
+    def _file(self, path: str, decoded: Any) -> Iterator[tuple[str, Iterator[bytes]]]:
+        """One input, or each member of a tar or zip archive of a dump folder."""
+        from gpu_triage.exporter.dump_inputs import ArchiveError, archive_members, is_archive
+
+        chunks = decoded(self._chunks(path))
+        first = next(chunks, b"")
+        kind = is_archive(first[:1024])
+        if kind is None:
+            yield ("stdin" if path == "-" else path), _prepend(first, chunks)
+            return
+        data = first + b"".join(_bounded(chunks, ARCHIVE_MAX_BYTES - len(first), path))
+        try:
+            for name, member in archive_members(data, kind, ARCHIVE_MAX_BYTES):
+                yield f"{path}:{name}", decoded(iter([member]))
+        except ArchiveError as e:
+            raise _UnreadableError(f"{path}: {e}") from None
 
     def _chunks(self, path: str) -> Iterator[bytes]:
         from gpu_triage.exporter.log_input import read_chunks
@@ -130,17 +173,21 @@ class _Inputs:
 def diagnose_files(
     paths: list[str], as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr, stdin: BinaryIO | None = None
 ) -> int:
-    """Offline diagnosis of kernel and training logs. Exit 0: nothing found (or only events the verdicts
-    ignore), 1: findings, 2: cannot read or empty."""
+    """Offline diagnosis of kernel and training logs, Flight Recorder dumps and NCCL RAS output (files,
+    folders of them, tar or zip archives). Exit 0: nothing found (or only events the verdicts ignore),
+    1: findings, 2: cannot read or empty."""
     from gpu_triage.diagnosis.training import diagnose
     from gpu_triage.exporter.cache_store import store_from_env
     from gpu_triage.exporter.cli.report_text import render
+    from gpu_triage.exporter.fr_decode import SandboxDecoder
     from gpu_triage.exporter.log_input import scan_engine, scan_in_parallel
 
     inputs = _Inputs(paths or ["-"], err, stdin)
     try:
         inputs.check()
-        report = diagnose(inputs, engine=scan_engine(), store=store_from_env(), parallel=scan_in_parallel()).to_json()
+        with SandboxDecoder() as decode:
+            store, parallel = store_from_env(), scan_in_parallel()
+            report = diagnose(inputs, engine=scan_engine(), store=store, parallel=parallel, decode=decode).to_json()
     except _UnreadableError as e:
         err.write(f"gpu-triage: {e}\n")
         return 2
@@ -149,7 +196,10 @@ def diagnose_files(
         return 2
     finally:
         inputs.close()
-    if report["summary"]["lines_read"] == 0:
+    hang = report.get("hang") or {}
+    for skipped in hang.get("skipped", []):
+        err.write(f"gpu-triage: skipped {skipped}\n")
+    if report["summary"]["lines_read"] == 0 and not hang.get("dumps") and not hang.get("ras"):
         # An empty input is a pipeline that failed upstream (`kubectl logs … |`), never a healthy job.
         err.write("gpu-triage: no log lines read\n")
         return 2
@@ -190,10 +240,10 @@ def render_alerts(
 
 def export_files(kind: str, dest: Path, force: bool, out: TextIO = sys.stdout) -> int:
     """`gpu-triage export KIND DIR`."""
-    from gpu_triage.exporter.cli.export import ExportError, export
+    from gpu_triage.exporter.cli.export import ExportError, export, running_command
 
     try:
-        export(kind, dest, force=force, out=out)
+        export(kind, dest, force=force, command=running_command(), out=out, err=sys.stderr)
     except (ExportError, OSError) as e:
         sys.stderr.write(f"gpu-triage export: {e}\n")
         return 1

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
-from gpu_triage.exporter.cli.export import KINDS, WHAT
+from gpu_triage.exporter.cli.export import CHOICES, WHAT
 
 if TYPE_CHECKING:
     from gpu_triage.exporter.cli.check import DaemonClient
@@ -146,25 +146,51 @@ def _parser(serve_flags: bool = True) -> argparse.ArgumentParser:
     _node_condition_parser(sub)
     diagnose = sub.add_parser(
         "diagnose",
-        help="diagnose kernel and training logs offline",
-        description="Find what went wrong in kernel logs (XIDs) and training logs (NCCL, PyTorch distributed): "
-        "root cause first, where (host, rank, GPU), what to do. Files may be gzipped; - reads stdin. "
-        "Exit status: 0 nothing found (or only ignorable events), 1 findings, "
-        "2 an input could not be read or was empty.",
+        help="diagnose kernel and training logs, Flight Recorder dumps and NCCL RAS output offline",
+        description="Find what went wrong in kernel logs (XIDs) and training logs (NCCL, PyTorch distributed), "
+        "and which rank hung a job (PyTorch Flight Recorder dumps, NCCL RAS output, told by their content): "
+        "root cause first, where (host, rank, GPU), what to do. Files may be gzipped; a folder is read "
+        "whole, a tar or zip member by member; - reads stdin. Exit status: 0 nothing found (or only "
+        "ignorable events), 1 findings, 2 an input could not be read or was empty.",
     )
-    diagnose.add_argument("files", nargs="*", metavar="FILE", help="log files, one per rank or interleaved (default -)")
+    diagnose.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="log files (one per rank or interleaved), dumps, folders or archives of them (default -)",
+    )
     diagnose.add_argument(
         "--json", action="store_true", help="print the diagnosis JSON (same as POST /api/v1/diagnose)"
     )
     vgpu = sub.add_parser(
         "vgpu",
-        help="drive the virtual GPU (vgpu/) from a simulator scenario",
+        help="drive the virtual GPU (vgpu/) from a simulator scenario or a real node's nvidia-smi -q capture",
         description="Write a simulator scenario's GPUs to the virtual libnvidia-ml.so.1's state file every second, "
-        "and serve POST/GET/DELETE /api/v1/sim/faults to inject faults (vgpu/README.md).",
+        "and serve POST/GET/DELETE /api/v1/sim/faults to inject faults; or, with --capture, write the GPUs of an "
+        "`nvidia-smi -q -x` or `nvidia-smi -q` capture once and exit (vgpu/README.md).",
     )
-    vgpu.add_argument("--scenario", default="h100-training", help="built-in scenario name or file")
+    source = vgpu.add_mutually_exclusive_group()
+    source.add_argument("--scenario", default="h100-training", help="built-in scenario name or file")
+    source.add_argument("--capture", type=Path, help="a real node's nvidia-smi -q -x (XML) or -q (text) output")
     vgpu.add_argument("--state", type=Path, required=True, help="the state file (GPU_TRIAGE_VGPU_STATE of readers)")
     vgpu.add_argument("--web.listen-address", dest="listen", default="127.0.0.1:9482", help="the fault API")
+    hold = sub.add_parser(
+        "release",
+        help="let the daemon on this node let go of NVML for a while, so that nvidia-smi -r can reset a GPU",
+        description="nvidia-smi -r refuses to reset a GPU that a process holds, gpu-triage's NVML session included, "
+        "and NVML cannot let go of one GPU alone: the daemon lets go of all of them, reports itself down, and takes "
+        "NVML back when the hold ends or on --resume. Asked through the daemon's state directory (root or its user).",
+    )
+    hold.add_argument("--seconds", type=float, default=300.0, help="how long at most (10-900; default %(default)g)")
+    hold.add_argument("--resume", action="store_true", help="take NVML back now")
+    hold.add_argument(
+        "--state.dir",
+        dest="state_dir",
+        type=Path,
+        default=Path(os.environ.get("GPU_TRIAGE_STATE_DIR", "/var/lib/gpu-triage")),
+        help="the daemon's --state.dir (env GPU_TRIAGE_STATE_DIR; default %(default)s)",
+    )
+    hold.add_argument("--wait", type=float, default=15.0, help="seconds to wait for the daemon (default %(default)g)")
     alerts = sub.add_parser("alerts", help="the Prometheus alert rules")
     alert_commands = alerts.add_subparsers(dest="alerts_command", metavar="COMMAND", required=True)
     render = alert_commands.add_parser(
@@ -178,12 +204,13 @@ def _parser(serve_flags: bool = True) -> argparse.ArgumentParser:
     render.add_argument("--dashboard-base", metavar="URL", help="the Grafana URL, for absolute dashboard links")
     export = sub.add_parser(
         "export",
-        help="write the shipped alert rules, dashboards or systemd files into a directory",
+        help="write the shipped alert rules, dashboards, systemd, Slurm or Kubernetes files or the runbooks into a "
+        "directory",
         description="Write the files gpu-triage ships for one KIND into DIR (created if missing), one line per "
         "file: " + "; ".join(f"{kind}: {what}" for kind, what in WHAT.items()) + ". A file that exists with "
         "other content is left alone, and nothing is written, unless --force is given.",
     )
-    export.add_argument("kind", choices=sorted(KINDS), metavar="KIND", help=", ".join(sorted(KINDS)))
+    export.add_argument("kind", choices=CHOICES, metavar="KIND", help=", ".join(CHOICES))
     export.add_argument("dir", type=Path, metavar="DIR", help="where to write them")
     export.add_argument("--force", action="store_true", help="replace files that differ from the shipped ones")
     for name, command in sub.choices.items():
@@ -299,11 +326,19 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
         return diagnose_files(args.files, args.json)
     if args.command == "vgpu":
+        if args.capture is not None:
+            from gpu_triage.exporter.backends.sim.vgpu_capture import run_capture
+
+            return run_capture(args.capture, args.state)
         from gpu_triage.exporter.backends.sim.vgpu_driver import run
         from gpu_triage.exporter.logs import setup_logging
 
         setup_logging("info", "logfmt")
         return run(args.scenario, args.state, args.listen)
+    if args.command == "release":
+        from gpu_triage.exporter.cli.release import release
+
+        return release(args.state_dir, args.seconds, args.resume, args.wait)
     if args.command == "alerts":
         from gpu_triage.exporter.cli.commands import render_alerts
 

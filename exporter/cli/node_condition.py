@@ -8,7 +8,8 @@ to its Node's status, the way node-problem-detector does:
                     ContactSupport...), message = the action, the summary, the root cause's runbook and who
                     was on its GPU
     status False    healthy (reason Healthy) or degraded, which needs a look but no drain (reason Degraded)
-    status Unknown  the daemon does not answer, or a GPU does not (reason NoVerdict / GpuNotAnswering)
+    status Unknown  the daemon does not answer, a GPU does not, or the daemon cannot read a source its verdict
+                    depends on, such as the kernel log (reason NoVerdict / GpuNotAnswering / VerdictIncomplete)
 
 It writes when the condition changes and otherwise every --heartbeat seconds, so a thousand nodes cost the
 API server a few writes a second at most. It reaches the API server with the pod's service-account token
@@ -77,7 +78,8 @@ def condition_from(diagnosis: dict[str, Any] | None, error: str = "") -> Conditi
         message = f"{action}: {summary}.{_root_cause(diagnosis, action)}"
         return Condition("True", camel(action), message[:MAX_MESSAGE])
     if health == "unknown":
-        return Condition("Unknown", "GpuNotAnswering", summary[:MAX_MESSAGE])
+        why = "VerdictIncomplete" if node.get("incomplete") else "GpuNotAnswering"
+        return Condition("Unknown", why, summary[:MAX_MESSAGE])
     return Condition("False", "Healthy" if health == "healthy" else "Degraded", summary[:MAX_MESSAGE])
 
 

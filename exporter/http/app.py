@@ -17,7 +17,7 @@ from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.diagnosis import DIAGNOSE_PATH, diagnose_router, diagnosis_router
 from gpu_triage.exporter.http.errors import error
 from gpu_triage.exporter.http.gpus import gpus_router
-from gpu_triage.exporter.http.guard import BodyLimit, WriteGuard
+from gpu_triage.exporter.http.guard import BodyLimit, HeadAsGet, WriteGuard, own_host_names
 from gpu_triage.exporter.http.landing import landing_page
 from gpu_triage.exporter.http.runbooks import runbooks_router
 from gpu_triage.exporter.http.sim_faults import shown_by, sim_router
@@ -36,16 +36,22 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
     )
     _add_error_handlers(app)
     settings = daemon.settings
-    # The last added runs first: basic auth, then the write checks, then the body's size and time.
+    # The last added runs first: HEAD as GET, basic auth, then the write checks, then the body's size and time.
     app.add_middleware(
         BodyLimit,
         timeout=settings.web_read_timeout,
         streamed={DIAGNOSE_PATH: (settings.diagnose_max_bytes, " (--diagnose.max-bytes); send less")},
     )
-    app.add_middleware(WriteGuard, read_only=settings.web_read_only, not_writes=frozenset({DIAGNOSE_PATH}))
+    app.add_middleware(
+        WriteGuard,
+        read_only=settings.web_read_only,
+        not_writes=frozenset({DIAGNOSE_PATH}),
+        host_names=own_host_names(settings.web_listen_address, settings.web_allowed_hosts),
+    )
     if web is not None and (web.users or web.headers):
         # kubelet's probes cannot send credentials, and say no more than "alive" and "ready".
         app.add_middleware(WebConfigMiddleware, config=web, open_paths=frozenset({"/healthz", "/readyz"}))
+    app.add_middleware(HeadAsGet)
     telemetry_path = settings.web_telemetry_path
 
     @app.get(telemetry_path, include_in_schema=False)

@@ -18,8 +18,9 @@ from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpu_triage.exporter.daemon import Daemon
+from gpu_triage.exporter.dump_inputs import ArchiveError, body_inputs
 from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
-from gpu_triage.exporter.log_input import InputTooLargeError, decoded, scan_engine
+from gpu_triage.exporter.log_input import InputTooLargeError, scan_engine
 from gpu_triage.exporter.settings import parse_duration
 from gpu_triage.exporter.xid_explain import unknown_xid, xid_json
 
@@ -108,17 +109,39 @@ class CpuBudgetError(Exception):
     """A diagnosis used more CPU time than its budget."""
 
 
-def within_cpu(chunks: Iterable[bytes], seconds: float) -> Iterator[bytes]:
+def within_cpu(chunks: Iterable[bytes], seconds: float, start: float | None = None) -> Iterator[bytes]:
     """`chunks`, stopped with CpuBudgetError once the thread consuming them has used `seconds` of CPU time
-    since the first. The diagnosis runs in that thread (it reads the chunks as it scans), so it is asked
-    between chunks: a megabyte of input at most past the budget, however slow the input is to read."""
-    start = time.thread_time()
+    since `start` (its `time.thread_time()`; by default, the first chunk's). The diagnosis runs in that
+    thread (it reads the chunks as it scans), so it is asked between chunks: a megabyte of input at most
+    past the budget, however slow the input is to read. The inputs of one body share one `start`."""
+    if start is None:
+        start = time.thread_time()
     for chunk in chunks:
         if time.thread_time() - start > seconds:
             raise CpuBudgetError
         yield chunk
     if time.thread_time() - start > seconds:
         raise CpuBudgetError
+
+
+def _refuse_empty(report: dict[str, Any]) -> None:
+    """422 for a body with neither a log line nor a dump: an upload that went wrong, never a healthy job."""
+    hang = report.get("hang") or {}
+    if report["summary"]["lines_read"] == 0 and not hang.get("dumps") and not hang.get("ras"):
+        why = "; ".join(hang.get("skipped", [])[:4]) or "the body decompresses to nothing"
+        raise HTTPException(422, f"no log lines read, nor a dump: {why}")
+
+
+def _run(daemon: Daemon, chunks: list[bytes], content_type: str, engine: str | None) -> dict[str, Any]:
+    """One diagnosis, in the thread whose CPU time its budget counts."""
+    from gpu_triage.diagnosis.training import diagnose as diagnose_logs
+    from gpu_triage.exporter.fr_decode import SandboxDecoder
+
+    limit, budget = daemon.settings.diagnose_max_bytes, daemon.settings.diagnose_max_cpu
+    start = time.thread_time()  # unpacking an archive is the request's CPU time too
+    inputs = [(name, within_cpu(c, budget, start)) for name, c in body_inputs(chunks, content_type, limit)]
+    with SandboxDecoder() as decode:
+        return diagnose_logs(inputs, engine=engine, store=daemon.store, decode=decode).to_json()
 
 
 def diagnose_router(daemon: Daemon) -> APIRouter:
@@ -136,7 +159,8 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
 
     @router.post(
         DIAGNOSE_PATH.removeprefix("/api/v1"),
-        summary="Diagnose kernel and training logs: root cause first (text/plain body, optionally gzip)",
+        summary="Diagnose kernel and training logs, Flight Recorder dumps and NCCL RAS output: root cause first "
+        "(the text, a dump, or a tar, zip or multipart/form-data of a job's files; optionally gzip)",
         responses={413: {"description": f"body over the limit ({mib} by default), or more CPU time than allowed"}},
     )
     async def diagnose(request: Request) -> dict[str, Any]:
@@ -149,7 +173,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
         if not slots.acquire(blocking=False):
             raise HTTPException(429, f"{MAX_CONCURRENT_DIAGNOSES} diagnoses are running already; try again shortly")
         try:
-            return await _diagnose(chunks)
+            return await _diagnose(chunks, request.headers.get("content-type", ""))
         finally:
             slots.release()
 
@@ -169,29 +193,24 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
             raise HTTPException(422, "empty body: POST the log text (text/plain, optionally gzip-compressed)")
         return chunks
 
-    async def _diagnose(chunks: list[bytes]) -> dict[str, Any]:
-        def run() -> dict[str, Any]:
-            from gpu_triage.diagnosis.training import diagnose as diagnose_logs
-
-            metered = within_cpu(decoded(chunks, limit), cpu_budget)
-            return diagnose_logs([(None, metered)], engine=engine, store=daemon.store).to_json()
-
+    async def _diagnose(chunks: list[bytes], content_type: str) -> dict[str, Any]:
         try:
-            report = await run_in_threadpool(run)
+            report = await run_in_threadpool(_run, daemon, chunks, content_type, engine)
         except CpuBudgetError:
             raise HTTPException(
                 413,
                 f"the log took more than {cpu_budget:g}s of CPU time to diagnose (--diagnose.max-cpu): send a part "
                 "of it, or run `gpu-triage diagnose` on it where it is",
             ) from None
+        except ArchiveError as e:
+            raise HTTPException(422, str(e)) from None
         except InputTooLargeError:
             raise HTTPException(
                 413, f"the log decompresses to more than the {mib} limit (--diagnose.max-bytes)"
             ) from None
         except (zlib.error, EOFError) as e:
             raise HTTPException(422, f"the body looks gzip-compressed but does not decompress: {e}") from None
-        if report["summary"]["lines_read"] == 0:
-            raise HTTPException(422, "no log lines read: the body decompresses to nothing")
+        _refuse_empty(report)
         return report
 
     return router

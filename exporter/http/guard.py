@@ -6,19 +6,26 @@ read timeout is refused with 408. JSON bodies are read here, whole and bounded, 
 the routes that stream their body (a log to diagnose) count and time it themselves.
 
 `WriteGuard`: requests that change state (any method but GET, HEAD and OPTIONS) are refused when they
-come from another origin (a page in an operator's browser must not be able to acknowledge a GPU), when
-their body is not JSON (an HTML form or a simple cross-site POST cannot send application/json), and
-always with --web.read-only. Basic auth, where the web config defines users, comes before both.
+name a host that is not this daemon's (DNS rebinding: a page whose name was made to resolve to the node
+would otherwise be "same-origin" with it), when they come from another origin (a page in an operator's
+browser must not be able to acknowledge a GPU), when their body is not JSON (an HTML form or a simple
+cross-site POST cannot send application/json), and always with --web.read-only. Basic auth, where the web
+config defines users, comes before both.
+
+`HeadAsGet`: HEAD is answered as GET is, without the body (probes and load balancers that use HEAD).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import ipaddress
+import socket
+from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 from gpu_triage.exporter.http.asgi import App, Message, Receive, Scope, Send, header
 from gpu_triage.exporter.http.errors import refuse
+from gpu_triage.exporter.settings import parse_listen_address
 
 JSON_BODY_LIMIT = 16 * 1024  # the largest JSON the API takes is a fault with a 1024-character message
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -105,17 +112,48 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
+class HeadAsGet:
+    """HEAD runs the GET route: the same status and headers (Content-Length included), and no body, which
+    the HTTP server leaves out of a HEAD answer itself. Without it every route answers HEAD with 405, and a
+    probe or load balancer that checks /healthz with HEAD takes the daemon for broken."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)
+
+
+def own_host_names(listen_addresses: Iterable[str], allowed: Iterable[str]) -> frozenset[str]:
+    """The names a request that changes state may give in its Host header, besides an IP address and
+    localhost: the host names among the listen addresses, this machine's name, and --web.allowed-hosts."""
+    names = {socket.gethostname()}
+    names |= {parse_listen_address(a)[0] for a in listen_addresses}
+    names |= set(allowed)
+    names |= {n.partition(".")[0] for n in names if not _is_ip(n)}  # node1 as well as node1.example.com
+    return frozenset(n.lower().rstrip(".") for n in names if n and not _is_ip(n))
+
+
 class WriteGuard:
-    def __init__(self, app: App, *, read_only: bool, not_writes: frozenset[str]) -> None:
+    def __init__(
+        self, app: App, *, read_only: bool, not_writes: frozenset[str], host_names: frozenset[str] = frozenset()
+    ) -> None:
         """`not_writes`: paths whose unsafe methods change nothing (a log to diagnose): no JSON needed,
-        allowed when read-only, but still same-origin only."""
+        allowed when read-only, but still same-origin only. `host_names`: own_host_names()."""
         self.app = app
         self.read_only = read_only
         self.not_writes = not_writes
+        self.host_names = host_names
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in SAFE_METHODS:
             await self.app(scope, receive, send)
+            return
+        problem = _foreign_host(scope, self.host_names)
+        if problem is not None:
+            await refuse(send, 421, problem, close=True)
             return
         problem = _cross_origin(scope)
         if problem is not None:
@@ -130,6 +168,45 @@ class WriteGuard:
                 await refuse(send, 415, problem, close=True)
                 return
         await self.app(scope, receive, send)
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_name(value: str) -> str:
+    """`node1:9481` -> `node1`, `[::1]:9481` -> `::1`, lower case, without a trailing dot."""
+    if value.startswith("["):
+        name = value[1:].partition("]")[0]
+    else:
+        name, colon, port = value.rpartition(":")
+        if not colon or not port.isdigit():
+            name = value
+    return name.strip().lower().rstrip(".")
+
+
+def _foreign_host(scope: Scope, names: frozenset[str]) -> str | None:
+    """Why the Host of a request that changes state is not this daemon, if it is not.
+
+    DNS rebinding: a page on attacker.example whose name is then made to resolve to 127.0.0.1 is, to the
+    browser, same-origin with whatever answers there, Origin and Sec-Fetch-Site included; only the name it
+    still sends in Host gives it away. An IP address cannot be rebound, and localhost names resolve to the
+    machine itself in every browser. A request without Host (HTTP/1.0) comes from no browser."""
+    raw = header(scope, b"host")
+    if raw is None:
+        return None
+    name = _host_name(raw.decode("latin-1"))
+    if _is_ip(name) or name == "localhost" or name.endswith(".localhost") or name in names:
+        return None
+    shown = raw.decode("latin-1")[:100]
+    return (
+        f"Host {shown!r} is not a name of this daemon: requests that change state must name it by an IP address, "
+        "localhost, its host name or a name given with --web.allowed-hosts"
+    )
 
 
 def _cross_origin(scope: Scope) -> str | None:

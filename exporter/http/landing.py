@@ -16,11 +16,12 @@ from gpu_triage import __version__
 from gpu_triage.diagnosis.actions import Action, Health
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.health import GpuVerdict
+from gpu_triage.diagnosis.node_verdict import NodeVerdict
 from gpu_triage.exporter.daemon import Daemon, Frame
 from gpu_triage.exporter.http.page import badge, document, esc, utc
 from gpu_triage.exporter.http.runbooks import gpu_name, used_by
 from gpu_triage.exporter.sources.journal import Total
-from gpu_triage.exporter.verdict_report import summary
+from gpu_triage.exporter.verdict_report import affected, blind_json, name_places, summary
 
 
 def _findings(findings: Iterable[Finding], indexes: Mapping[str, int]) -> str:
@@ -55,20 +56,32 @@ def _last_xid(t: Total | None) -> str:
     return f'<a href="/api/v1/xid/{t.code}">Xid {t.code}</a><br><span class="muted">{utc(t.last_seen)}{total}</span>'
 
 
-def _verdict_box(frame: Frame, indexes: Mapping[str, int]) -> str:
+def _verdict_box(frame: Frame) -> str:
     node = frame.node
-    worst = next((v for v in node.gpus if v.action is node.action), None)
-    where = f" on {esc(gpu_name(worst.gpu, indexes))}" if worst is not None and node.action is not Action.IGNORE else ""
-    what = (
-        f"<p><b>{esc(node.action.value)}</b>{where}: {esc(node.action.description)}</p>"
-        if node.action is not Action.IGNORE
-        else "<p>No action needed.</p>"
-    )
+    places = affected(frame.snapshot, node)
+    what = "" if node.incomplete else "<p>No action needed.</p>"  # a daemon that cannot see cannot say that
+    if places:
+        named = "".join(f"<li>{esc(name_places([p]))}</li>" for p in places)
+        what = f"<p><b>{esc(node.action.value)}</b>: {esc(node.action.description)}</p><ul>{named}</ul>"
+    elif node.action is not Action.IGNORE and not node.incomplete:
+        what = f"<p><b>{esc(node.action.value)}</b>: {esc(node.action.description)}</p>"
     return (
         f'<section class="verdict verdict-{esc(node.health.value)}">'
-        f"<h2>Node {esc(node.health.value)}</h2>{what}"
-        f'<p class="muted">{esc(summary(frame.snapshot, node))}</p></section>'
+        f"<h2>Node {esc(node.health.value)}</h2>{_blind_box(node)}{what}"
+        f'<p class="muted">{esc(summary(frame.snapshot, node, places))}</p></section>'
     )
+
+
+def _blind_box(node: NodeVerdict) -> str:
+    """What the verdict could not see, above everything else: a daemon that cannot see must not look green."""
+    if not node.incomplete:
+        return ""
+    items = "".join(
+        f"<li><b>{esc(b['what'])}</b>: {esc(b['problem'])}. {esc(b['fix'].capitalize())}.</li>"
+        for b in (blind_json(x) for x in node.incomplete)
+    )
+    head = "<p><b>The verdict is incomplete.</b> gpu-triage cannot read:</p>"
+    return f'<div class="incomplete">{head}<ul>{items}</ul></div>'
 
 
 def _row(
@@ -94,9 +107,6 @@ def _gpu_table(frame: Frame, totals: list[Total], indexes: Mapping[str, int]) ->
         ids = f"<code>{esc(g.pci_bus_id)}</code><br><code class=muted>{esc(g.uuid)}</code>"
         xid = last.get(g.uuid) or last.get(g.pci_bus_id)
         rows.append(_row(f"GPU {g.index}", state.status, by_bus.pop(g.pci_bus_id, None), xid, ids, indexes))
-    for bus, verdict in by_bus.items():  # known only from the kernel log: the driver no longer lists it
-        ids = f"<code>{esc(bus)}</code><br><span class=muted>not listed by the driver</span>"
-        rows.append(_row(bus, "missing", verdict, last.get(bus), ids, indexes))
     return (
         '<table id="gpus"><tr><th>GPU</th><th>Health</th><th>Action</th><th>Findings</th><th>Last XID</th>'
         "<th>Status</th><th>PCI bus id, UUID</th></tr>\n" + "\n".join(rows) + "</table>"
@@ -120,14 +130,14 @@ def landing_page(daemon: Daemon) -> HTMLResponse:
         links.append(("/api/v1/sim/faults", "simulator faults (POST to inject one)"))
     items = "\n".join(f'<li><a href="{esc(href)}">{esc(href)}</a> {esc(text)}</li>' for href, text in links)
     node_findings = frame.node.findings
-    switches = f"<h2>NVSwitches</h2>{_findings(node_findings, indexes)}" if node_findings else ""
+    switches = f"<h2>Not on a GPU</h2>{_findings(node_findings, indexes)}" if node_findings else ""
     table = _gpu_table(frame, daemon.xid_totals(), indexes)
     host = socket.gethostname()
     body = (
         f"<h1>gpu-triage on {esc(host)}</h1>\n"
         f'<p class="muted">Version {esc(__version__)}, backend {esc(frame.snapshot.backend)}, '
         f"last read {utc(frame.snapshot.taken_at or None)}.</p>\n"
-        f"{_verdict_box(frame, indexes)}\n<h2>GPUs</h2>\n{table}\n{switches}\n"
+        f"{_verdict_box(frame)}\n<h2>GPUs</h2>\n{table}\n{switches}\n"
         f"<h2>Endpoints</h2>\n<ul>\n{items}\n</ul>"
     )
     return document(f"gpu-triage on {host}", body)

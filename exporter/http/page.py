@@ -30,6 +30,8 @@ vertical-align:top}th{background:#f4f4f4}a{color:#0645ad}nav{font-size:.9em;colo
 .verdict{border-left:.5em solid #666;padding:.4em 1em;background:#f6f6f6;margin:1em 0}
 .verdict h2{border:0;margin:.2em 0}.verdict-unhealthy{border-color:#c0392b;background:#fdf2f0}
 .verdict-degraded{border-color:#d68910;background:#fef5e7}.verdict-healthy{border-color:#1e8449;background:#eafaf1}
+.verdict-unknown{border-color:#7d3c98;background:#f5eef8}
+.incomplete{border:2px solid #7d3c98;border-radius:.4em;padding:0 1em;margin:.4em 0;background:#fff}
 tr.gpu-unhealthy td:first-child{box-shadow:inset .3em 0 #c0392b}
 tr.gpu-degraded td:first-child{box-shadow:inset .3em 0 #d68910}
 ul.findings{margin:0;padding-left:1.1em}#gpus td:first-child,#gpus td:nth-child(3){white-space:nowrap}

@@ -55,6 +55,9 @@ def _used_for(referrers: list[str]) -> str:
 def _evidence(finding: Finding) -> str:
     lines = []
     for ev in finding.evidence:
+        if ev.line is None:
+            lines.append(esc(ev.text))
+            continue
         where = f"{ev.source}:{ev.line}" if ev.source else f"line {ev.line}"
         lines.append(f"{esc(where)}: {esc(ev.text)}")
     return "<pre>" + "\n".join(lines) + "</pre>" if lines else ""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import faulthandler
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 import uvicorn
 
@@ -26,7 +29,7 @@ from gpu_triage.exporter.http.connections import (
 )
 from gpu_triage.exporter.http.web_config import WebConfig, WebConfigError, load_web_config
 from gpu_triage.exporter.sd_notify import Notifier, Watchdog
-from gpu_triage.exporter.settings import Settings, parse_listen_address
+from gpu_triage.exporter.settings import Settings, parse_listen_address, state_dir_origin
 from gpu_triage.exporter.sources.journal import JournalError
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,11 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._on_stopping()
         await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            log.info("stopping", extra={"signal": signal.Signals(sig).name})
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -132,7 +140,23 @@ def serve(settings: Settings) -> None:
     Under systemd (Type=notify) it says READY=1 once the backend is open, the first snapshot taken and
     the listen sockets served; then pings the watchdog while the poll loop turns and keeps STATUS=
     current; and says STOPPING=1 when shutdown begins.
+
+    However it ends, the log says why: a signal, an error (with its traceback), or a fatal signal in native
+    code (a driver library's SIGSEGV or SIGBUS), which faulthandler reports on stderr with every thread's
+    stack before the process dies.
     """
+    faulthandler.enable(sys.stderr)
+    try:
+        _serve(settings)
+    except StartupError:
+        raise  # the caller says why, in one line
+    except Exception:
+        log.critical("stopping on an unexpected error", exc_info=True)
+        raise
+
+
+def _serve(settings: Settings) -> None:
+    log.info("state directory", extra={"path": str(settings.state_dir), "why": state_dir_origin(settings)})
     web = WebConfig()
     if settings.web_config_file is not None:
         try:
@@ -176,7 +200,7 @@ def serve(settings: Settings) -> None:
             _Server(config, on_serving=serving, on_stopping=stopping).run(sockets=sockets)
         finally:
             stopping()  # again (a no-op) in case uvicorn ended without a graceful shutdown
-            log.info("stopping")
+            log.info("stopped")
     finally:
         if daemon is not None:
             daemon.stop()  # lets go of the backend too, also when start() failed half-way

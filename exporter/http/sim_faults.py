@@ -13,7 +13,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from gpu_triage.exporter.backends.sim import FaultError, FaultSpec, SimBackend
@@ -43,7 +45,12 @@ def sim_router(sim: SimBackend, shown: Callable[[], Awaitable[None]]) -> APIRout
         return {"faults": [f.to_json() for f in sim.faults()]}
 
     @router.post("/faults", status_code=201, summary="Inject a fault")
-    async def inject(spec: FaultSpec) -> dict[str, Any]:
+    async def inject(spec: FaultSpec, request: Request) -> dict[str, Any]:
+        # Strict types on top of the model's checks: JSON's true is no GPU 1, and "3" or 3.0 no GPU 3.
+        try:
+            spec = FaultSpec.model_validate_json(await request.body(), strict=True)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors(include_url=False, include_context=False)) from e
         try:
             fault = sim.inject(spec)
         except FaultError as e:

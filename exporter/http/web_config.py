@@ -14,6 +14,7 @@ import base64
 import functools
 import hashlib
 import ssl
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -45,10 +46,15 @@ _HEADERS = {
 
 
 @functools.cache
-def _dummy_hash() -> bytes:
-    """Checked against for unknown users, so a wrong user name costs the same time as a wrong password.
-    Made on first use: a daemon without basic auth never pays for it."""
-    return bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=10))
+def _dummy_hash(rounds: int) -> bytes:
+    """Checked against for unknown users, so a wrong user name costs the same time as a wrong password:
+    made at the cost of the dearest configured hash (a cheaper one would tell the names apart)."""
+    return bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=rounds))
+
+
+def _cost(hashed: bytes) -> int:
+    """The cost of a bcrypt hash, `$2b$<cost>$...` (checked by load_web_config)."""
+    return int(hashed[4:6])
 
 
 class WebConfigError(Exception):
@@ -188,21 +194,52 @@ def _password_ok(hashed: bytes, password: bytes) -> bool:
         return False
 
 
+class _Lane:
+    """Password checks on a thread of their own, so many at most, so many from one client address."""
+
+    def __init__(self, name: str, limit: int, per_client: int) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=name)  # bcrypt lets go of the GIL while it hashes
+        self.limit = limit
+        self.per_client = per_client
+        self.pending = 0
+        self.by_client: dict[str, int] = {}
+
+    def has_room(self, client: str) -> bool:
+        return self.pending < self.limit and self.by_client.get(client, 0) < self.per_client
+
+    async def run(self, client: str, hashed: bytes, password: bytes) -> bool:
+        self.pending += 1
+        self.by_client[client] = self.by_client.get(client, 0) + 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, _password_ok, hashed, password)
+        finally:
+            self.pending -= 1
+            self.by_client[client] -= 1
+            if not self.by_client[client]:
+                del self.by_client[client]
+
+
 class PasswordChecks:
     """bcrypt is slow on purpose (~70 ms at cost 10, ~0.3 s at 12), and Prometheus sends the same
     credentials every scrape: credentials that passed are remembered (a hash of them, in memory) and
-    recognised on the event loop at once. The rest take a bcrypt round on a small pool of their own, a
-    bounded number at a time: a flood of wrong passwords is refused (429) beyond that, and never delays
-    a scrape whose credentials are known."""
+    recognised on the event loop at once. The rest take a bcrypt round, a bounded number at a time, and a
+    flood of wrong passwords is refused (429) beyond that without taking a scrape's place or making it wait:
+    the addresses that gave a wrong password lately are checked on one thread, at most six checks waiting
+    and two from one address; the others (a scraper seen for the first time after a restart, say) on
+    another, two waiting at most, one from one address."""
 
     REMEMBERED = 64
-    WORKERS = 2
-    MAX_PENDING = 8
+    FAILED_SECONDS = 600.0  # how long a wrong password counts against its address
+    FAILED_REMEMBERED = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, users: Mapping[str, bytes] | None = None) -> None:
         self._good: OrderedDict[bytes, None] = OrderedDict()
-        self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="bcrypt")
-        self._pending = 0
+        self._clean = _Lane("bcrypt", limit=2, per_client=1)
+        self._failing = _Lane("bcrypt-failed", limit=6, per_client=2)
+        self._failed: OrderedDict[str, float] = OrderedDict()  # client address -> when, oldest first
+        self._rounds = max((_cost(h) for h in (users or {}).values()), default=10)
+        if users:
+            self._clean.pool.submit(_dummy_hash, self._rounds)  # made before the first unknown user needs it
 
     @staticmethod
     def _key(user: bytes, password: bytes) -> bytes:
@@ -215,22 +252,28 @@ class PasswordChecks:
             return True
         return False
 
-    async def check(self, user: bytes, password: bytes, hashed: bytes | None) -> bool | None:
-        """Whether the password is right; None when too many checks are under way already."""
-        if self._pending >= self.MAX_PENDING:
+    def _failed_lately(self, client: str) -> bool:
+        now = time.monotonic()
+        while self._failed and next(iter(self._failed.values())) < now - self.FAILED_SECONDS:
+            self._failed.popitem(last=False)
+        return client in self._failed
+
+    async def check(self, user: bytes, password: bytes, hashed: bytes | None, client: str = "") -> bool | None:
+        """Whether the password is right; None when there is no room for the check now."""
+        lane = self._failing if self._failed_lately(client) else self._clean
+        if not lane.has_room(client):
             return None
-        self._pending += 1
-        try:
-            loop = asyncio.get_running_loop()
-            # Unknown users cost the same time as a wrong password: their name does not leak.
-            ok = await loop.run_in_executor(self._pool, _password_ok, hashed or _dummy_hash(), password)
-        finally:
-            self._pending -= 1
+        # Unknown users cost the same time as a wrong password: their name does not leak.
+        ok = await lane.run(client, hashed or _dummy_hash(self._rounds), password)
+        self._failed.pop(client, None)
         if ok and hashed is not None:
             self._good[self._key(user, password)] = None
             while len(self._good) > self.REMEMBERED:
                 self._good.popitem(last=False)
             return True
+        self._failed[client] = time.monotonic()
+        while len(self._failed) > self.FAILED_REMEMBERED:
+            self._failed.popitem(last=False)
         return False
 
 
@@ -243,7 +286,7 @@ class WebConfigMiddleware:
         self.config = config
         self.open_paths = open_paths
         self._headers = [(k.lower().encode(), v.encode()) for k, v in config.headers.items()]
-        self._checks = PasswordChecks()
+        self._checks = PasswordChecks(config.users)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -273,7 +316,9 @@ class WebConfigMiddleware:
             return False
         if self._checks.known(user, password):
             return True
-        return await self._checks.check(user, password, self.config.users.get(user.decode(errors="replace")))
+        client = (scope.get("client") or ("",))[0]
+        hashed = self.config.users.get(user.decode(errors="replace"))
+        return await self._checks.check(user, password, hashed, str(client))
 
     async def _deny(self, send: Send, *, busy: bool) -> None:
         if busy:

@@ -85,8 +85,8 @@ def source_families(
     stats = pipeline.parse
     for reason, count in (
         ("overlong", stats.overlong),
-        ("binary", stats.binary),
         ("malformed", stats.malformed + (kmsg.malformed if kmsg else 0)),
+        ("not_kernel", stats.not_kernel),
     ):
         skipped.add_metric([reason], float(count))
     yield skipped

@@ -23,8 +23,9 @@ from types import MappingProxyType
 
 from gpu_triage.diagnosis.actions import GpuStatus
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuBackend, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.readings import Reading
 from gpu_triage.exporter.polling.readpool import ReadPool
-from gpu_triage.exporter.polling.snapshot import CollectorStatus, GpuState, Snapshot, gpu_status
+from gpu_triage.exporter.polling.snapshot import CollectorStatus, GpuState, Lost, Snapshot, gpu_status
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,7 @@ class Poller:
             previous = old.gpu(gpu.index) or GpuState(gpu)
             readings = dict(previous.readings)
             problems = {c: p for c, p in previous.problems.items() if c not in collectors}
+            answer: str | None = None  # what the backend said when it found the GPU lost
             for collector in collectors:
                 outcome = outcomes[(gpu.index, collector)]
                 if outcome is None:
@@ -246,6 +248,7 @@ class Poller:
                     continue
                 if isinstance(outcome.error, GpuLostError):
                     problems[collector] = GpuStatus.LOST
+                    answer = answer or str(outcome.error)
                 elif isinstance(outcome.error, BackendError):
                     ok[collector] = False
                     backend_up = False  # logged once per change below, not for every GPU and collector
@@ -261,13 +264,8 @@ class Poller:
                 # Inventory is descriptive: keep the last known name/serial for the info series.
                 if collector is not Collector.INVENTORY:
                     readings.pop(collector, None)
-            lost = GpuStatus.LOST in problems.values()
-            for collector in list(readings):
-                # A lost GPU has no current values at all; a hung call only loses its own.
-                if collector is not Collector.INVENTORY and (lost or collector in problems):
-                    del readings[collector]
-            _log_changes(gpu.index, previous.problems, problems)
-            gpus.append(GpuState(gpu, MappingProxyType(readings), MappingProxyType(problems)))
+            lost = answer or f"the {self.backend.name} backend says the GPU is lost"
+            gpus.append(_settled(previous, readings, problems, Lost(now, lost)))
         statuses = dict(old.collectors)
         for collector in collectors:
             last = now if ok[collector] else getattr(old.collectors.get(collector), "last_success", None)
@@ -280,6 +278,21 @@ class Poller:
         return Snapshot(
             now, self.backend.name, tuple(gpus), MappingProxyType(statuses), backend_up, backend_problem, monotonic
         )
+
+
+def _settled(
+    previous: GpuState, readings: dict[Collector, Reading], problems: dict[Collector, str], lost: Lost
+) -> GpuState:
+    """A GPU's new state from its readings and problems; `lost` is when and why, should it be lost now."""
+    is_lost = GpuStatus.LOST in problems.values()
+    for collector in list(readings):
+        # A lost GPU has no current values at all; a hung call only loses its own.
+        if collector is not Collector.INVENTORY and (is_lost or collector in problems):
+            del readings[collector]
+    _log_changes(previous.identity.index, previous.problems, problems)
+    # Lost since the first poll that found it so, with what the backend said then.
+    gone = (previous.lost or lost) if is_lost else None
+    return GpuState(previous.identity, MappingProxyType(readings), MappingProxyType(problems), gone)
 
 
 def _log_changes(gpu: int, before: Mapping[Collector, str], after: Mapping[Collector, str]) -> None:

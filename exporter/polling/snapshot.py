@@ -25,11 +25,20 @@ def gpu_status(problems: Mapping[Collector, str]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Lost:
+    """When the backend first answered that a GPU is lost, and what it answered then."""
+
+    since: float  # wall-clock seconds
+    answer: str
+
+
+@dataclass(frozen=True, slots=True)
 class GpuState:
     identity: GpuIdentity
     readings: Mapping[Collector, Reading] = field(default_factory=lambda: MappingProxyType({}))
     # Collectors whose last read found the GPU lost or hung; their readings are dropped.
     problems: Mapping[Collector, str] = field(default_factory=lambda: MappingProxyType({}))
+    lost: Lost | None = None  # set while the GPU is lost
 
     @property
     def status(self) -> str:

@@ -12,6 +12,7 @@ from gpu_triage.exporter.backends.base import DriverXid, XidEventSource
 log = logging.getLogger(__name__)
 
 _WAIT_SECONDS = 0.5  # how long one wait blocks; bounds how quickly stop() returns
+_FIRST_WAIT_SECONDS = 0.05  # the first one is short: until it returns, the verdict does not know the source works
 _RETRY_SECONDS = 5.0
 
 
@@ -22,11 +23,18 @@ class DriverEventStats:
 
 
 class DriverEvents:
-    def __init__(self, backend: XidEventSource, name: str, deliver: Callable[[list[DriverXid], str], None]) -> None:
+    def __init__(
+        self,
+        backend: XidEventSource,
+        name: str,
+        deliver: Callable[[list[DriverXid], str], None],
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
         self.name = name
         self.stats = DriverEventStats()
         self._backend = backend
         self._deliver = deliver
+        self._on_change = on_change  # called when the source starts or stops working
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -40,17 +48,25 @@ class DriverEvents:
             self._thread.join(timeout=2)
 
     def _run(self) -> None:
+        wait = _FIRST_WAIT_SECONDS
         while not self._stop.is_set():
             try:
-                xids = self._backend.wait_xids(_WAIT_SECONDS)
+                xids = self._backend.wait_xids(wait)
             except Exception as e:  # a broken event API must not take the daemon with it
-                if self.stats.error != repr(e):
+                changed = self.stats.error != repr(e)
+                if changed:
                     log.error("driver XID events failed; retrying", extra={"source": self.name, "error": repr(e)})
                 self.stats.up, self.stats.error = False, repr(e)
+                if changed:
+                    self._on_change()
                 self._stop.wait(_RETRY_SECONDS)
                 continue
+            wait = _WAIT_SECONDS
             if self.stats.error is not None:
                 log.info("driver XID events work again", extra={"source": self.name})
+            changed = not self.stats.up
             self.stats.up, self.stats.error = True, None
+            if changed:
+                self._on_change()
             if xids:
                 self._deliver(xids, self.name)

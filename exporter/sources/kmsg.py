@@ -68,9 +68,11 @@ class KmsgFollower:
         boot_id: str,
         boot_time: float | Callable[[], float],
         clock: Callable[[], float] = time.time,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.path = path
         self.stats = KmsgStats()
+        self._on_change = on_change  # called when the log starts or stops being readable
         self._deliver = deliver
         self._cursor = cursor
         self._boot_id = boot_id
@@ -132,13 +134,16 @@ class KmsgFollower:
             if e.errno in (errno.EACCES, errno.EPERM):
                 hint = "; the daemon needs CAP_SYSLOG (kernel.dmesg_restrict=1) or root to read it"
             log.error(f"cannot read the kernel log{hint}", extra={"error": error})
+            self._on_change()
 
     def _up(self) -> None:
         self._missing_since = None
-        was_down = self.stats.error is not None
+        was_down, was_up = self.stats.error is not None, self.stats.up
         self.stats.up, self.stats.error = True, None
         if was_down:
             log.info("reading the kernel log again", extra={"path": str(self.path)})
+        if not was_up:
+            self._on_change()
 
     def _commit(self, origin: str, batch: list[Record], after: int) -> int:
         """Deliver the records past `after` and wait until they are journaled; returns the new `after`."""

@@ -13,8 +13,9 @@ time), else from its end (plain lines are stamped when read: old faults would lo
 that place is committed at once, so what is written while the daemon is down is read at the next start.
 
 Only whole lines are delivered. An unfinished last line waits for its newline, up to MAX_LINE_BYTES;
-a longer one (a runaway writer, NULs after a power loss) is skipped to its newline and counted as
-malformed, without being kept.
+a longer one (a runaway writer) is skipped to its newline and counted as malformed, without being kept.
+NUL padding (what a file holds after a power loss, often just before the XID that explains the crash)
+ends a line: what follows it is read as a line, however much padding there was.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import BinaryIO, Protocol
 
 from gpu_triage.diagnosis.kernel_log import MAX_LINE_CHARS
 from gpu_triage.exporter.sources.journal import Cursor
-from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_record
+from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_journal_json, parse_record
 
 MAX_LINE_BYTES = MAX_LINE_CHARS  # the kernel-log parser's own limit: a longer line is not worth keeping
 _HEAD_BYTES = 4096
@@ -218,23 +219,27 @@ class FileFollower:
         records: list[Record] = []
         consumed, start = 0, 0
         while (end := chunk.find(b"\n", start)) >= 0:
-            consumed += line.length + end - start + 1
+            line.add(chunk, start, end)
+            consumed += line.raw + 1
             self.line_no += 1
-            if line.skipping or line.length + end - start > MAX_LINE_BYTES:
+            if line.skipping:
                 self._stats.malformed += 1
             else:
-                records.append(self._record(bytes(line.head) + chunk[start:end] if line.head else chunk[start:end]))
+                records.append(self._record(bytes(line.head)))
             line.reset()
             start = end + 1
-        line.add(chunk, start)
+        line.add(chunk, start, len(chunk))
         return records, consumed
 
     def _record(self, raw: bytes) -> Record:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         record = parse_record(text, booted(self._boot_time))
-        # A kmsg record keeps its own time; a plain line is stamped when read.
+        # A kmsg record and a journal entry keep their own time; a plain line is stamped when read.
         if record is not None:
-            return Record(self.line_no, record.ts, record.text)
+            return Record(self.line_no, record.ts, record.text, record.kernel)
+        if (entry := parse_journal_json(text)) is not None:
+            ts, message, kernel = entry
+            return Record(self.line_no, self._clock() if ts is None else ts, message, kernel)
         return Record(self.line_no, self._clock(), text)
 
     def _mark(self, f: BinaryIO, st: os.stat_result, offset: int) -> str:
@@ -255,27 +260,35 @@ class FileFollower:
 
 
 class _Line:
-    """The unfinished last line: its bytes up to MAX_LINE_BYTES, then only its length."""
+    """The unfinished last line: its bytes up to MAX_LINE_BYTES, then only its length. A line is what follows
+    its last NUL byte: after a power loss a file holds NUL padding (where the blocks it had allocated were
+    never written, often after a line cut short), then the next line written."""
 
-    __slots__ = ("head", "length", "skipping")
+    __slots__ = ("head", "length", "raw", "skipping")
 
     def __init__(self) -> None:
         self.head = bytearray()
-        self.length = 0
+        self.length = 0  # bytes of the line since its last NUL
+        self.raw = 0  # bytes of the file it spans
         self.skipping = False
 
-    def add(self, chunk: bytes, start: int) -> None:
-        n = len(chunk) - start
+    def add(self, chunk: bytes, start: int, end: int) -> None:
+        self.raw += end - start
+        if (nul := chunk.rfind(b"\x00", start, end)) >= 0:
+            self.head.clear()
+            self.length, self.skipping, start = 0, False, nul + 1
+        n = end - start
         self.length += n
         if self.skipping or self.length > MAX_LINE_BYTES:
             self.skipping = True
             self.head.clear()
         elif n:
-            self.head += chunk[start:]
+            self.head += chunk[start:end]
 
     def reset(self) -> None:
         self.head.clear()
         self.length = 0
+        self.raw = 0
         self.skipping = False
 
 

@@ -27,8 +27,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpu_triage.diagnosis.incidents import COMPUTE_INSTANCE, GPU_INSTANCE
 from gpu_triage.diagnosis.kernel_log import SYNTHESIZED, EventKind, KernelEvent
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser, ScanStats
+from gpu_triage.diagnosis.node_verdict import OTHER_DEVICES
 from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
 from gpu_triage.exporter.sources.journal import Cursor, Event, Journal, Mark
 from gpu_triage.exporter.sources.records import Record
@@ -40,6 +42,9 @@ MERGE_WINDOW_SECONDS = 10.0
 _MAX_WAITING = 10_000  # per (kind, GPU, code): a storm beyond this merges less, never slower
 # Bus ids a kernel log bound to a UUID: a node has a few dozen; a hostile or corrupt log cannot grow it past this.
 _MAX_BOUND = 1024
+# Bus ids of XIDs (or SXIDs) on devices that are none of the node's GPUs, kept apart: the first ones are; the rest
+# count together under OTHER_DEVICES, so that every table keyed by bus id downstream stays this small.
+MAX_UNKNOWN_DEVICES = 64
 _KERNEL = "kmsg"
 _RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)  # between attempts to write a batch the journal refused
 
@@ -117,6 +122,7 @@ class EventPipeline:
         # PCI bus id -> uuid, from the kernel log's binding lines; those before the cursor are in the
         # journal as "init" marks (see `resume`), so a restart still names a GPU the driver no longer lists.
         self._bound: dict[str, str] = {}
+        self._unknown: dict[str, set[str]] = {"xid": set(), "sxid": set()}  # bus ids kept apart, by kind
         self._marks: list[Mark] = []  # this batch's, journaled with it
         # Reports waiting for the other kind of source to report them too, by (kind, gpu, code).
         self._waiting: dict[tuple[str, str, int], tuple[deque[_Slot], deque[_Slot]]] = {}
@@ -151,10 +157,15 @@ class EventPipeline:
         """Pick up from the journal what the last run left: GPU bindings, and the events whose twin report may
         still come. Before `start`; the journal must be open."""
         marks, recent = self.journal.marks(), self.journal.events(since=self._clock() - MERGE_WINDOW_SECONDS)
+        totals = self.journal.totals()
         self._bound = {}
         for m in marks:  # oldest first: the newest bindings are the ones kept
             if m.kind == "init":
                 self._bind(m.note, m.uuid)
+        self._unknown = {"xid": set(), "sxid": set()}
+        for t in sorted(totals, key=lambda t: -t.last_seen):  # the devices counted apart so far stay apart
+            if not t.uuid and t.pci_bus_id and t.kind in self._unknown:
+                self._device(t.kind, t.pci_bus_id)
         self._waiting.clear()  # read again from the start when an earlier try failed half-way
         self._fallen.clear()
         for event in recent:
@@ -223,7 +234,7 @@ class EventPipeline:
                 cursor = batch.cursor or cursor
                 for record in records:
                     self.stats.kmsg_lines += 1
-                    for ke in self._parser.feed(record.text, record.seq):
+                    for ke in self._parser.feed(record.text, record.seq, record.kernel):
                         self._add_kernel(ke, _record_of(ke, records, record), gpus, fresh, enriched)
                 # The driver prints both reports of a GPU falling off the bus at once: whatever the parser
                 # still holds back, waiting for the other one, is complete by the end of what was read.
@@ -289,6 +300,16 @@ class EventPipeline:
         if len(self._bound) > _MAX_BOUND:
             del self._bound[next(iter(self._bound))]
 
+    def _device(self, kind: str, bus: str) -> str:
+        """`bus` if it is kept apart (or can be, still), else OTHER_DEVICES."""
+        kept = self._unknown[kind]
+        if bus in kept or bus == OTHER_DEVICES:
+            return bus
+        if len(kept) < MAX_UNKNOWN_DEVICES:
+            kept.add(bus)
+            return bus
+        return OTHER_DEVICES
+
     def _from_kernel(self, ke: KernelEvent, record: Record, gpus: dict[str, GpuIdentity]) -> Event | None:
         if ke.kind is EventKind.GPU_BINDING:
             if ke.pci_bus_id and ke.uuid:
@@ -299,8 +320,11 @@ class EventPipeline:
             return None
         if ke.code is None:
             return None
-        gpu = gpus.get(ke.pci_bus_id or "")
-        uuid = gpu.uuid if gpu else self._bound.get(ke.pci_bus_id or "")
+        bus = ke.pci_bus_id
+        gpu = gpus.get(bus or "")
+        uuid = gpu.uuid if gpu else self._bound.get(bus or "")
+        if bus and (ke.kind is EventKind.SXID or uuid is None):
+            bus = self._device(ke.kind.value, bus)
         return Event(
             ts=record.ts,
             boot_id=self.boot_id,
@@ -310,7 +334,7 @@ class EventPipeline:
             text=ke.text,
             gpu_index=gpu.index if gpu and ke.kind is EventKind.XID else None,
             uuid=uuid if ke.kind is EventKind.XID else None,
-            pci_bus_id=ke.pci_bus_id,
+            pci_bus_id=bus,
             pid=ke.pid,
             process=ke.process,
             kmsg_seq=record.seq,
@@ -320,6 +344,11 @@ class EventPipeline:
     def _from_driver(self, xid: DriverXid, source: str, gpus: dict[int, GpuIdentity]) -> Event:
         gpu = gpus.get(xid.gpu)
         text = f"Xid {xid.code}, {xid.message}" if xid.message else f"Xid {xid.code} reported by the {source} event API"
+        details = dict(xid.extra)
+        if xid.gpu_instance is not None:  # the driver attributes it to one MIG instance
+            details[GPU_INSTANCE] = str(xid.gpu_instance)
+            if xid.compute_instance is not None:
+                details[COMPUTE_INSTANCE] = str(xid.compute_instance)
         return Event(
             ts=xid.timestamp,
             boot_id=self.boot_id,
@@ -330,7 +359,7 @@ class EventPipeline:
             gpu_index=gpu.index if gpu else None,
             uuid=gpu.uuid if gpu else None,
             pci_bus_id=gpu.pci_bus_id if gpu else None,
-            details=dict(xid.extra),
+            details=details,
         )
 
     def _add(self, event: Event, fresh: list[_Slot], enriched: list[_Slot]) -> None:
@@ -355,8 +384,15 @@ class EventPipeline:
             slot = others.popleft()
             other = slot.event
             kernel, driver = (event, other) if from_kernel else (other, event)
-            # The kernel's record is the richer one (text, pid, process, payload); keep it.
-            slot.event = replace(kernel, sources=f"{_KERNEL},{driver.sources}", id=other.id, ts=min(event.ts, other.ts))
+            # The kernel's record is the richer one (text, pid, process, payload); keep it, with what only the
+            # driver says (the MIG instance).
+            slot.event = replace(
+                kernel,
+                sources=f"{_KERNEL},{driver.sources}",
+                id=other.id,
+                ts=min(event.ts, other.ts),
+                details={**driver.details, **kernel.details},
+            )
             self.stats.merged += 1
             if other.id:  # already journaled in an earlier batch (or before a restart)
                 enriched.append(slot)

@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 
 from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.exporter.backends.readings import Memory, MigInstance, Processes
+from gpu_triage.exporter.backends.mig_instance import MigInstance
+from gpu_triage.exporter.backends.readings import Memory, Processes
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 _OLD_MIG = re.compile(r"MIG-(GPU-[0-9A-Fa-f-]+)/(\d+)/(\d+)")
@@ -53,6 +54,11 @@ class DeviceIndex:
                 place = Place(uuid, mig)
                 self._places[mig.uuid] = place
                 self._by_instance[(uuid, mig.gpu_instance, mig.compute_instance)] = place
+
+    @property
+    def devices(self) -> frozenset[tuple[str, Place]]:
+        """Every device id and where it is: equal for two snapshots whose devices are the same."""
+        return frozenset(self._places.items())
 
     def place(self, device_id: str) -> Place | None:
         """The GPU (and MIG device) a device plugin's id names, or None when it is none of this node's."""

@@ -22,17 +22,25 @@ device names are the DRA driver's, not GPU UUIDs.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 SERVICE = "/v1.PodResourcesLister"
-# The kubelet's own client allows 16 MiB answers: a node with hundreds of pods stays well under it.
-MAX_ANSWER_BYTES = 16 * 1024 * 1024
+# A pod with a device takes about 130 bytes of List's answer, and a kubelet runs 110 pods by default (a few
+# hundred where raised): 4 MiB is some 30,000 pods, far past any node, and its decoding is still bounded.
+# (The kubelet's own client allows 16 MiB, which takes seconds to decode here.)
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+_CHECK_EVERY = 256  # pods decoded between looks at the clock
 
 
 class WireError(ValueError):
     """An answer that is not the protobuf message it should be."""
+
+
+class DeadlineError(Exception):
+    """An answer that could not be decoded within the call's deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +128,13 @@ def _messages(buf: bytes, number: int) -> Iterator[bytes]:
             yield data
 
 
-def decode_list(buf: bytes) -> list[ContainerDevices]:
-    """ListPodResourcesResponse -> one entry per container that holds devices."""
+def decode_list(buf: bytes, deadline: float = math.inf) -> list[ContainerDevices]:
+    """ListPodResourcesResponse -> one entry per container that holds devices. DeadlineError once
+    time.monotonic() passes `deadline`."""
     out = []
-    for pod in _messages(buf, 1):
+    for n, pod in enumerate(_messages(buf, 1)):
+        if n % _CHECK_EVERY == 0 and time.monotonic() > deadline:
+            raise DeadlineError(f"{n} pods of an answer of {len(buf) / 1e6:.1f} MB decoded by the deadline")
         name = namespace = ""
         containers: list[bytes] = []
         for number, data in _fields(pod):
@@ -165,8 +176,8 @@ def _empty(_: object) -> bytes:
 
 
 def read(socket: str, deadline_seconds: float) -> Answer:
-    """Both calls, within `deadline_seconds` together. Raises grpc.RpcError (the socket is not there or does
-    not answer in time: code() says which) or WireError."""
+    """Both calls and the decoding of their answers, within `deadline_seconds` together. Raises grpc.RpcError
+    (the socket is not there or does not answer in time: code() says which), WireError or DeadlineError."""
     import grpc  # only where the kubelet's API is read at all
 
     end = time.monotonic() + deadline_seconds
@@ -179,7 +190,7 @@ def read(socket: str, deadline_seconds: float) -> Answer:
         listing: grpc.UnaryUnaryMultiCallable[None, bytes] = channel.unary_unary(
             f"{SERVICE}/List", request_serializer=_empty
         )
-        containers = decode_list(listing(None, timeout=max(0.001, end - time.monotonic())))
+        containers = decode_list(listing(None, timeout=max(0.001, end - time.monotonic())), end)
         allocatable_call: grpc.UnaryUnaryMultiCallable[None, bytes] = channel.unary_unary(
             f"{SERVICE}/GetAllocatableResources", request_serializer=_empty
         )

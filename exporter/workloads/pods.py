@@ -26,12 +26,15 @@ from typing import Any
 
 from gpu_triage.diagnosis.findings import Workload
 from gpu_triage.exporter.workloads.placement import Assignment, DeviceIndex
-from gpu_triage.exporter.workloads.podresources import Answer, WireError, read
+from gpu_triage.exporter.workloads.podresources import MAX_ANSWER_BYTES, Answer, DeadlineError, WireError, read
 
 log = logging.getLogger(__name__)
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 SOURCE = "kubelet"
 _UNMATCHED_SHOWN = 8  # device ids listed per resource in the status: enough to recognise the naming
+# Pods named on one GPU at most. Time-slicing and MPS share a GPU among a few dozen pods (MPS serves 48
+# clients at most); past this the answer is no node's, and /metrics and every render must stay small.
+MAX_PODS_PER_GPU = 128
 
 
 class State:
@@ -48,12 +51,14 @@ class PodMap:
     assignments: dict[str, tuple[Assignment, ...]] = field(default_factory=dict)  # by GPU uuid
     # Devices of nvidia.com/ resources that are none of this node's GPUs (another device plugin's naming).
     unmatched: dict[str, list[str]] = field(default_factory=dict)
+    not_shown: int = 0  # assignments past MAX_PODS_PER_GPU
 
 
 def assign(answer: Answer, index: DeviceIndex) -> PodMap:
     """Each container's devices, placed on the GPUs and MIG devices they are."""
     found: dict[str, dict[Assignment, None]] = {}  # ordered sets: a pod holding two replicas of a GPU is one
     unmatched: dict[str, list[str]] = {}
+    not_shown = 0
     for container in answer.containers:
         for devices in container.devices:
             for device_id in devices.ids:
@@ -67,13 +72,19 @@ def assign(answer: Answer, index: DeviceIndex) -> PodMap:
                     namespace=container.namespace,
                     container=container.container,
                     mig_uuid=place.mig.uuid if place.mig else "",
+                    gpu_instance=place.mig.gpu_instance if place.mig else None,
                 )
-                found.setdefault(place.gpu_uuid, {})[Assignment(workload, place.mig)] = None
+                on_gpu = found.setdefault(place.gpu_uuid, {})
+                assignment = Assignment(workload, place.mig)
+                if len(on_gpu) >= MAX_PODS_PER_GPU and assignment not in on_gpu:
+                    not_shown += 1
+                    continue
+                on_gpu[assignment] = None
     for devices in answer.allocatable or ():
         for device_id in devices.ids:
             if index.place(device_id) is None:
                 _note(unmatched, devices.resource, device_id)
-    return PodMap({uuid: tuple(a) for uuid, a in found.items()}, unmatched)
+    return PodMap({uuid: tuple(a) for uuid, a in found.items()}, unmatched, not_shown)
 
 
 def _note(unmatched: dict[str, list[str]], resource: str, device_id: str) -> None:
@@ -142,6 +153,8 @@ class PodSource:
             answer = read(self.socket, self.deadline)
         except WireError as e:
             self._set(State.FAILING, f"the kubelet's answer is not what the API says: {e}")
+        except DeadlineError as e:
+            self._set(State.FAILING, f"the kubelet's answer could not be read within {self.deadline:g}s ({e})")
         except Exception as e:  # grpc.RpcError and whatever grpc raises: reported, never allowed to stop the loop
             self._set(State.FAILING, _rpc_problem(e, self.socket, self.deadline))
         else:
@@ -180,4 +193,6 @@ def _rpc_problem(e: Exception, socket: str, deadline: float) -> str:
         return f"the kubelet did not answer within {deadline:g}s (socket {socket})"
     if name == "UNAVAILABLE":
         return f"cannot reach the kubelet at {socket}: {text}"
+    if name == "RESOURCE_EXHAUSTED":
+        return f"the kubelet's answer is over {MAX_ANSWER_BYTES // 2**20} MiB, more than any node's pods take: {text}"
     return f"{name or type(e).__name__}: {text}"

@@ -15,9 +15,11 @@ from gpu_triage.diagnosis.findings import Workload
 from gpu_triage.exporter.backends.readings import Processes
 from gpu_triage.exporter.polling.snapshot import Snapshot
 from gpu_triage.exporter.settings import Settings
-from gpu_triage.exporter.workloads.placement import Assignment, DeviceIndex
+from gpu_triage.exporter.workloads.placement import Assignment, DeviceIndex, Place
+from gpu_triage.exporter.workloads.podresources import Answer
 from gpu_triage.exporter.workloads.pods import PodMap, PodSource, State, assign
-from gpu_triage.exporter.workloads.slurm import ProcessJobs, UserNames
+from gpu_triage.exporter.workloads.slurm import ProcessJobs
+from gpu_triage.exporter.workloads.user_names import UserNames
 
 ByGpu = Mapping[str, tuple[Assignment, ...]]  # GPU uuid -> who uses it
 
@@ -32,10 +34,13 @@ class Workloads:
             self.pods = PodSource(
                 setting, settings.collector_slow_interval, settings.read_timeout, on_change=on_change, clock=clock
             )
-        self.jobs = ProcessJobs(settings.path_procfs)
+        self.jobs = ProcessJobs(settings.path_procfs, deadline=settings.read_timeout, on_change=on_change)
         self.users = UserNames()
         self._last_jobs: dict[str, tuple[Assignment, ...]] = {}
         self.pod_map = PodMap()
+        # The answer and the devices pod_map was made from: the same answer (the same object: comparing
+        # thousands of pods on every render would cost what placing them does) on the same devices is placed once.
+        self._placed: tuple[Answer | None, frozenset[tuple[str, Place]]] | None = None
 
     def start(self) -> None:
         if self.pods is not None:
@@ -44,6 +49,7 @@ class Workloads:
     def stop(self) -> None:
         if self.pods is not None:
             self.pods.stop()
+        self.jobs.close()
 
     @property
     def settled(self) -> bool:
@@ -54,7 +60,10 @@ class Workloads:
         """Every GPU's pods and jobs now. Called for each render, under the daemon's render lock."""
         index = DeviceIndex(snapshot)
         answer = self.pods.answer if self.pods is not None else None
-        self.pod_map = assign(answer, index) if answer is not None else PodMap()
+        devices = index.devices
+        if self._placed is None or answer is not self._placed[0] or devices != self._placed[1]:
+            self.pod_map = assign(answer, index) if answer is not None else PodMap()
+            self._placed = (answer, devices)
         jobs = self._slurm_jobs(snapshot)
         out: dict[str, tuple[Assignment, ...]] = {}
         for state in snapshot.gpus:
@@ -87,6 +96,7 @@ class Workloads:
                     step=job.step,
                     user=user,
                     mig_uuid=p.instance.uuid if p.instance else "",
+                    gpu_instance=p.instance.gpu_instance if p.instance else None,
                 )
                 found[Assignment(workload, p.instance)] = None
             out[uuid] = tuple(found)
@@ -97,5 +107,9 @@ class Workloads:
         """What each source is doing, for /api/v1/gpus."""
         kubernetes: dict[str, Any] = {"state": "off"}
         if self.pods is not None:
-            kubernetes = {**self.pods.status(), "unmatched_devices": self.pod_map.unmatched}
+            kubernetes = {
+                **self.pods.status(),
+                "unmatched_devices": self.pod_map.unmatched,
+                "pods_not_shown": self.pod_map.not_shown,
+            }
         return {"kubernetes": kubernetes, "slurm": {"source": "the GPU processes' cgroups", **self.jobs.status()}}

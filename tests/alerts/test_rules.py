@@ -15,7 +15,8 @@ from tests.conftest import REPO, require_tool
 SEVERITIES = {"critical", "warning", "info"}
 # Runbook ids of the daemon's own failure modes and of how GPUs are used; every other id is an action, XID or
 # condition playbook.
-EXPORTER_RUNBOOKS = {"gpu-triage-down", "gpu-triage-collection", "kernel-log-unreadable", "journal-unwritable"}
+# (kernel-log-unreadable and journal-unwritable are playbooks of the verdict's conditions too.)
+EXPORTER_RUNBOOKS = {"gpu-triage-down", "gpu-triage-collection"}
 USAGE_RUNBOOKS = {"gpu-allocated-idle", "mig-on-training-node"}
 
 

@@ -128,7 +128,7 @@ def test_the_environment_does_not_choose_the_engine(monkeypatch: pytest.MonkeyPa
 def test_both_engines_skip_the_same_unreadable_lines(literal: str) -> None:
     """A line too long or too binary to read counts as skipped when it holds a literal some signature
     needs, whichever engine looked, and however the input was cut."""
-    lines = [b"x" * 70_000 + b" " + literal.encode(), b"\x00 " + literal.encode(), b"y" * 70_000, b"z\x00"]
+    lines = [b"x" * 70_000 + b" " + literal.encode(), b"-\x00 " + literal.encode(), b"y" * 70_000, b"z\x00"]
     data = b"\n".join(lines) + b"\n" + lines[0]  # the last one unterminated
     for chunks in ([data], [data[i : i + 4096] for i in range(0, len(data), 4096)]):
         skipped = {

@@ -16,11 +16,10 @@ from gpu_triage.diagnosis.health import (
     GpuVerdict,
     Telemetry,
     assess_gpu,
-    assess_node,
     condition_findings,
-    sxid_findings,
 )
 from gpu_triage.diagnosis.incidents import Occurrence
+from gpu_triage.diagnosis.node_verdict import Blind, assess_node, blind_findings, sxid_findings
 from tests.conftest import REPO
 from tests.diagnosis.kernel_lines import parse_line
 
@@ -175,7 +174,9 @@ def test_every_condition_is_used_and_complete() -> None:
             ),
             GPU,
         )
-    } | {"gpu_unresponsive", "sxid_fatal", "sxid_nonfatal"} == set(conditions)
+    } | {"gpu_unresponsive", "sxid_fatal", "sxid_nonfatal"} | {
+        f.class_id for f in blind_findings([Blind(s, "down") for s in ("kmsg", "nvml", "journal", "xid", "backend")])
+    } == set(conditions)
 
 
 def test_dcgm_health_incidents_are_findings_with_dcgms_words() -> None:

@@ -452,10 +452,12 @@ def test_parser_counts() -> None:
         "NVRM: Xid (PCI:0000:3b:00): 79, " + "y" * MAX_LINE_CHARS,
         "unrelated",
     ]
-    _, parser = _feed(lines)
+    events, parser = _feed(lines)
     stats = parser.stats
-    assert (stats.candidates, stats.events, stats.malformed, stats.binary, stats.overlong) == (4, 1, 1, 1, 1)
-    assert stats.skipped == 3
+    # The NUL ends the third line's text: what comes before it is a whole Xid line, and is read.
+    assert events == [(1, 13, "0000:3b:00.0"), (3, 79, "0000:3b:00.0")]
+    assert (stats.candidates, stats.events, stats.malformed, stats.binary, stats.overlong) == (4, 2, 1, 1, 1)
+    assert stats.skipped == 2
 
 
 ADVERSARIAL = [

@@ -10,6 +10,7 @@ import pytest
 
 from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.conditions import load_conditions
+from gpu_triage.diagnosis.hang_specs import load_hang_specs
 from gpu_triage.diagnosis.playbooks import load_playbooks
 from gpu_triage.diagnosis.training_rules import load_rules
 from gpu_triage.diagnosis.xid_data import load_catalog
@@ -41,6 +42,9 @@ def listing() -> str:
     lines += ["", "## Telemetry conditions (diagnosis/data/conditions.yaml)"]
     for cid, condition in load_conditions().items():
         lines.append(row(cid, condition.severity, condition.action, condition.playbook))
+    lines += ["", "## Hang classes (diagnosis/data/hang_classes.yaml: Flight Recorder dumps, NCCL RAS)"]
+    for cid, hang in load_hang_specs().items():
+        lines.append(row(cid, hang.severity, hang.action, hang.playbook))
     lines += ["", "## Playbooks (diagnosis/playbooks/)"]
     for pid, playbook in sorted(load_playbooks().items()):
         lines.append(row(pid, playbook.severity, playbook.action, ""))

@@ -14,6 +14,7 @@ from gpu_triage.diagnosis.actions import Action, Severity, most_urgent
 from gpu_triage.diagnosis.conditions import load_conditions
 from gpu_triage.diagnosis.data_check import missing_playbooks, references
 from gpu_triage.diagnosis.data_files import DataError
+from gpu_triage.diagnosis.hang_specs import load_hang_specs
 from gpu_triage.diagnosis.playbooks import (
     ACTION_PLAYBOOKS,
     SECTIONS,
@@ -57,6 +58,8 @@ def referrers() -> dict[str, list[tuple[str, Action | None, Severity]]]:
         out.setdefault(c.playbook, []).append((cid, c.action, c.severity))
     for rule in load_rules().rules:
         out.setdefault(rule.playbook, []).append((rule.class_id, rule.action, rule.severity))
+    for hang in load_hang_specs().values():
+        out.setdefault(hang.playbook, []).append((hang.class_id, hang.action, hang.severity))
     # diagnose's NVSwitch findings: fatal ones restart Fabric Manager, non-fatal ones watch the links.
     out.setdefault(SXID_PLAYBOOK, []).extend(
         [("sxid", Action.RESTART_FABRIC_MANAGER, Severity.CRITICAL), ("sxid", Action.CHECK_LINKS, Severity.WARNING)]

@@ -552,3 +552,24 @@ def test_syslog_dates_without_a_year_keep_a_burst_whole_across_a_month_or_a_year
     assert report.findings[0].class_id == "xid_48"
     by_class = {f.class_id: f for f in report.findings}
     assert by_class["xid_63"].details.get("likely_caused_by", "").startswith("xid_48")
+
+
+def test_a_crash_on_every_gpu_of_a_node_is_one_finding() -> None:
+    """A job's death leaves Xid 13, then 43 and 45, on each GPU it ran on (the driver's own lines, as dmesg prints
+    them): one finding for the application's fault that lists the GPUs, never eight, and no hardware verdict."""
+    buses = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
+    lines = []
+    for n, bus in enumerate(buses):
+        lines.append(
+            f"[ 8841.{n:06d}] NVRM: Xid (PCI:0000:{bus}:00): 13, pid=4242, name=python3, Graphics SM Warp "
+            "Exception on (GPC 1, TPC 0, SM 0): Out Of Range Address"
+        )
+    for code in (43, 45):
+        lines += [f"[ 8842.{n:06d}] NVRM: Xid (PCI:0000:{bus}:00): {code}, pid=4242, name=python3, Ch 00000010"
+                  for n, bus in enumerate(buses)]  # fmt: skip
+    report = diagnose([(None, ["\n".join(lines).encode() + b"\n"])])
+    app = [f for f in report.findings if f.class_id == "xid_13"]
+    assert len(app) == 1 and app[0].action is Action.CHECK_APP
+    assert app[0].details["gpus"] == ", ".join(f"0000:{b}:00.0" for b in buses) and app[0].count == 8
+    assert not any(f.action.rank <= Action.RUN_DIAGNOSTICS.rank for f in report.findings)
+    assert len([f for f in report.findings if f.class_id.startswith("xid_")]) <= 3  # 13, 43, 45: one each

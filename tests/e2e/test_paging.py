@@ -184,9 +184,15 @@ def test_faults_page_with_runbooks_and_resolve(tmp_path: Path) -> None:
         assert hook.alerts() == []
 
         # 1. An Xid 79 on GPU 1, its first XID ever (the journal is new): the counter series is born at 1,
-        #    which increase() would miss. What happened and what to do both page.
+        #    which increase() would miss. What happened and what to do both page; the GPU falls off the bus
+        #    with it, as a real one does.
         faults = {"xid79": inject(daemon, 1, "xid", xid=79)}
         hook.wait("firing", {("GpuNodeRebootRequired", "1")})
+        [fallen] = [
+            f for f in httpx.get(f"{daemon.url}/api/v1/sim/faults", timeout=10).json()["faults"] if f["gpu"] == 1
+        ]
+        assert fallen["kind"] == "gpu_lost"
+        faults["fallen"] = fallen["id"]
 
         # 2. With the reboot page up: an Xid 48 with a failed row remap on GPU 2, a thermal slowdown on GPU 3,
         #    GPU 4 falling off the bus.
@@ -196,6 +202,7 @@ def test_faults_page_with_runbooks_and_resolve(tmp_path: Path) -> None:
         faults["lost"] = inject(daemon, 4, "gpu_lost")
         expected = {
             ("GpuXidCritical", "1"): ("critical", "pager", "xid-79"),
+            ("GpuLost", "1"): ("critical", "pager", "xid-79"),
             ("GpuNodeRebootRequired", "1"): ("critical", "pager", "reboot-node"),
             ("GpuXidCritical", "2"): ("critical", "pager", "xid-48"),
             ("GpuRowRemapFailure", "2"): ("critical", "pager", "xid-64"),
@@ -233,11 +240,11 @@ def test_faults_page_with_runbooks_and_resolve(tmp_path: Path) -> None:
             assert held[0]["status"]["inhibitedBy"], held
         assert not {k for k in hook.seen("firing") if k[1] == "5"}, "an inhibited alert was sent"
 
-        # 4. Recovery: GPUs 1 and 2 acknowledged, the lasting faults of GPUs 2, 3 and 4 cleared. Every alert
+        # 4. Recovery: GPUs 1 and 2 acknowledged, the lasting faults of GPUs 1, 2, 3 and 4 cleared. Every alert
         #    resolves at the webhook; with no reboot pending, GPU 5's alerts are let through.
         acknowledge(daemon, 1)
         acknowledge(daemon, 2)
-        for name in ("remap", "thermal", "lost"):
+        for name in ("fallen", "remap", "thermal", "lost"):
             clear(daemon, faults[name])
         hook.wait("resolved", set(firing))
         released = hook.wait("firing", {("GpuRowRemapPending", "5"), ("GpuDrainAndResetRequired", "5")})

@@ -38,14 +38,14 @@ def test_polls_and_acknowledgements_do_not_reread_every_mark(client: TestClient,
 def test_an_acknowledgement_closes_what_came_before_it_only(
     client: TestClient, daemon: Daemon, clock: FakeClock
 ) -> None:
-    client.post("/api/v1/sim/faults", json={"gpu": 4, "kind": "xid", "xid": 79})
+    client.post("/api/v1/sim/faults", json={"gpu": 4, "kind": "xid", "xid": 48})
     wait_for(lambda: health(client, 4) == "unhealthy", 10, interval=0.02, what="the XID")
     clock.advance(10)
     for _ in range(3 * MARKS_PER_GPU):  # more than are kept: the newest is what counts
         assert client.post("/api/v1/gpus/4/acknowledge").status_code == 200
     assert health(client, 4) == "healthy"
     clock.advance(10)
-    client.post("/api/v1/sim/faults", json={"gpu": 4, "kind": "xid", "xid": 79})
+    client.post("/api/v1/sim/faults", json={"gpu": 4, "kind": "xid", "xid": 48})
     wait_for(lambda: health(client, 4) == "unhealthy", 10, interval=0.02, what="the later XID to count")
 
 

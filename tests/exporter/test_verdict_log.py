@@ -49,7 +49,7 @@ def test_an_xid_is_logged_once_with_where_and_what_to_do(
         "healthy IGNORE",
     )
     [node] = records(caplog, "node verdict changed")
-    assert vars(node)["summary"] == "8 GPUs, 8 up; node unhealthy: RESET_GPU on GPU 5"
+    assert vars(node)["summary"] == "8 GPUs, 8 up; node unhealthy: RESET_GPU: GPU 5 Xid 48"
 
     caplog.clear()
     client.post("/api/v1/gpus/5/acknowledge", json={"note": "OPS-7"})

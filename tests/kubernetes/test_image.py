@@ -1,6 +1,6 @@
-"""kubernetes/Containerfile: linted as text (there is no container engine here to build it), and its build
-steps (the wheel from the build context .dockerignore leaves, installed into a fresh virtual environment)
-run for real."""
+"""kubernetes/Containerfile: linted as text, and its build steps (the wheel from the build context
+.dockerignore leaves, installed into a fresh virtual environment) run outside a container. The image itself
+is built and run in test_image_run.py."""
 
 from __future__ import annotations
 

@@ -41,6 +41,12 @@ def test_renders_the_same_with_every_kubectl(kustomization: str) -> None:
     assert len({_key(o) for o in first}) == len(first), "an object is rendered twice"
 
 
+def test_the_top_folder_renders_the_base() -> None:
+    """`kubectl kustomize kubernetes/`, as users try first, is the base, with every kubectl."""
+    for kubectl in kubectls():
+        assert sorted(render(".", kubectl), key=_key) == sorted(render("base", kubectl), key=_key), kubectl
+
+
 @pytest.fixture
 def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     """Validation must not fetch anything: every socket this process opens fails."""

@@ -27,8 +27,13 @@ from typing import Any
 import httpx
 import pytest
 
+from gpu_triage.diagnosis.actions import GpuStatus
+from gpu_triage.diagnosis.findings import Workload
+from gpu_triage.diagnosis.health import Telemetry
+from gpu_triage.diagnosis.node_verdict import Blind
 from tests.conftest import REPO, require_tool
 from tests.daemon_proc import GPU_TRIAGE, free_port, serve, wait_for
+from tests.verdict_bodies import NOW, fatal_sxid, report, xid
 
 SLURM = REPO / "slurm"
 HEALTHCHECK = SLURM / "gpu-triage-healthcheck"
@@ -108,40 +113,11 @@ class StandIn:
         self.server.server_close()
 
 
-def gpu(index: int, health: str = "healthy", action: str = "IGNORE", *classes: str) -> dict[str, Any]:
-    bus = f"0000:{index:02x}:00.0"
-    return {
-        "gpu": index,
-        "uuid": f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
-        "status": "up",
-        "pci_bus_id": bus,
-        "health": health,
-        "action": action,
-        "findings": [
-            {"class": c, "action": action, "severity": "critical", "title": c, "playbook": "x", "gpu": bus}
-            for c in classes
-        ],
-        "workloads": [],
-    }
-
-
-def diagnosis(health: str, action: str, gpus: list[dict[str, Any]], findings: list[dict[str, Any]] | None = None):
-    """A /api/v1/diagnosis body, shaped as the daemon answers it."""
-    return {
-        "node": {"health": health, "action": action, "summary": f"{len(gpus)} GPUs; node {health}"},
-        "gpus": gpus,
-        "findings": findings if findings is not None else [f for g in gpus for f in g["findings"]],
-        "boot_id": "b",
-        "generated_at": 0,
-    }
-
-
-HEALTHY = diagnosis("healthy", "IGNORE", [gpu(i) for i in range(8)])
-XID79_ON_3 = diagnosis(
-    "unhealthy",
-    "REBOOT_NODE",
-    [gpu(0), gpu(1, "degraded", "CHECK_APP", "xid_13"), gpu(2), gpu(3, "unhealthy", "REBOOT_NODE", "xid_79")],
-)
+HEALTHY = report()
+# What the health check writes for XID79_ON_3: every place that needs an action, the most urgent first (its
+# ";" between actions is written ",", as no shell metacharacter reaches scontrol).
+DRAINED = "gpu-triage: REBOOT_NODE: GPU 3 Xid 79, CHECK_APP: GPU 1 Xid 13"
+XID79_ON_3 = report({1: [xid(13)], 3: [xid(79)]})  # GPU 1 only degraded: an application's fault
 
 
 class Slurm:
@@ -220,10 +196,8 @@ def test_critical_drains_the_node_with_the_verdict_as_one_reason_argument(slurm:
     slurm.answer(XID79_ON_3)
     result = slurm.run()
     assert result.returncode == 0, result.stderr
-    assert slurm.updates() == [
-        ["update", f"nodename={NODE}", "state=drain", "reason=gpu-triage: REBOOT_NODE GPU 3 Xid 79"]
-    ]
-    assert slurm.node_state() == {"state": "IDLE+DRAIN", "reason": "gpu-triage: REBOOT_NODE GPU 3 Xid 79"}
+    assert slurm.updates() == [["update", f"nodename={NODE}", "state=drain", f"reason={DRAINED}"]]
+    assert slurm.node_state() == {"state": "IDLE+DRAIN", "reason": DRAINED}
     # It asked for the one-line verdict, with a bounded HTTP wait.
     (check,) = slurm.calls("gpu-triage")
     assert check[1:4] == ["check", "--format", "reason"] and "--timeout" in check
@@ -237,20 +211,20 @@ def test_the_node_name_is_the_one_slurmd_gives(slurm: Slurm) -> None:
 
 
 def test_a_gpu_lost_without_an_xid_names_the_condition(slurm: Slurm) -> None:
-    slurm.answer(diagnosis("unhealthy", "REBOOT_NODE", [gpu(0), gpu(5, "unhealthy", "REBOOT_NODE", "gpu_lost")]))
+    lost = Telemetry(status=GpuStatus.LOST, lost_since=NOW - 30, lost_answer="GPU 5: NVML_ERROR_GPU_IS_LOST")
+    slurm.answer(report(telemetry={5: lost}))
     slurm.run()
-    assert slurm.node_state()["reason"] == "gpu-triage: REBOOT_NODE GPU 5 gpu_lost"
+    assert slurm.node_state()["reason"] == "gpu-triage: REBOOT_NODE: GPU 5 lost"
 
 
 def test_an_nvswitch_fault_drains_with_the_node_level_finding(slurm: Slurm) -> None:
-    switch = {"class": "sxid_fatal", "action": "REBOOT_NODE", "severity": "critical", "title": "fatal SXID"}
-    slurm.answer(diagnosis("unhealthy", "REBOOT_NODE", [gpu(0), gpu(1)], findings=[switch]))
+    slurm.answer(report(node_findings=[fatal_sxid()]))
     slurm.run()
-    assert slurm.node_state()["reason"] == "gpu-triage: REBOOT_NODE sxid_fatal"
+    assert slurm.node_state()["reason"] == "gpu-triage: RESTART_FABRIC_MANAGER: NVSwitch fatal SXid"
 
 
 def test_warning_does_not_drain(slurm: Slurm) -> None:
-    slurm.answer(diagnosis("degraded", "CHECK_COOLING", [gpu(2, "degraded", "CHECK_COOLING", "thermal_slowdown")]))
+    slurm.answer(report(telemetry={2: Telemetry(thermal_slowdown=True)}))
     result = slurm.run()
     assert result.returncode == 0
     assert slurm.updates() == []
@@ -290,7 +264,7 @@ def test_critical_leaves_an_admins_drain_and_its_reason_alone(slurm: Slurm) -> N
 
 def test_warning_keeps_its_own_drain_unless_told_to_resume_on_warning(slurm: Slurm) -> None:
     slurm.set_node("IDLE+DRAIN", "gpu-triage: REBOOT_NODE GPU 3 Xid 79")
-    slurm.answer(diagnosis("degraded", "CHECK_APP", [gpu(1, "degraded", "CHECK_APP", "xid_13")]))
+    slurm.answer(report({1: [xid(13)]}))
     slurm.run()
     assert slurm.updates() == []
     slurm.run(GPU_TRIAGE_RESUME_ON="warning")
@@ -335,23 +309,18 @@ def test_a_critical_verdict_without_a_reason_still_drains(slurm: Slurm) -> None:
 
 
 def test_the_reason_names_the_job_that_was_on_the_gpu(slurm: Slurm) -> None:
-    verdict = diagnosis("unhealthy", "REBOOT_NODE", [gpu(0), gpu(3, "unhealthy", "REBOOT_NODE", "xid_79")])
-    verdict["gpus"][1]["findings"][0]["workloads"] = [
-        {"kind": "slurm_job", "job_id": "4242", "step": "0", "user": "ann"}
-    ]
-    verdict["findings"] = verdict["gpus"][1]["findings"]
-    slurm.answer(verdict)
+    slurm.answer(report({3: [xid(79)]}, workloads={3: (Workload("slurm_job", "4242", step="0", user="ann"),)}))
     slurm.run()
-    assert slurm.node_state()["reason"] == "gpu-triage: REBOOT_NODE GPU 3 Xid 79 job 4242"
+    assert slurm.node_state()["reason"] == "gpu-triage: REBOOT_NODE: GPU 3 Xid 79 job 4242"
 
 
 def test_reason_is_sanitised_and_short(slurm: Slurm) -> None:
-    hostile = 'xid_79"; scontrol delete partition=gpu; echo "\n' + "x" * 200
-    slurm.answer(diagnosis("unhealthy", "REBOOT_NODE", [gpu(3, "unhealthy", "REBOOT_NODE", hostile)]))
+    hostile = Workload("pod", 'x"; scontrol delete partition=gpu; echo "\n' + "x" * 200, namespace="ml`$(id)")
+    slurm.answer(report({3: [xid(79)]}, workloads={3: (hostile,)}))
     slurm.run()
     ((*_, reason),) = slurm.updates()
     text = reason.removeprefix("reason=")
-    assert text.startswith("gpu-triage: REBOOT_NODE GPU 3 Xid 79")
+    assert text.startswith("gpu-triage: REBOOT_NODE: GPU 3 Xid 79 pod ml")
     assert len(text) <= 64
     assert not set(text) & set("\"';$`\\\n")
     assert [c[1] for c in slurm.calls("scontrol")] == ["show", "update"]  # the text ran nothing
@@ -394,7 +363,7 @@ def test_real_daemon_xid79_drains_with_its_verdict(real_check: Slurm, tmp_path: 
         )
         result = real_check.run(GPU_TRIAGE_URL=daemon.url)
     assert result.returncode == 0, result.stderr
-    assert real_check.node_state() == {"state": "IDLE+DRAIN", "reason": "gpu-triage: REBOOT_NODE GPU 3 Xid 79"}
+    assert real_check.node_state() == {"state": "IDLE+DRAIN", "reason": "gpu-triage: REBOOT_NODE: GPU 3 Xid 79"}
 
 
 @pytest.mark.e2e
@@ -414,7 +383,7 @@ def test_prolog_refuses_a_job_given_an_unhealthy_gpu(slurm: Slurm) -> None:
     result = slurm.run(PROLOG, SLURM_JOB_GPUS="2,3", SLURM_JOB_ID="1234")
     assert result.returncode == 1
     assert (
-        f"gpu-triage: job 1234 refused on {socket.gethostname().split('.')[0]}: REBOOT_NODE GPU 3 Xid 79"
+        f"gpu-triage: job 1234 refused on {socket.gethostname().split('.')[0]}: REBOOT_NODE: GPU 3 Xid 79"
         in result.stderr
     )
     (check,) = slurm.calls("gpu-triage")
@@ -429,9 +398,9 @@ def test_prolog_lets_a_job_run_on_the_healthy_gpus_of_an_unhealthy_node(slurm: S
 
 def test_prolog_matches_cuda_visible_devices_by_uuid(slurm: Slurm) -> None:
     slurm.answer(XID79_ON_3)
-    result = slurm.run(PROLOG, CUDA_VISIBLE_DEVICES="GPU-00000003-aaaa-bbbb-cccc-dddddddddddd")
+    result = slurm.run(PROLOG, CUDA_VISIBLE_DEVICES="GPU-3")
     assert result.returncode == 1
-    assert "REBOOT_NODE GPU 3 Xid 79" in result.stderr
+    assert "REBOOT_NODE: GPU 3 Xid 79" in result.stderr
 
 
 def test_prolog_leaves_mig_devices_out(slurm: Slurm) -> None:
@@ -480,3 +449,26 @@ def test_scripts_pass_shellcheck() -> None:
         text=True,
     )
     assert result.returncode == 0, result.stdout
+
+
+BLIND = report(incomplete=(Blind("kmsg", "Permission denied (/dev/kmsg)"),))
+
+
+def test_prolog_refuses_a_job_on_a_node_whose_daemon_cannot_read_the_kernel_log(slurm: Slurm) -> None:
+    """A daemon that cannot see the kernel log would not see the XID that kills the job: no GPU is healthy to it."""
+    slurm.answer(BLIND)
+    result = slurm.run(PROLOG, SLURM_JOB_GPUS="2,3", SLURM_JOB_ID="77")
+    assert result.returncode == 1
+    assert (
+        "job 77 refused" in result.stderr and "kernel log unreadable (Permission denied (/dev/kmsg))" in result.stderr
+    )
+    assert slurm.run(PROLOG, SLURM_JOB_GPUS="2,3", GPU_TRIAGE_ADMIT_INCOMPLETE="1").returncode == 0
+
+
+def test_an_incomplete_verdict_neither_drains_nor_resumes(slurm: Slurm) -> None:
+    slurm.set_node("IDLE+DRAIN", "gpu-triage: REBOOT_NODE: GPU 3 Xid 79")
+    slurm.answer(BLIND)
+    result = slurm.run()
+    assert result.returncode == 0
+    assert slurm.updates() == [] and slurm.node_state()["reason"] == "gpu-triage: REBOOT_NODE: GPU 3 Xid 79"
+    assert "INCOMPLETE: kernel log unreadable" in result.stderr

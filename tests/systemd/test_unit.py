@@ -84,11 +84,33 @@ def test_least_privilege_that_still_reads_the_gpus_and_the_kernel_log() -> None:
 
 
 def unit_for_tools(tmp_path: Path) -> Path:
-    """A copy of the unit whose ExecStart is the gpu-triage this test runs, as systemd-analyze checks it exists."""
-    text = re.sub(r"^ExecStart=\S+", f"ExecStart={GPU_TRIAGE}", UNIT.read_text(), count=1, flags=re.M)
-    copy = tmp_path / UNIT.name
-    copy.write_text(text)
-    return copy
+    """The unit as `gpu-triage export systemd` writes it: starting the gpu-triage that ran the export (this
+    test's), which systemd-analyze checks exists."""
+    done = subprocess.run([GPU_TRIAGE, "export", "systemd", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return tmp_path / UNIT.name
+
+
+def test_the_exported_unit_differs_from_the_shipped_one_in_exec_start_only(tmp_path: Path) -> None:
+    exported = parse_unit(unit_for_tools(tmp_path).read_text())
+    assert [kv for kv in exported["Service"] if kv[0] != "ExecStart"] == [kv for kv in SERVICE if kv[0] != "ExecStart"]
+    assert shlex.split(value("ExecStart", exported["Service"]) or "")[0] == GPU_TRIAGE
+
+
+def test_systemd_analyze_verify_accepts_an_odd_command_path(tmp_path: Path) -> None:
+    """A venv in a folder with a space and a % in its name: quoted, and the % not taken for a specifier."""
+    odd = tmp_path / "gpu triage 100%"
+    odd.mkdir()
+    (odd / "gpu-triage").symlink_to(GPU_TRIAGE)
+    done = subprocess.run(
+        [str(odd / "gpu-triage"), "export", "systemd", str(tmp_path / "unit")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = verify(tmp_path / "unit" / UNIT.name)
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
 
 
 def verify(unit: Path) -> subprocess.CompletedProcess[str]:
@@ -158,9 +180,12 @@ def test_example_config_loads_as_shipped_and_uncommented(tmp_path: Path) -> None
     uncommented.write_text(COMMENTED_KEY.sub(r"\1: \2", EXAMPLE))
     assert set(yaml.safe_load(uncommented.read_text())) == {o.flag for o in OPTIONS}
     settings = load_settings({}, uncommented)
-    # The values shown are the defaults (collector.timeout shows what its computed default comes to).
-    assert settings.model_dump(exclude={"collector_timeout"}) == defaults.model_dump(exclude={"collector_timeout"})
+    # The values shown are the defaults (collector.timeout and kmsg.path show what their computed defaults come
+    # to on a GPU node).
+    computed = {"collector_timeout", "kmsg_path"}
+    assert settings.model_dump(exclude=computed) == defaults.model_dump(exclude=computed)
     assert settings.read_timeout == defaults.read_timeout
+    assert (settings.kmsg_path, defaults.kmsg_path) == (Path("/dev/kmsg"), None)
 
 
 @pytest.mark.parametrize("name", ["gpu-triage.service", "gpu-triage.sysusers.conf", "config.yaml", "README.md"])

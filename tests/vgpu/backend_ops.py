@@ -22,20 +22,39 @@ class _Opened:
 _opened = _Opened()
 
 
+_now = [0.0]  # the backend's monotonic clock, which `advance` moves (the simulator's moves with it)
+
+
 def start(proc: str | None = None) -> list[list[Any]]:
     """Opens the backend and discovers; returns each GPU as [index, uuid, pci_bus_id]."""
-    _opened.backend = NvmlBackend(proc=Path(proc)) if proc else NvmlBackend()
+    _opened.backend = NvmlBackend(proc=Path(proc or "/proc"), monotonic=lambda: _now[0])
     _opened.gpus = _opened.backend.discover()
     return [list(dataclasses.astuple(g)) for g in _opened.gpus]
 
 
-def read(index: int, collector: str) -> dict[str, Any]:
-    """{"reading": fields, "failed": [...]} or {"lost": message}."""
+def advance(seconds: float) -> None:
+    """Moves the backend's clock, as the test moves the simulator's: counter rates are over this time."""
+    _now[0] += seconds
+
+
+def read(index: int, collector: str, with_series: bool = False) -> dict[str, Any]:
+    """{"reading": fields, "failed": [...]} or {"lost": message}; `series` adds what /metrics shows of it."""
     try:
         result = _opened.backend.read(_opened.gpus[index], Collector(collector))
     except GpuLostError as e:
         return {"lost": str(e)}
-    return {"reading": dataclasses.asdict(result.reading), "failed": list(result.failed_fields)}
+    out = {"reading": dataclasses.asdict(result.reading), "failed": list(result.failed_fields)}
+    return out | {"series": series(result.reading)} if with_series else out
+
+
+def series(reading: Any) -> dict[str, Any]:
+    """What /metrics shows of a reading: {"family{label values}": value}."""
+    out = {}
+    for s in reading.samples():
+        if s.value is not None:
+            labels = ",".join([*s.labels, *(f"{k}={v}" for k, v in s.extra)])
+            out[f"{s.family.name}{{{labels}}}"] = float(s.value)
+    return out
 
 
 def xids(timeout: float) -> list[list[int]] | dict[str, str]:

@@ -33,10 +33,29 @@ FIELDS = [
     n.NVML_FI_DEV_REMAPPED_UNC,
     n.NVML_FI_DEV_REMAPPED_PENDING,
     n.NVML_FI_DEV_REMAPPED_FAILURE,
+    n.NVML_FI_DEV_POWER_AVERAGE,
     n.NVML_FI_DEV_POWER_INSTANT,
     n.NVML_FI_DEV_POWER_CURRENT_LIMIT,
     n.NVML_FI_DEV_ENERGY,
     n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+    n.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+    n.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+    n.NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER,
+    n.NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS,
+    n.NVML_FI_DEV_PCIE_COUNT_LANE_ERROR,
+    n.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP,
+    n.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST,
+    n.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+    n.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
+    n.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
+]
+# The NVLink5 (Blackwell) counters, scoped by link, after the older ones in links().
+LINK_COUNTS = [
+    n.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS,
+    n.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS,
+    n.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS,
+    n.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS,
+    n.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS,
 ]
 
 
@@ -75,10 +94,25 @@ def links(handle: Any, count: int) -> list[dict[str, Any]]:
                 n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
                 n.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX,
                 n.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX,
+                *LINK_COUNTS,
             )
         ]
         out.append({"counters": counters, "state": state, "version": version, "fields": fields(handle, scoped)})
     return out
+
+
+def fabric(handle: Any) -> dict[str, Any]:
+    """nvmlDeviceGetGpuFabricInfoV with the header's v3 struct."""
+    info = n.c_nvmlGpuFabricInfo_v3_t()
+    n.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+    return {
+        "state": info.state,
+        "status": info.status,
+        "clique": info.cliqueId,
+        "uuid": bytes(info.clusterUuid).hex(),
+        "health_mask": info.healthMask,
+        "summary": info.healthSummary,
+    }
 
 
 def dump(handle: Any) -> dict[str, Any]:
@@ -155,4 +189,6 @@ def dump(handle: Any) -> dict[str, Any]:
         "graphics_processes": attempt(n.nvmlDeviceGetGraphicsRunningProcesses, h),
         "gpm_supported": attempt(lambda: n.nvmlGpmQueryDeviceSupport(h).isSupportedDevice),
         "fields": attempt(fields, h, FIELDS),
+        "fabric": attempt(fabric, h),
+        "gsp": attempt(n.nvmlDeviceGetGspFirmwareMode, h),
     }

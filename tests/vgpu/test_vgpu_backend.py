@@ -48,6 +48,19 @@ def test_an_xid_reaches_the_backends_event_wait(worker: Callable[..., Worker], s
     assert nvml.value(nvml.answer()) == [[4, 79]]
 
 
+def test_an_xid_in_a_mig_instance_keeps_its_instance(worker: Callable[..., Worker], state: vs.StateWriter) -> None:
+    """nvml.h: gpuInstanceId and computeInstanceId name the MIG instance an XID is attributable to, and are
+    0xFFFFFFFF for one of the whole device."""
+    nvml = worker(state.path)
+    assert nvml.run(OPEN_BACKEND + "result = backend.wait_xids(0.0)") == []
+    state.push_xid(2, 13, gpu_instance_id=5, compute_instance_id=1)
+    state.push_xid(3, 48)
+    got = nvml.run(
+        "result = [(x.gpu, x.code, x.gpu_instance, x.compute_instance) for x in H['backend'].wait_xids(5.0)]"
+    )
+    assert got == [[2, 13, 5, 1], [3, 48, None, None]]
+
+
 def test_link_states_pcie_units_and_pstate_as_the_header_gives_them(nvml: Worker, state: vs.StateWriter) -> None:
     node = vs.h100_node()
     for link, link_state in enumerate([vs.NVLINK_INACTIVE, vs.NVLINK_SLEEP, vs.NVLINK_ACTIVE_TRAFFIC_DISABLED]):
@@ -94,3 +107,29 @@ def test_strings_that_are_not_utf8_do_not_stop_discovery(nvml: Worker, state: vs
         "NVIDIA H100 \ufffd",
         "1654922\ufffd\ufffd0106",
     )
+
+
+def test_pcie_throughput_comes_from_the_byte_counters_once_there_are_two_reads(
+    nvml: Worker, state: vs.StateWriter
+) -> None:
+    """nvml.h's NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES are exact bytes; the 20 ms "KB/s" getter only stands in
+    until there are two reads, or where the driver lacks the counters."""
+    node = vs.h100_node()
+    node[0].pcie_tx_kbs, node[0].pcie_rx_kbs = 7, 9  # the getter: what the first read must fall back to
+    node[0].pcie_tx_bytes, node[0].pcie_rx_bytes = 10**12, 2 * 10**12
+    state.write(node)
+    nvml.run("ops.start()")
+    first = nvml.run("result = ops.read(0, 'pcie')")["reading"]
+    assert (first["tx_bytes_per_second"], first["rx_bytes_per_second"]) == (7_000, 9_000)
+    assert (first["tx_bytes"], first["rx_bytes"]) == (10**12, 2 * 10**12)
+    node[0].pcie_tx_bytes += 5 * 10**9 * 10  # 10 s at 5 GB/s
+    node[0].pcie_rx_bytes += 2 * 10**9 * 10
+    state.write(node)
+    nvml.run("ops.advance(10)")
+    second = nvml.run("result = ops.read(0, 'pcie')")["reading"]
+    assert (second["tx_bytes_per_second"], second["rx_bytes_per_second"]) == (5e9, 2e9)
+    node[0].unsupported_fields |= {197, 198}  # an older driver: the getter it is, every time
+    state.write(node)
+    nvml.run("ops.advance(10)")
+    older = nvml.run("result = ops.read(0, 'pcie')")["reading"]
+    assert (older["tx_bytes_per_second"], older["tx_bytes"]) == (7_000, None)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import require_tool
+from tests.conftest import REPO, require_tool
 from tests.daemon_proc import GPU_TRIAGE, Daemon, Server, free_port, running, serve, wait_for
 
 POLL = ("--collector.interval", "1s", "--collector.slow-interval", "2s")
@@ -124,11 +124,75 @@ def test_an_nvml_xid_and_the_kernel_line_for_it_count_once(node: tuple[Server, D
     assert [e["sources"] for e in events if e.get("xid") == 79] == [["kmsg", "nvml"]]
 
 
-def test_a_reset_is_noticed_and_recovered_from(node: tuple[Server, Daemon]) -> None:
+@pytest.mark.parametrize(
+    ("kind", "looked_up"),
+    [
+        ("gpu_reset", False),  # GPU_IS_LOST while it lasts (nvml.h's word for an inaccessible GPU); same handle after
+        ("stale_handle", True),  # INVALID_ARGUMENT: the handle no longer names the GPU, which is looked up again
+    ],
+)
+def test_a_reset_and_a_stale_handle_are_noticed_and_recovered_from(
+    node: tuple[Server, Daemon], kind: str, looked_up: bool
+) -> None:
     driver, nvml = node
-    inject(driver, gpu=5, kind="gpu_reset", duration_seconds=3)
+    inject(driver, gpu=5, kind=kind, duration_seconds=3)
     wait_for(lambda: gauge(page(nvml), "nvidia_gpu_up", gpu="5") == 0.0, what="GPU 5 to read as down")
     wait_for(lambda: gauge(page(nvml), "nvidia_gpu_up", gpu="5") == 1.0, timeout=30, what="GPU 5 to come back")
-    assert "GPU handle looked up again" in nvml.output()
-    # The slow poll that looks the handle up again says the GPU is up; its readings follow at the next fast poll.
+    assert ("GPU handle looked up again" in nvml.output()) is looked_up
+    # The poll that finds the GPU again says it is up; its readings follow at the next fast poll.
     wait_for(lambda: gauge(page(nvml), "nvidia_gpu_power_watts", gpu="5") is not None, what="GPU 5's readings")
+
+
+def _names(page_text: str) -> set[str]:
+    return {s.name for family in text_string_to_metric_families(page_text) for s in family.samples}
+
+
+def _samples(page_text: str, name: str) -> list[dict[str, str]]:
+    return [s.labels for f in text_string_to_metric_families(page_text) for s in f.samples if s.name == name]
+
+
+@pytest.mark.parametrize("scenario", ["b200-training", "a100-training", "l40s-inference"])
+def test_each_product_exports_what_it_has_and_nothing_it_lacks(tmp_path: Path, vgpu_lib: Path, scenario: str) -> None:
+    promtool = require_tool("promtool")
+    with (
+        vgpu_driver(tmp_path / "vgpu", scenario),
+        nvml_daemon(tmp_path / "nvml", vgpu_lib, tmp_path / "vgpu" / "vgpu.state") as daemon,
+    ):
+        # Two polls of the NVLink collector: a rate needs two reads of the counters.
+        wait_for(lambda: gauge(page(daemon), "gpu_triage_collector_success", collector="nvlink") == 1.0, what="a poll")
+        wait_for(
+            lambda: (
+                scenario == "l40s-inference" or _samples(page(daemon), "nvidia_gpu_nvlink_throughput_bytes_per_second")
+            ),
+            what="NVLink rates",
+        )
+        text = page(daemon)
+    names = _names(text)
+    errors = {labels["error"] for labels in _samples(text, "nvidia_gpu_nvlink_errors_total")}
+    if scenario == "b200-training":  # Blackwell: the NVLink5 counters, and not the ones it does not support
+        assert errors == {"recovery", "recovery_failed", "recovery_successful", "effective", "symbol"}
+    if scenario == "a100-training":  # no GPM: NVLink throughput from NVML's link counters, per link
+        assert "nvidia_gpu_sm_active_ratio" not in names
+        assert {lab["link"] for lab in _samples(text, "nvidia_gpu_nvlink_throughput_bytes_per_second")} == {
+            str(n) for n in range(12)
+        }
+        assert errors == {"replay", "recovery", "crc"}
+    if scenario == "l40s-inference":  # PCIe only
+        assert not {n for n in names if n.startswith("nvidia_gpu_nvlink")}
+        assert "nvidia_gpu_mig_enabled" not in names and "nvidia_gpu_fabric_state" not in names
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert check.returncode == 0 and check.stdout == "", check.stdout + check.stderr
+
+
+def test_the_daemon_serves_a_real_nodes_capture(tmp_path: Path, vgpu_lib: Path) -> None:
+    """The README's steps: a capture into the state file, then `serve --backend nvml` on it."""
+    capture = REPO / "tests" / "fixtures" / "captures" / "gpud-h100-535.161.08.txt"
+    state = tmp_path / "vgpu.state"
+    done = subprocess.run([GPU_TRIAGE, "vgpu", "--capture", str(capture), "--state", str(state)], check=False)
+    assert done.returncode == 0
+    with nvml_daemon(tmp_path / "nvml", vgpu_lib, state) as daemon:
+        wait_for(lambda: gauge(page(daemon), "nvidia_gpu_power_watts", gpu="0") is not None, what="a poll")
+        text = page(daemon)
+    assert gauge(text, "nvidia_gpu_power_watts", gpu="0") == 67.74  # "Power Draw : 67.74 W" in the capture
+    assert gauge(text, "nvidia_gpu_clock_event_reason_active", gpu="0", reason="hw_power_brake_slowdown") == 1.0
+    assert gauge(text, "nvidia_gpu_up", gpu="7") == 1.0

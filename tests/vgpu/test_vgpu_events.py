@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -114,3 +115,19 @@ def test_the_unversioned_wait_fills_the_original_record(nvml: Worker, state: vs.
         "result = [ret, data.eventData, data.gpuInstanceId]"
     )
     assert got == [0, 119, 77]  # the instance ids, which the old record lacks, are left alone
+
+
+def test_without_privileges_only_events_of_the_whole_device_are_delivered(
+    worker: Callable[..., Worker], state: vs.StateWriter
+) -> None:
+    """nvml.h, nvmlEventSetWait_v2: in MIG mode the events of the instances are reported "only if the caller has
+    appropriate privileges. In absence of required privileges, only the events which affect all the instances
+    (i.e. the whole device) are reported."""
+    nvml = worker(state.path, {"GPU_TRIAGE_VGPU_UNPRIVILEGED": "1"})
+    nvml.init()
+    nvml.run(REGISTER_ALL_FOR_XIDS)
+    state.push_xid(2, 13, gpu_instance_id=3, compute_instance_id=0)  # inside one instance: not for this caller
+    state.push_xid(2, 48)  # the whole device
+    event = wait(nvml, 0)
+    assert (event["eventData"], event["gpuInstanceId"]) == (48, vs.NO_INSTANCE)
+    assert nvml.error("nvmlEventSetWait_v2", H("events"), 0) == TIMEOUT

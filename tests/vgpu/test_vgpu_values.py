@@ -28,6 +28,11 @@ def distinctive() -> vs.Gpu:
             data_rx_kib=2 * 10**12 + i,
             raw_tx_kib=3 * 10**12 + i,
             raw_rx_kib=4 * 10**12 + i,
+            recovery_successful=600 + i,
+            recovery_failed=700 + i,
+            recovery_events=1300 + 2 * i,
+            effective_errors=800 + i,
+            symbol_errors=900 + i,
         )
         for i, state in enumerate(states)
     ]
@@ -103,6 +108,21 @@ def distinctive() -> vs.Gpu:
         supported_events=vs.EVENT_XID | vs.EVENT_DOUBLE_BIT_ECC,
         unsupported=set(),
         unsupported_fields=set(),
+        pcie_tx_bytes=2**64 + 12_345,  # past the counter's width: it wraps, as the header allows
+        pcie_rx_bytes=987_654_321_000,
+        pcie_errors=[1000 + i for i in range(11)],
+        pcie_l0_recovery=9,
+        clock_event_ns=[11_000, 12_000, 13_000, 14_000, 15_000],
+        power_instant_mw=598_765,
+        fabric=vs.Fabric(
+            state=vs.FABRIC_COMPLETED,
+            status=0,
+            clique_id=32766,
+            cluster_uuid=bytes(range(16)),
+            health_mask=0x2A,
+            health_summary=1,
+        ),
+        gsp_firmware=(True, False),
     )
 
 
@@ -206,18 +226,59 @@ def test_every_value_round_trips_in_nvml_units(nvml: Worker, state: vs.StateWrit
         143: (0, UINT, 2),
         144: (0, UINT, 1),
         145: (0, UINT, 0),
-        186: (0, UINT, 612_345),
+        185: (0, UINT, 612_345),  # the 1 s average, as nvmlDeviceGetPowerUsage
+        186: (0, UINT, 598_765),  # the instant reading
         190: (0, UINT, 650_000),
         191: (0, ULL, 123_456_789_012),
         230: (0, UINT, 1),
+        197: (0, ULL, 12_345),
+        198: (0, ULL, 987_654_321_000),
+        169: (0, UINT, 9),
+        173: (0, ULL, 1000),
+        183: (0, ULL, 1010),
+        74: (0, ULL, 11_000),  # ns
+        76: (0, ULL, 12_000),
+        269: (0, ULL, 13_000),
+        270: (0, ULL, 14_000),
+        271: (0, ULL, 15_000),
     }
+    assert d["fabric"] == {
+        "state": 3,
+        "status": 0,
+        "clique": 32766,
+        "uuid": bytes(range(16)).hex(),
+        "health_mask": 0x2A,
+        "summary": 1,
+    }
+    assert d["gsp"] == [1, 0]
 
 
-def test_every_link_round_trips(nvml: Worker, state: vs.StateWriter) -> None:
+def test_every_link_round_trips_and_blackwell_answers_the_nvlink5_counters_instead(
+    nvml: Worker, state: vs.StateWriter
+) -> None:
     g = distinctive()
-    state.write([g])
-    got = nvml.run("result = probe.links(H['0'], 12)")
-    for k, link in zip(g.nvlinks, got, strict=True):
+    assert g.architecture == vs.ARCH_BLACKWELL
+    hopper = distinctive()
+    hopper.architecture = vs.ARCH_HOPPER
+    state.write([g, hopper])
+    got, older = nvml.run("result = [probe.links(H['0'], 12), probe.links(H['1'], 12)]")
+    for k, link, hop in zip(g.nvlinks, got, older, strict=True):
+        # nvml.h on 161-163: "This is unsupported for Blackwell+. Please use NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*"
+        assert [(f["ret"], f["value"]) for f in link["fields"][2:5]] == [(3, None)] * 3
+        assert [(f["ret"], f["value"]) for f in link["fields"][9:]] == [
+            (0, k.recovery_successful),
+            (0, k.recovery_failed),
+            (0, k.recovery_events),
+            (0, k.effective_errors),
+            (0, k.symbol_errors),
+        ]
+        assert [(f["ret"], f["value"]) for f in hop["fields"][2:5]] == [
+            (0, k.replay_errors),
+            (0, k.recovery_errors),
+            (0, k.crc_flit_errors),
+        ]
+        assert [f["ret"] for f in hop["fields"][9:]] == [3] * 5  # NVLink5 counters: not before Blackwell
+    for k, link in zip(g.nvlinks, older, strict=True):
         assert link["counters"] == [
             k.replay_errors,
             k.recovery_errors,
@@ -227,7 +288,7 @@ def test_every_link_round_trips(nvml: Worker, state: vs.StateWriter) -> None:
         ]
         assert link["state"] == (0 if k.state == vs.NVLINK_INACTIVE else 1)
         assert link["version"] == 7
-        assert [(f["ret"], f["value"]) for f in link["fields"]] == [
+        assert [(f["ret"], f["value"]) for f in link["fields"][:9]] == [
             (0, k.state),
             (0, k.speed_mbps),
             (0, k.replay_errors),
@@ -272,6 +333,8 @@ REFUSED_BY: dict[vs.Query, list[str]] = {
     vs.Query.VBIOS_VERSION: ["vbios"],
     vs.Query.INFOROM_VERSION: ["inforom_image"],
     vs.Query.ENCODER_DECODER: ["encoder", "decoder"],
+    vs.Query.FABRIC: ["fabric"],
+    vs.Query.GSP_FIRMWARE: ["gsp"],
 }
 
 
@@ -296,7 +359,8 @@ def test_each_query_kind_can_be_refused_as_not_supported(nvml: Worker, state: vs
     assert (refused["gpm_supported"], full["gpm_supported"]) == (0, 1)
     assert nvml.error("nvmlDeviceGetNvLinkState", H(1), 0) == 3
     assert nvml.call("nvmlDeviceGetNvLinkState", H(0), 1) == 1
-    untested = set(vs.Query) - set(REFUSED_BY) - {vs.Query.EVENTS, vs.Query.GPM, vs.Query.NVLINK}
+    # MIG profiles need MIG mode on: test_vgpu_mig_gpm.py refuses them.
+    untested = set(vs.Query) - set(REFUSED_BY) - {vs.Query.EVENTS, vs.Query.GPM, vs.Query.NVLINK, vs.Query.MIG_PROFILES}
     assert not untested
     assert refused["name"] == full["name"]  # identity is always there
 

@@ -1,8 +1,9 @@
 """One reader per collector for the DCGM backend: DCGM field values in, readings in base units out.
 
-DCGM's units: MHz, MiB, W, mJ, percent, KB/s (the deprecated PCIe throughput fields, NVML's KiB/s
-passed through); its profiling fields are ratios 0..1 and bytes/s already. A field that is absent
-(blank, not supported, not watched yet) is None; one that failed otherwise is named in the result.
+DCGM's units: MHz, MiB, W, mJ, percent; its profiling fields are ratios 0..1 and bytes/s already (PCIe
+traffic comes only from those: DCGM's own PCIe throughput fields are deprecated and answer "not
+supported"). A field that is absent (blank, not supported, not watched yet) is None; one that failed
+otherwise is named in the result.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gpu_triage.exporter.backends.readings import (
     Recovery,
     Remapping,
     Thermal,
+    ThresholdKind,
     Utilization,
     cuda_version,
 )
@@ -47,7 +49,6 @@ if TYPE_CHECKING:
 MIB = 1024 * 1024
 MHZ = 1e6
 _LINK_UP, _LINK_NOT_SUPPORTED = 3, 0  # DcgmNvLinkLinkState*: 0 not supported, 1 disabled, 2 down, 3 up
-KB = 1000.0  # DCGM passes on NVML's PCIe throughput, in NVML's KB/s (see nvml_readers.py's PCIE_KB)
 _LINK_COUNTERS = (fid.LINK_REPLAY, fid.LINK_RECOVERY, fid.LINK_CRC_FLIT)
 
 
@@ -88,8 +89,8 @@ def _inventory(r: Read) -> Reading:
 
 
 def _utilization(r: Read) -> Reading:
-    e = r.fields((fid.GPU_UTIL, fid.MEM_COPY_UTIL))
-    return Utilization(e.number(fid.GPU_UTIL, 0.01), e.number(fid.MEM_COPY_UTIL, 0.01))
+    e = r.fields((fid.GPU_UTIL, fid.MEM_COPY_UTIL, fid.ENC_UTIL, fid.DEC_UTIL))
+    return Utilization(*(e.number(i, 0.01) for i in (fid.GPU_UTIL, fid.MEM_COPY_UTIL, fid.ENC_UTIL, fid.DEC_UTIL)))
 
 
 def _bytes(mib: int | None) -> int | None:
@@ -107,13 +108,20 @@ def _memory(r: Read) -> Reading:
 
 
 def _power(r: Read) -> Reading:
-    e = r.fields((fid.POWER_USAGE, fid.ENFORCED_POWER_LIMIT, fid.TOTAL_ENERGY))
-    return Power(e.number(fid.POWER_USAGE), e.number(fid.ENFORCED_POWER_LIMIT), e.number(fid.TOTAL_ENERGY, 0.001))
+    e = r.fields((fid.POWER_USAGE, fid.ENFORCED_POWER_LIMIT, fid.TOTAL_ENERGY, fid.POWER_USAGE_INSTANT))
+    return Power(
+        e.number(fid.POWER_USAGE),
+        e.number(fid.ENFORCED_POWER_LIMIT),
+        e.number(fid.TOTAL_ENERGY, 0.001),
+        e.number(fid.POWER_USAGE_INSTANT),
+    )
 
 
 def _thermal(r: Read) -> Reading:
-    e = r.fields((fid.GPU_TEMP, fid.MEMORY_TEMP, fid.FAN_SPEED))
-    return Thermal(e.number(fid.GPU_TEMP), e.number(fid.MEMORY_TEMP), e.number(fid.FAN_SPEED, 0.01))
+    e = r.fields((fid.GPU_TEMP, fid.MEMORY_TEMP, fid.FAN_SPEED, fid.SLOWDOWN_TEMP, fid.SHUTDOWN_TEMP))
+    limits = {ThresholdKind.SHUTDOWN: fid.SHUTDOWN_TEMP, ThresholdKind.SLOWDOWN: fid.SLOWDOWN_TEMP}
+    found = {kind: c for kind, i in limits.items() if (c := e.number(i)) is not None}
+    return Thermal(e.number(fid.GPU_TEMP), e.number(fid.MEMORY_TEMP), e.number(fid.FAN_SPEED, 0.01), found)
 
 
 _CLOCKS = {  # DCGM has no graphics-clock field
@@ -132,15 +140,15 @@ def _clocks(r: Read) -> Reading:
 
 def _pcie(r: Read) -> Reading:
     ids = (fid.PCIE_LINK_GEN, fid.PCIE_MAX_LINK_GEN, fid.PCIE_LINK_WIDTH, fid.PCIE_MAX_LINK_WIDTH)
-    e = r.fields((*ids, fid.PCIE_REPLAY_COUNTER, fid.PCIE_TX_THROUGHPUT, fid.PCIE_RX_THROUGHPUT))
+    e = r.fields((*ids, fid.PCIE_REPLAY_COUNTER))
     return Pcie(
         link_generation=e.integer(fid.PCIE_LINK_GEN),
         max_link_generation=e.integer(fid.PCIE_MAX_LINK_GEN),
         link_width=e.integer(fid.PCIE_LINK_WIDTH),
         max_link_width=e.integer(fid.PCIE_MAX_LINK_WIDTH),
         replay_errors=e.integer(fid.PCIE_REPLAY_COUNTER),
-        tx_bytes_per_second=e.number(fid.PCIE_TX_THROUGHPUT, KB),
-        rx_bytes_per_second=e.number(fid.PCIE_RX_THROUGHPUT, KB),
+        tx_bytes_per_second=None,  # the profiling fields have it (readings: preferred there anyway)
+        rx_bytes_per_second=None,
     )
 
 

@@ -22,8 +22,8 @@ from gpu_triage.diagnosis.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import GpuIdentity
 from gpu_triage.exporter.backends.dcgm import fields
 from gpu_triage.exporter.backends.dcgm.bindings import Bindings
+from gpu_triage.exporter.backends.mig_instance import MigInstance
 from gpu_triage.exporter.backends.per_poll import PerPoll
-from gpu_triage.exporter.backends.readings import MigInstance
 
 log = logging.getLogger(__name__)
 

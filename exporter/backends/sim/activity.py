@@ -10,14 +10,16 @@ a link that is down carries nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass
 
-from gpu_triage.exporter.backends.readings import Activity, LinkThroughput
-
-# Per-direction NVLink 4 bandwidth of one link of an H100 (18 links: 450 GB/s each way); a training
-# step's collectives keep the links a bit under half busy.
-_LINK_BYTES_PER_SECOND = 25e9
+# A training step's collectives keep the links a bit under half busy.
 _LINK_SHARE = 0.45
+
+
+def link_rate(utilization: float, speed_mbps: int) -> float:
+    """Bytes per second one NVLink carries each way at this utilization, from the link's speed (MB/s):
+    whole KiB, the unit of NVML's link data counters."""
+    return float(round(utilization * _LINK_SHARE * speed_mbps * 1e6 / 1024) * 1024)
 
 
 def memory_controller(utilization: float, noise: Callable[[int], float]) -> float:
@@ -26,8 +28,25 @@ def memory_controller(utilization: float, noise: Callable[[int], float]) -> floa
 
 
 def pcie(utilization: float, noise: Callable[[int], float]) -> tuple[float, float]:
-    """(tx, rx) in bytes per second."""
-    return utilization * 2.4e9 * (1 + 0.2 * noise(3)), utilization * 3.1e9 * (1 + 0.2 * noise(4))
+    """(tx, rx) in bytes per second, to the kB."""
+    return round(utilization * 2.4e9 * (1 + 0.2 * noise(3)), -3), round(utilization * 3.1e9 * (1 + 0.2 * noise(4)), -3)
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Profiling values as fractions (0..1) and bytes per second: plain data, for both sides of the vGPU."""
+
+    graphics_engine_active: float
+    sm_active: float
+    sm_occupancy: float
+    tensor_active: float
+    dram_active: float
+    fp64_active: float
+    fp32_active: float
+    fp16_active: float
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    nvlink_links: tuple[tuple[int, float, float], ...] = ()  # (link, tx, rx)
 
 
 def activity(
@@ -35,16 +54,19 @@ def activity(
     noise: Callable[[int], float],
     *,
     links: int = 0,
+    link_speed_mbps: int = 0,
     down: frozenset[int] = frozenset(),
     buses: bool = True,
-) -> Activity:
+) -> Rates:
     """A GPU's (or, without `buses`, a MIG instance's) profiling values at this utilization."""
     sm = utilization * 0.9
 
     def part(share: float, channel: int) -> float:
         return round(min(1.0, sm * share * (1 + 0.05 * noise(channel))), 3)
 
-    values = Activity(
+    tx, rx = pcie(utilization, noise) if buses else (None, None)
+    per_link = link_rate(utilization, link_speed_mbps)
+    return Rates(
         graphics_engine_active=round(utilization, 3),
         sm_active=round(sm, 3),
         sm_occupancy=part(0.42, 5),
@@ -53,21 +75,9 @@ def activity(
         fp64_active=part(0.01, 7),
         fp32_active=part(0.18, 8),
         fp16_active=part(0.09, 9),
-    )
-    if not buses:
-        return values
-    tx, rx = pcie(utilization, noise)
-    per_link = utilization * _LINK_SHARE * _LINK_BYTES_PER_SECOND
-    return replace(
-        values,
-        pcie_tx_bytes_per_second=round(tx, -3),
-        pcie_rx_bytes_per_second=round(rx, -3),
-        nvlink_links=tuple(
-            LinkThroughput(
-                link,
-                0.0 if link in down else round(per_link * (1 + 0.1 * noise(30 + link)), -3),
-                0.0 if link in down else round(per_link * (1 + 0.1 * noise(70 + link)), -3),
-            )
-            for link in range(links)
-        ),
+        pcie_tx_bytes_per_second=tx,
+        pcie_rx_bytes_per_second=rx,
+        nvlink_links=tuple((k, 0.0 if k in down else per_link, 0.0 if k in down else per_link) for k in range(links))
+        if buses
+        else (),
     )

@@ -8,22 +8,29 @@ same path as NVML's XID events. What each collector reads is in readers.py.
 from __future__ import annotations
 
 import bisect
+import copy
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 from gpu_triage.diagnosis.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.mig_instance import MigInstance
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
 from gpu_triage.exporter.backends.sim.mig import instances
 from gpu_triage.exporter.backends.sim.model import NodeModel, hash_pair
-from gpu_triage.exporter.backends.sim.readers import READERS, View
+from gpu_triage.exporter.backends.sim.readers import READERS
 from gpu_triage.exporter.backends.sim.scenario import Scenario
+from gpu_triage.exporter.backends.sim.view import View
 
 # Where the eight GPUs of an HGX H100 baseboard usually sit on the PCI bus.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+# Xid 79, "GPU has fallen off the bus": from then on the driver cannot reach the GPU, and every NVML call to it
+# answers GPU_IS_LOST until the node is rebooted. A simulated one does the same: the GPU is lost until cleared.
+_FALLEN_OFF_THE_BUS = 79
 
 
 class FaultError(ValueError):
@@ -47,7 +54,7 @@ class SimBackend:
         self._gpus = [self._identity(i) for i in range(scenario.node.gpus.count)]
         shape = scenario.node.gpus
         self._instances = [
-            instances(scenario.seed, i, shape.mig_instances.get(i, []), shape.memory_bytes) for i in range(shape.count)
+            instances(scenario.seed, i, shape.mig_instances.get(i, []), shape.spec) for i in range(shape.count)
         ]
 
     # -- the GpuBackend contract ------------------------------------------------------------
@@ -63,20 +70,33 @@ class SimBackend:
             raise GpuLostError(f"GPU {gpu.index} is lost (simulated)")
         if any(f.spec.kind is FaultKind.GPU_RESET for f in faults):
             raise GpuLostError(f"GPU {gpu.index} is being reset (simulated)")
+        if any(f.spec.kind is FaultKind.STALE_HANDLE for f in faults):
+            raise GpuLostError(f"GPU {gpu.index}: its handle no longer names it (simulated)")
         hung = [f for f in faults if f.spec.kind is FaultKind.HUNG_CALL and f.spec.collector in (None, collector)]
         if hung:
             self._hang(hung)
         with self._lock:
-            view = View(
-                gpu.index,
-                self.scenario.node,
-                self._model.gpus[gpu.index],
-                self.scenario.seed,
-                faults,
-                {f.spec.kind for f in faults},
-                self._instances[gpu.index],
-            )
-            return Result(READERS[collector](view))
+            return Result(READERS[collector](self._view(gpu.index, faults)))
+
+    def view(self, index: int) -> View:
+        """GPU `index` as it is now, whatever its faults: what the vGPU writer turns into NVML's answers.
+        The model's state in it is a copy: it does not move under the caller."""
+        now = self._clock()
+        self._advance(now)
+        with self._lock:
+            view = self._view(index, self._book.on(index, now))
+            return replace(view, state=copy.deepcopy(view.state))
+
+    def _view(self, index: int, faults: list[ActiveFault]) -> View:
+        return View(
+            index,
+            self.scenario.node,
+            self._model.gpus[index],
+            self.scenario.seed,
+            faults,
+            {f.spec.kind for f in faults},
+            self._instances[index],
+        )
 
     def close(self) -> None:
         self._book.clear()  # releases any simulated hung call
@@ -102,6 +122,12 @@ class SimBackend:
             raise FaultError(f"no GPU {spec.gpu}: this node has GPUs 0..{count - 1}")
         if spec.link is not None and spec.link >= links:
             raise FaultError(f"no NVLink link {spec.link}: GPUs of this node have links 0..{links - 1}")
+        if spec.gpu_instance is not None and self._instance(spec) is None:
+            have = ", ".join(f"{m.mig.gpu_instance}/{m.mig.compute_instance}" for m in self._instances[spec.gpu])
+            wanted = f"{spec.gpu_instance}/{spec.compute_instance if spec.compute_instance is not None else '*'}"
+            raise FaultError(
+                f"GPU {spec.gpu} has no MIG instance {wanted} (GPU/compute instance): {have or 'MIG is off'}"
+            )
         now = self._clock()
         self._advance(now)
         return self._start(spec, now, source)
@@ -123,8 +149,32 @@ class SimBackend:
         with self._lock:
             self._model.apply_instantaneous(spec)
         if spec.kind is FaultKind.XID and spec.xid is not None:
-            self._xids.put(DriverXid(spec.gpu, spec.xid, at, spec.message))
+            if spec.xid == _FALLEN_OFF_THE_BUS:
+                lost = FaultSpec(gpu=spec.gpu, kind=FaultKind.GPU_LOST, duration_seconds=spec.duration_seconds)
+                self._book.add(lost, at, f"{source}: xid {spec.xid}")
+            # An XID in a MIG instance names it, as NVML's event does; one of the whole GPU names none.
+            mig = self._instance(spec)
+            self._xids.put(
+                DriverXid(
+                    spec.gpu,
+                    spec.xid,
+                    at,
+                    spec.message,
+                    gpu_instance=mig.gpu_instance if mig else None,
+                    compute_instance=mig.compute_instance if mig else None,
+                )
+            )
         return fault
+
+    def _instance(self, spec: FaultSpec) -> MigInstance | None:
+        """The MIG device an XID's spec names (its GPU instance's first compute instance when it names none)."""
+        if spec.gpu_instance is None:
+            return None
+        for m in self._instances[spec.gpu]:
+            gi, ci = m.mig.gpu_instance, m.mig.compute_instance
+            if gi == spec.gpu_instance and spec.compute_instance in (None, ci):
+                return m.mig
+        return None
 
     def _advance(self, now: float) -> None:
         with self._lock:  # reads of different GPUs advance the clock concurrently: take each fault once

@@ -28,6 +28,9 @@ class FaultKind(StrEnum):
     XID = "xid"
     GPU_LOST = "gpu_lost"
     GPU_RESET = "gpu_reset"  # a reset in flight: the GPU is unreachable until it ends, then answers again
+    # The GPU's NVML handles stop naming it, as after an unbind and a rebind: INVALID_ARGUMENT on the vGPU
+    # until the backend looks the GPU up again.
+    STALE_HANDLE = "stale_handle"
     HUNG_CALL = "hung_call"
     THERMAL_SLOWDOWN = "thermal_slowdown"
     POWER_SLOWDOWN = "power_slowdown"
@@ -54,6 +57,12 @@ class FaultSpec(BaseModel):
     kind: FaultKind
     xid: int | None = Field(default=None, ge=1, le=65535, description="XID code (kind xid)")
     message: str | None = Field(default=None, max_length=1024, description="XID message text (kind xid)")
+    gpu_instance: int | None = Field(
+        default=None, ge=0, le=14, description="the MIG GPU instance the XID is in (kind xid; absent: the whole GPU)"
+    )
+    compute_instance: int | None = Field(
+        default=None, ge=0, le=7, description="the compute instance in it (kind xid, with gpu_instance)"
+    )
     count: int = Field(default=1, ge=1, le=1_000_000, description="errors to add (kind ecc_correctable)")
     link: int | None = Field(default=None, ge=0, description="NVLink link index (kind nvlink_down)")
     collector: Collector | None = Field(default=None, description="the call that hangs (hung_call; all)")
@@ -72,6 +81,10 @@ class FaultSpec(BaseModel):
             problems.append("'collector' is only allowed for kind hung_call")
         if self.message is not None and self.kind is not FaultKind.XID:
             problems.append("'message' is only allowed for kind xid")
+        if self.gpu_instance is not None and self.kind is not FaultKind.XID:
+            problems.append("'gpu_instance' is only allowed for kind xid")
+        if self.compute_instance is not None and self.gpu_instance is None:
+            problems.append("'compute_instance' needs 'gpu_instance'")
         if problems:
             raise ValueError("; ".join(problems))
         return self

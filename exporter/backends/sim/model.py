@@ -8,7 +8,12 @@ same clock readings give the same values. What moves, and why it moves that way:
 - temperature approaches ambient + power x celsius_per_watt with a first-order lag;
 - energy integrates power;
 - ECC and remapped-row counters grow only when a fault says so;
-- clocks drop, and clock-event reasons appear, under a thermal or power slowdown.
+- clocks drop, and clock-event reasons appear, under a thermal or power slowdown; the time each reason
+  held the clocks down accumulates, as NVML's throttle counters do;
+- the bytes moved over PCIe and each NVLink accumulate from the rates activity.py gives.
+
+Nothing here imports the readings: the state is physical (watts, joules, bytes, seconds, reasons by
+name), and both the simulator's readers and the vGPU writer take it from here.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gpu_triage.exporter.backends.readings import ClockEventReason as Reason
+from gpu_triage.exporter.backends.sim.activity import link_rate, pcie
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultKind, FaultSpec
 from gpu_triage.exporter.backends.sim.scenario import Phase, Scenario
 
@@ -62,8 +67,15 @@ class GpuState:
     remapped_uncorrectable: int = 0
     pcie_replays: int = 0
     nvlink_replays: list[int] = field(default_factory=list)
-    nvlink_recoveries: list[int] = field(default_factory=list)
+    nvlink_recoveries: list[int] = field(default_factory=list)  # every recovery, whatever its outcome
     nvlink_crcs: list[int] = field(default_factory=list)
+    nvlink_failed_recoveries: list[int] = field(default_factory=list)
+    nvlink_symbol_errors: list[int] = field(default_factory=list)
+    pcie_tx_bytes: float = 0.0
+    pcie_rx_bytes: float = 0.0
+    nvlink_tx_bytes: list[float] = field(default_factory=list)
+    nvlink_rx_bytes: list[float] = field(default_factory=list)
+    reason_seconds: dict[str, float] = field(default_factory=dict)  # clock-event reason -> time it held
 
 
 class NodeModel:
@@ -86,6 +98,10 @@ class NodeModel:
                 nvlink_replays=[0] * links,
                 nvlink_recoveries=[0] * links,
                 nvlink_crcs=[0] * links,
+                nvlink_failed_recoveries=[0] * links,
+                nvlink_symbol_errors=[0] * links,
+                nvlink_tx_bytes=[0.0] * links,
+                nvlink_rx_bytes=[0.0] * links,
             )
             for _ in range(shape.count)
         ]
@@ -132,6 +148,21 @@ class NodeModel:
             state.energy_joules += power
             state.temperature_celsius += (heat - state.temperature_celsius) * alpha
             state.memory_temperature_celsius += (heat * 1.1 - state.memory_temperature_celsius) * alpha
+            self._accumulate(gpu, state, kinds, faults, k)
+
+    def _accumulate(self, gpu: int, state: GpuState, kinds: set[FaultKind], faults: list[ActiveFault], k: int) -> None:
+        """One second's worth of the counters: bytes moved, time held down by each reason."""
+        tx, rx = pcie(state.utilization, lambda channel: noise(self.scenario.seed, gpu, k, channel))
+        state.pcie_tx_bytes += tx
+        state.pcie_rx_bytes += rx
+        down = {f.spec.link for f in faults if f.spec.kind is FaultKind.NVLINK_DOWN and f.active_at(self.time_of(k))}
+        rate = link_rate(state.utilization, self.scenario.node.gpus.spec.nvlink.speed_mbps)
+        for link in range(len(state.nvlink_tx_bytes)):
+            if link not in down:
+                state.nvlink_tx_bytes[link] += rate
+                state.nvlink_rx_bytes[link] += rate
+        for reason in clock_reasons(state.utilization, kinds):
+            state.reason_seconds[reason] = state.reason_seconds.get(reason, 0.0) + 1.0
 
     def time_of(self, tick: int) -> float:
         return self.start + tick
@@ -149,18 +180,31 @@ class NodeModel:
             case FaultKind.ROW_REMAP_PENDING:
                 state.remapped_uncorrectable += 1
             case FaultKind.NVLINK_DOWN if spec.link is not None:
+                # A link that drops goes into recovery and fails it; the errors that took it there were
+                # replays and CRC errors before NVLink5, symbol errors from NVLink5 on.
                 state.nvlink_recoveries[spec.link] += 1
+                state.nvlink_failed_recoveries[spec.link] += 1
                 state.nvlink_replays[spec.link] += 7
                 state.nvlink_crcs[spec.link] += 3
+                state.nvlink_symbol_errors[spec.link] += 40
             case _:
                 pass
 
 
-def clock_reasons(utilization: float, kinds: set[FaultKind]) -> int:
-    """The clocks-event reason bitmask a GPU in this condition reports."""
-    bits = Reason.GPU_IDLE.bit if utilization < 0.01 else 0
+# Clock-event reasons by name (NVML's nvmlClocksEventReason*, as nvml.h names them in words).
+GPU_IDLE = "gpu_idle"
+SW_POWER_CAP = "sw_power_cap"
+HW_SLOWDOWN = "hw_slowdown"
+SW_THERMAL_SLOWDOWN = "sw_thermal_slowdown"
+HW_THERMAL_SLOWDOWN = "hw_thermal_slowdown"
+HW_POWER_BRAKE_SLOWDOWN = "hw_power_brake_slowdown"
+
+
+def clock_reasons(utilization: float, kinds: set[FaultKind]) -> frozenset[str]:
+    """The clock-event reasons a GPU in this condition reports."""
+    reasons = {GPU_IDLE} if utilization < 0.01 else set()
     if FaultKind.THERMAL_SLOWDOWN in kinds:
-        bits |= Reason.HW_THERMAL_SLOWDOWN.bit | Reason.SW_THERMAL_SLOWDOWN.bit | Reason.HW_SLOWDOWN.bit
+        reasons |= {HW_THERMAL_SLOWDOWN, SW_THERMAL_SLOWDOWN, HW_SLOWDOWN}
     if FaultKind.POWER_SLOWDOWN in kinds:
-        bits |= Reason.SW_POWER_CAP.bit | Reason.HW_POWER_BRAKE_SLOWDOWN.bit | Reason.HW_SLOWDOWN.bit
-    return bits
+        reasons |= {SW_POWER_CAP, HW_POWER_BRAKE_SLOWDOWN, HW_SLOWDOWN}
+    return frozenset(reasons)

@@ -1,22 +1,24 @@
-"""The simulator's readers, one per collector: what a read of a simulated GPU sees (`View`: its shape,
-its state now, the faults on it) turned into a reading, as NVML would give it."""
+"""The simulator's readers, one per collector: what a read of a simulated GPU sees (view.py: its shape,
+its state now, the faults on it) turned into a reading, in base units, as the readings define them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from gpu_triage.exporter.backends.base import Collector, require_every_collector
-from gpu_triage.exporter.backends.readings import ClockDomain as Domain
 from gpu_triage.exporter.backends.readings import (
+    Activity,
+    ClockEventReason,
     Clocks,
     Ecc,
+    Fabric,
     HealthWatch,
     InstanceActivity,
     InstanceMemory,
     Inventory,
     LinkReading,
     LinkState,
+    LinkThroughput,
     Memory,
     NvLink,
     Pcie,
@@ -28,124 +30,84 @@ from gpu_triage.exporter.backends.readings import (
     Recovery,
     Remapping,
     Thermal,
+    ThresholdKind,
     Utilization,
 )
-from gpu_triage.exporter.backends.sim.activity import activity, memory_controller, pcie
-from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultKind
-from gpu_triage.exporter.backends.sim.mig import COMPUTE_SLICES, SimInstance
-from gpu_triage.exporter.backends.sim.model import GpuState, clock_reasons, hash_pair, noise
-from gpu_triage.exporter.backends.sim.scenario import GpuShape, NodeShape
+from gpu_triage.exporter.backends.readings import ClockDomain as Domain
+from gpu_triage.exporter.backends.sim.activity import Rates, activity, link_rate, memory_controller, pcie
+from gpu_triage.exporter.backends.sim.faults import FaultKind
+from gpu_triage.exporter.backends.sim.mig import COMPUTE_SLICES
+from gpu_triage.exporter.backends.sim.view import View
 
 MHZ = 1e6
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """What a simulated read sees: the GPU's shape and state now, and the faults on it."""
-
-    gpu: int
-    node: NodeShape
-    state: GpuState
-    seed: int
-    faults: list[ActiveFault]
-    kinds: set[FaultKind]
-    instances: tuple[SimInstance, ...]  # its MIG devices
-
-    @property
-    def shape(self) -> GpuShape:
-        return self.node.gpus
-
-    @property
-    def mig(self) -> bool:
-        return self.gpu in self.shape.mig_instances
-
-    def instance_utilization(self, i: int) -> float:
-        """A MIG instance's own load: the GPU's workload phase, each instance a little apart."""
-        return min(1.0, max(0.0, self.state.utilization * (1 + 0.15 * self.noise(20 + i))))
-
-    @property
-    def busy(self) -> bool:
-        return self.state.utilization >= 0.01
-
-    @property
-    def noise(self) -> Callable[[int], float]:
-        return lambda channel: noise(self.seed, self.gpu, self.state.tick, channel)
+_DOMAINS = {"graphics": Domain.GRAPHICS, "sm": Domain.SM, "memory": Domain.MEMORY, "video": Domain.VIDEO}
+# The reasons NVML keeps a duration counter for.
+COUNTED_REASONS = (
+    ClockEventReason.SW_POWER_CAP,
+    ClockEventReason.SYNC_BOOST,
+    ClockEventReason.SW_THERMAL_SLOWDOWN,
+    ClockEventReason.HW_THERMAL_SLOWDOWN,
+    ClockEventReason.HW_POWER_BRAKE_SLOWDOWN,
+)
+PCIE_ERROR_KINDS = ("l0_to_recovery", "correctable", "nak_received", "receiver", "bad_tlp", "nak_sent", "bad_dllp",
+                    "non_fatal", "fatal", "unsupported_request", "lcrc")  # fmt: skip
 
 
 def _inventory(v: View) -> Inventory:
     return Inventory(
         name=v.shape.model,
-        serial=f"{1650923000000 + hash_pair(v.seed, v.gpu) % 1000000:013d}",
+        serial=v.serial,
         vbios_version=v.node.vbios_version,
         driver_version=v.node.driver_version,
         cuda_driver_version=v.node.cuda_driver_version,
-        mig_enabled=v.mig,
+        mig_enabled=v.mig if v.spec.mig else None,  # a GPU without MIG: NVML says "not supported"
+        persistence_mode=True,
+        gsp_firmware=True,
     )
 
 
 def _utilization(v: View) -> Utilization:
     if v.mig:  # as NVML: "not supported" on a MIG-enabled GPU; profiling has each instance's activity
-        return Utilization(None, None)
+        return Utilization(None, None, None, None)
     mem_ratio = memory_controller(v.state.utilization, v.noise)
-    return Utilization(gpu_ratio=round(v.state.utilization, 2), memory_controller_ratio=round(mem_ratio, 2))
-
-
-def _instance_memory(v: View) -> tuple[InstanceMemory, ...]:
-    return tuple(
-        InstanceMemory(i.mig, int(i.memory_bytes * v.state.memory_used_ratio) if v.busy else 0, i.memory_bytes)
-        for i in v.instances
-    )
+    return Utilization(round(v.state.utilization, 2), round(mem_ratio, 2), 0.0, 0.0)
 
 
 def _memory(v: View) -> Memory:
     reserved = v.shape.reserved_memory_bytes
-    if v.mig:
-        parts = _instance_memory(v)
-        used = sum(m.used_bytes or 0 for m in parts)
-        return Memory(used_bytes=used, total_bytes=v.shape.memory_bytes, reserved_bytes=reserved, instances=parts)
-    usable = v.shape.memory_bytes - reserved
-    used = int(usable * v.state.memory_used_ratio) if v.busy else 0
-    return Memory(used_bytes=used, total_bytes=v.shape.memory_bytes, reserved_bytes=reserved)
+    parts = tuple(
+        InstanceMemory(inst.mig, v.instance_used_bytes(i), inst.memory_bytes) for i, inst in enumerate(v.instances)
+    )
+    return Memory(v.memory_used_bytes(), v.shape.memory_bytes, reserved, parts)
 
 
 def _power(v: View) -> Power:
-    return Power(
-        usage_watts=round(v.state.power_watts, 3),
-        limit_watts=v.shape.power_limit_watts,
-        energy_joules=round(v.state.energy_joules, 3),
-    )
+    watts = round(v.state.power_watts, 3)
+    return Power(watts, v.shape.power_limit_watts, round(v.state.energy_joules, 3), watts)
 
 
 def _thermal(v: View) -> Thermal:
+    t = v.spec.thresholds
+    limits = {} if t is None else {
+        ThresholdKind.SHUTDOWN: t.shutdown, ThresholdKind.SLOWDOWN: t.slowdown,
+        ThresholdKind.MEMORY_MAX: t.memory_max, ThresholdKind.GPU_MAX: t.gpu_max,
+    }  # fmt: skip
     return Thermal(
         gpu_celsius=float(round(v.state.temperature_celsius)),
         memory_celsius=float(round(v.state.memory_temperature_celsius)),
-        fan_ratio=round(0.3 + 0.5 * v.state.utilization, 2) if v.shape.fan else None,
+        fan_ratio=v.fan_ratio(),
+        thresholds={k: float(c) for k, c in limits.items() if c is not None},
     )
 
 
 def _clocks(v: View) -> Clocks:
-    shape = v.shape
-    slow = 1.0
-    if FaultKind.THERMAL_SLOWDOWN in v.kinds:
-        slow *= 0.6
-    if FaultKind.POWER_SLOWDOWN in v.kinds:
-        slow *= 0.75
-    sm = (shape.max_sm_clock_mhz if v.busy else shape.idle_sm_clock_mhz) * slow
-    video = shape.max_video_clock_mhz if v.busy else 765.0
-    current = {
-        Domain.SM: round(sm) * MHZ,
-        Domain.GRAPHICS: round(sm) * MHZ,
-        Domain.MEMORY: shape.max_memory_clock_mhz * MHZ,
-        Domain.VIDEO: video * MHZ,
-    }
-    maximum = {
-        Domain.SM: shape.max_sm_clock_mhz * MHZ,
-        Domain.GRAPHICS: shape.max_sm_clock_mhz * MHZ,
-        Domain.MEMORY: shape.max_memory_clock_mhz * MHZ,
-        Domain.VIDEO: shape.max_video_clock_mhz * MHZ,
-    }
-    return Clocks(current, maximum, clock_reasons(v.state.utilization, v.kinds), performance_state=0)
+    current = {_DOMAINS[d]: mhz * MHZ for d, mhz in v.clocks_mhz().items()}
+    maximum = {_DOMAINS[d]: mhz * MHZ for d, mhz in v.max_clocks_mhz().items()}
+    bits = 0
+    for reason in v.reasons:
+        bits |= ClockEventReason(reason).bit
+    held = {r: v.state.reason_seconds.get(r.value, 0.0) for r in COUNTED_REASONS}
+    return Clocks(current, maximum, bits, performance_state=0, event_seconds=held)
 
 
 def _pcie(v: View) -> Pcie:
@@ -156,26 +118,38 @@ def _pcie(v: View) -> Pcie:
         link_width=v.shape.pcie_width,
         max_link_width=v.shape.pcie_width,
         replay_errors=v.state.pcie_replays,
-        tx_bytes_per_second=round(tx, -3),
-        rx_bytes_per_second=round(rx, -3),
+        tx_bytes_per_second=tx,
+        rx_bytes_per_second=rx,
+        tx_bytes=int(v.state.pcie_tx_bytes),
+        rx_bytes=int(v.state.pcie_rx_bytes),
+        errors=dict.fromkeys(PCIE_ERROR_KINDS, 0),
     )
 
 
 def _nvlink(v: View) -> NvLink:
-    down = {f.spec.link for f in v.faults if f.spec.kind is FaultKind.NVLINK_DOWN}
-    s = v.state
-    return NvLink(
-        tuple(
-            LinkReading(
-                link=i,
-                state=LinkState.INACTIVE if i in down else LinkState.ACTIVE,
-                replay_errors=s.nvlink_replays[i],
-                recovery_errors=s.nvlink_recoveries[i],
-                crc_errors=s.nvlink_crcs[i],
-            )
-            for i in range(v.shape.nvlink_links)
+    down, s = v.links_down, v.state
+    nvlink5 = v.spec.nvlink.version >= 5
+    rate = link_rate(s.utilization, v.spec.nvlink.speed_mbps)
+
+    def link(i: int) -> LinkReading:
+        failed = s.nvlink_failed_recoveries[i]
+        return LinkReading(
+            link=i,
+            state=LinkState.INACTIVE if i in down else LinkState.ACTIVE,
+            replay_errors=None if nvlink5 else s.nvlink_replays[i],
+            recovery_errors=s.nvlink_recoveries[i],
+            crc_errors=None if nvlink5 else s.nvlink_crcs[i],
+            recovery_failed=failed if nvlink5 else None,
+            recovery_successful=s.nvlink_recoveries[i] - failed if nvlink5 else None,
+            effective_errors=0 if nvlink5 else None,
+            symbol_errors=s.nvlink_symbol_errors[i] if nvlink5 else None,
+            tx_bytes=int(s.nvlink_tx_bytes[i]),
+            rx_bytes=int(s.nvlink_rx_bytes[i]),
+            tx_bytes_per_second=0.0 if i in down else rate,
+            rx_bytes_per_second=0.0 if i in down else rate,
         )
-    )
+
+    return NvLink(tuple(link(i) for i in range(v.shape.nvlink_links)))
 
 
 def _processes(v: View) -> Processes:
@@ -185,20 +159,35 @@ def _processes(v: View) -> Processes:
     if v.mig:  # one server per MIG instance
         return Processes(
             tuple(
-                ProcessReading(41000 + 17 * v.gpu + m.instance.gpu_instance, "python3", m.used_bytes, m.instance)
-                for m in _instance_memory(v)
+                ProcessReading(v.process_pid(inst.mig.gpu_instance), "python3", v.instance_used_bytes(i), inst.mig)
+                for i, inst in enumerate(v.instances)
             ),
             migs,
         )
-    usable = v.shape.memory_bytes - v.shape.reserved_memory_bytes
-    used = int(usable * v.state.memory_used_ratio)
-    return Processes((ProcessReading(pid=41000 + 17 * v.gpu, name="python3", used_bytes=used),))
+    return Processes((ProcessReading(pid=v.process_pid(), name="python3", used_bytes=v.memory_used_bytes()),))
+
+
+def _as_reading(r: Rates) -> Activity:
+    return Activity(
+        graphics_engine_active=r.graphics_engine_active,
+        sm_active=r.sm_active,
+        sm_occupancy=r.sm_occupancy,
+        tensor_active=r.tensor_active,
+        dram_active=r.dram_active,
+        fp64_active=r.fp64_active,
+        fp32_active=r.fp32_active,
+        fp16_active=r.fp16_active,
+        pcie_tx_bytes_per_second=r.pcie_tx_bytes_per_second,
+        pcie_rx_bytes_per_second=r.pcie_rx_bytes_per_second,
+        nvlink_links=tuple(LinkThroughput(link, tx, rx) for link, tx, rx in r.nvlink_links),
+    )
 
 
 def _profiling(v: View) -> Profiling:
-    down = frozenset(f.spec.link for f in v.faults if f.spec.kind is FaultKind.NVLINK_DOWN and f.spec.link is not None)
+    if not v.spec.gpm:
+        return Profiling(source=None, status="GPM is not supported on this GPU")
     parts = tuple(
-        InstanceActivity(inst.mig, activity(v.instance_utilization(i), v.noise, buses=False))
+        InstanceActivity(inst.mig, _as_reading(activity(v.instance_utilization(i), v.noise, buses=False)))
         for i, inst in enumerate(v.instances)
     )
     utilization = v.state.utilization
@@ -206,8 +195,9 @@ def _profiling(v: View) -> Profiling:
         utilization = (
             sum(v.instance_utilization(i) * inst.slices for i, inst in enumerate(v.instances)) / COMPUTE_SLICES
         )
-    whole = activity(utilization, v.noise, links=v.shape.nvlink_links, down=down)
-    return Profiling(source="sim", status="simulated", gpu=whole, instances=parts)
+    links, speed = v.shape.nvlink_links, v.spec.nvlink.speed_mbps
+    whole = activity(utilization, v.noise, links=links, link_speed_mbps=speed, down=v.links_down)
+    return Profiling(source="sim", status="simulated", gpu=_as_reading(whole), instances=parts)
 
 
 def _health(v: View) -> HealthWatch:
@@ -215,12 +205,13 @@ def _health(v: View) -> HealthWatch:
 
 
 def _recovery(v: View) -> Recovery:
-    return Recovery(action=0)
+    # NVML_GPU_FABRIC_STATE_COMPLETED, probe status success, health summary healthy.
+    return Recovery(action=0, fabric=Fabric(3, 0, 1) if v.spec.fabric else None)
 
 
 def _ecc(v: View) -> Ecc:
     s = v.state
-    # Hopper reports row remapping; the pre-Ampere page-retirement calls are "not supported".
+    # Ampere and later remap rows; the pre-Ampere page-retirement calls are "not supported".
     return Ecc(
         enabled=True,
         corrected_volatile=s.ecc_corrected,
@@ -230,10 +221,16 @@ def _ecc(v: View) -> Ecc:
         retired_pages_single_bit=None,
         retired_pages_double_bit=None,
         retired_pages_pending=None,
+        by_location={
+            "dram": {"corrected": s.ecc_corrected, "uncorrected": s.ecc_uncorrected},
+            "sram": {"corrected": 0, "uncorrected": 0},
+        },
     )
 
 
 def _remapping(v: View) -> Remapping:
+    if v.mig and v.instances:  # nvml.h: the row remapper cannot be queried while MIG instances exist
+        return Remapping(None, None, None, None)
     return Remapping(
         correctable_rows=v.state.remapped_correctable,
         uncorrectable_rows=v.state.remapped_uncorrectable,

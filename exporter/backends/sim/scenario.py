@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpu_triage.exporter.backends.sim.faults import ScheduledFault
 from gpu_triage.exporter.backends.sim.mig import layout_problem
+from gpu_triage.exporter.backends.sim.products import Product, ProductError, product
 
 GIB = 1024**3
 
@@ -24,9 +25,30 @@ class ScenarioError(Exception):
     """A scenario that cannot be used: missing, unreadable or invalid. The message says why."""
 
 
+# The GpuShape fields a product fills in when the scenario leaves them out.
+def _product_defaults(spec: Product) -> dict[str, Any]:
+    return {
+        "model": spec.model,
+        "memory_bytes": spec.memory_bytes,
+        "reserved_memory_bytes": spec.reserved_mib * 1024**2,
+        "power_limit_watts": spec.power_limit_watts,
+        "idle_power_watts": spec.idle_power_watts,
+        "max_sm_clock_mhz": spec.max_sm_clock_mhz,
+        "idle_sm_clock_mhz": spec.idle_sm_clock_mhz,
+        "max_memory_clock_mhz": spec.max_memory_clock_mhz,
+        "max_video_clock_mhz": spec.max_video_clock_mhz,
+        "nvlink_links": spec.nvlink.links,
+        "fan": spec.fan,
+        "pcie_generation": spec.pcie.generation,
+        "pcie_width": spec.pcie.width,
+    }
+
+
 class GpuShape(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # The GPU product (products.yaml): its limits are the defaults of the fields below.
+    product: str = "h100-sxm"
     count: int = Field(default=8, ge=1, le=256)
     model: str = "NVIDIA H100 80GB HBM3"
     memory_bytes: int = Field(default=81559 * 1024**2, gt=0)
@@ -48,6 +70,21 @@ class GpuShape(BaseModel):
     thermal_time_constant_seconds: float = Field(default=40.0, gt=0)
     pci_bus_ids: list[str] | None = None  # default: the HGX H100 baseboard layout
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_product(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        try:
+            spec = product(str(data.get("product", "h100-sxm")))
+        except ProductError as e:
+            raise ValueError(str(e)) from e
+        return {**_product_defaults(spec), **data}
+
+    @property
+    def spec(self) -> Product:
+        return product(self.product)
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.idle_power_watts >= self.power_limit_watts:
@@ -57,7 +94,7 @@ class GpuShape(BaseModel):
         for gpu, profiles in self.mig_instances.items():
             if not 0 <= gpu < self.count:
                 raise ValueError(f"mig_instances: GPU {gpu} does not exist ({self.count} GPUs)")
-            if problem := layout_problem(profiles, self.memory_bytes / 1024**3):
+            if problem := layout_problem(profiles, self.spec):
                 raise ValueError(f"mig_instances of GPU {gpu}: {problem}")
         return self
 

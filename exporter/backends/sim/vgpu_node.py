@@ -24,8 +24,17 @@ NVLINK_INACTIVE: Final = 0
 NVLINK_ACTIVE: Final = 1
 NVLINK_SLEEP: Final = 2
 NVLINK_ACTIVE_TRAFFIC_DISABLED: Final = 3
-NVLINK_VERSION_4_0: Final = 6
+NVLINK_VERSION_3_0: Final = 4  # nvmlNvlinkVersion_t: A100 (NVML_NVLINK_VERSION_3_0)
+NVLINK_VERSION_4_0: Final = 6  # H100, H200, GH200
+NVLINK_VERSION_5_0: Final = 7  # B200
+ARCH_AMPERE: Final = 7
+ARCH_ADA: Final = 8
 ARCH_HOPPER: Final = 9
+ARCH_BLACKWELL: Final = 10
+FABRIC_NOT_SUPPORTED: Final = 0  # NVML_GPU_FABRIC_STATE_*
+FABRIC_NOT_STARTED: Final = 1
+FABRIC_IN_PROGRESS: Final = 2
+FABRIC_COMPLETED: Final = 3
 BRAND_NVIDIA: Final = 14
 EVENT_SINGLE_BIT_ECC: Final = 0x1
 EVENT_DOUBLE_BIT_ECC: Final = 0x2
@@ -75,6 +84,9 @@ class Query(enum.IntEnum):
     VBIOS_VERSION = 29
     INFOROM_VERSION = 30
     ENCODER_DECODER = 31
+    FABRIC = 32
+    GSP_FIRMWARE = 33
+    MIG_PROFILES = 34
 
 
 class ValueType(enum.IntEnum):
@@ -104,6 +116,12 @@ class NvLink:
     data_rx_kib: int = 0
     raw_tx_kib: int = 0
     raw_rx_kib: int = 0
+    # NVLink5 (Blackwell) counters, NVML_FI_DEV_NVLINK_COUNT_*: the library answers them on Blackwell only
+    recovery_successful: int = 0
+    recovery_failed: int = 0
+    recovery_events: int = 0
+    effective_errors: int = 0
+    symbol_errors: int = 0
 
 
 @dataclass
@@ -118,6 +136,46 @@ class MigInstance:
     memory_reserved: int = 0
     memory_used: int = 0
     gpm: dict[int, float] = field(default_factory=dict)  # GPM metric id -> value
+    # nvmlDeviceGetAttributes_v2: slices, SMs, shared engines, memory in MiB
+    gpu_instance_slices: int = 0
+    compute_instance_slices: int = 0
+    multiprocessors: int = 0
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpegs: int = 0
+    ofas: int = 0
+    memory_mb: int = 0
+
+
+@dataclass
+class MigProfile:
+    """A GPU instance profile as nvmlDeviceGetGpuInstanceProfileInfoV answers it (by its `profile` index)."""
+
+    profile: int  # NVML_GPU_INSTANCE_PROFILE_* index
+    id: int
+    name: str  # "MIG 1g.18gb"
+    slices: int
+    memory_mb: int  # MiB
+    instances: int = 1
+    multiprocessors: int = 0
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpegs: int = 0
+    ofas: int = 0
+
+
+@dataclass
+class Fabric:
+    """nvmlDeviceGetGpuFabricInfoV: an NVSwitch or NVL system's view of the GPU."""
+
+    state: int = FABRIC_COMPLETED  # NVML_GPU_FABRIC_STATE_*
+    status: int = 0  # nvmlReturn_t of the probe
+    clique_id: int = 0
+    cluster_uuid: bytes = bytes(16)
+    health_mask: int = 0
+    health_summary: int = 0  # NVML_GPU_FABRIC_HEALTH_SUMMARY_*
 
 
 @dataclass
@@ -245,6 +303,19 @@ class Gpu:
         EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_PSTATE | EVENT_XID | EVENT_MIG_CONFIG_CHANGE
     )
     gpm: dict[int, float] = field(default_factory=_h100_gpm)  # GPM metric id -> value
+    # since layout 3
+    pcie_tx_bytes: int = 0  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES: the byte counters, which wrap
+    pcie_rx_bytes: int = 0
+    pcie_errors: list[int] = field(default_factory=lambda: [0] * 11)  # NVML_FI_DEV_PCIE_COUNT_* (173-183)
+    pcie_l0_recovery: int = 0  # NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER
+    # clock-event durations in ns: SW power cap (74), sync boost (76), SW thermal (269), HW thermal (270),
+    # HW power brake (271)
+    clock_event_ns: list[int] = field(default_factory=lambda: [0] * 5)
+    power_instant_mw: int = 69000  # NVML_FI_DEV_POWER_INSTANT
+    reset_generation: int = 0  # bumped when a reset completes: MIG handles from before it go invalid
+    fabric: Fabric | None = None  # None: nvmlDeviceGetGpuFabricInfoV answers NOT_SUPPORTED
+    gsp_firmware: tuple[bool, bool] = (True, True)  # nvmlDeviceGetGspFirmwareMode: enabled, default
+    mig_profiles: list[MigProfile] = field(default_factory=list)
     # faults
     lost: bool = False  # every device call: NVML_ERROR_GPU_IS_LOST
     hung: bool = False  # device calls block until cleared (or hang_max_ms, then NVML_ERROR_UNKNOWN)
@@ -277,6 +348,8 @@ def h100(index: int) -> Gpu:
         serial=f"16549220{100 + index:05d}",
         energy_mj=6_000_000_000 + 7_000_000 * index,
         power_mw=69000 + 500 * index,
+        power_instant_mw=69000 + 500 * index,
+        fabric=Fabric(),
         temperature_gpu=30 + index % 4,
         temperature_memory=28 + index % 4,
     )

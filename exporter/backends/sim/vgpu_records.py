@@ -16,6 +16,7 @@ from gpu_triage.exporter.backends.sim.vgpu_node import (
     FieldOverride,
     Gpu,
     MigInstance,
+    MigProfile,
     RetiredPage,
     ValueType,
 )
@@ -25,8 +26,10 @@ MAX_MIG: Final = 7
 MAX_PROCESSES: Final = 32
 MAX_OVERRIDES: Final = 16
 MAX_RETIRED: Final = 16
+MAX_MIG_PROFILES: Final = 16
 GPM_SLOTS: Final = 128
 FIELD_MASK_BITS: Final = 512
+CLOCK_EVENT_COUNTERS: Final = 8
 
 _GPU_HEAD = struct.Struct("<IIQ8QQ7Q32Q32Q32Q")  # crc .. retired_timestamp
 _GPU_SCALARS = struct.Struct("<25I2i8I16I29I")  # retired_count .. reserved0
@@ -36,6 +39,14 @@ _PROC = struct.Struct("<Q4I")
 _OVERRIDE = struct.Struct("<Q4I")
 _GPM = struct.Struct(f"<2Q{GPM_SLOTS}d")
 _MIG_HEAD = struct.Struct("<3Q2I96s96s")
+# struct vgpu_more (layout 3): pcie bytes .. clock_event_ns, then the u32s up to mig_profile_count and a pad
+_MORE_HEAD = struct.Struct(f"<2Q11Q{CLOCK_EVENT_COUNTERS}Q8I16s4I")
+_MIG_ATTRIBUTES = struct.Struct("<8IQ")
+_MIG_PROFILE = struct.Struct("<10IQ96s")
+_LINK_COUNTS = struct.Struct("<5Q")
+MORE_SIZE: Final = 6144
+_MORE_USED = _MORE_HEAD.size + MAX_MIG * _MIG_ATTRIBUTES.size + MAX_MIG_PROFILES * _MIG_PROFILE.size
+_MORE_USED += MAX_LINKS * _LINK_COUNTS.size
 GPU_SIZE: Final = (
     _GPU_HEAD.size
     + _GPU_SCALARS.size
@@ -44,8 +55,9 @@ GPU_SIZE: Final = (
     + (MAX_PROCESSES + MAX_OVERRIDES) * _PROC.size
     + _GPM.size
     + MAX_MIG * (_MIG_HEAD.size + _GPM.size)
+    + MORE_SIZE
 )
-if GPU_SIZE != 15504:  # pragma: no cover
+if GPU_SIZE != 21648 or _MORE_USED != MORE_SIZE - 1888:  # pragma: no cover
     raise AssertionError("vgpu_records.py disagrees with vgpu/state.h")
 
 
@@ -93,6 +105,90 @@ def _mig(m: MigInstance) -> bytes:
         encode_text(m.uuid, 96, "MIG UUID"),
     )
     return head + _gpm(m.gpm)
+
+
+def _mig_attributes(m: MigInstance) -> bytes:
+    return _MIG_ATTRIBUTES.pack(
+        m.multiprocessors,
+        m.copy_engines,
+        m.decoders,
+        m.encoders,
+        m.jpegs,
+        m.ofas,
+        m.gpu_instance_slices,
+        m.compute_instance_slices,
+        m.memory_mb,
+    )
+
+
+def _mig_profile(p: MigProfile) -> bytes:
+    return _MIG_PROFILE.pack(
+        p.profile,
+        p.id,
+        p.slices,
+        p.instances,
+        p.multiprocessors,
+        p.copy_engines,
+        p.decoders,
+        p.encoders,
+        p.jpegs,
+        p.ofas,
+        p.memory_mb,
+        encode_text(p.name, 96, "MIG profile name"),
+    )
+
+
+def _more(gpu: Gpu) -> bytes:
+    """struct vgpu_more: what layout 3 added to the record."""
+    check_count(gpu.mig_profiles, MAX_MIG_PROFILES, "MIG profiles")
+    if len(gpu.pcie_errors) != 11:
+        raise ValueError(f"pcie_errors needs the 11 counters 173-183, not {len(gpu.pcie_errors)}")
+    if len(gpu.clock_event_ns) > CLOCK_EVENT_COUNTERS:
+        raise ValueError(f"at most {CLOCK_EVENT_COUNTERS} clock-event counters")
+    fabric = gpu.fabric
+    if fabric is not None and len(fabric.cluster_uuid) != 16:
+        raise ValueError("a fabric cluster UUID is 16 bytes")
+    wrap = (1 << 64) - 1
+    head = _MORE_HEAD.pack(
+        gpu.pcie_tx_bytes & wrap,
+        gpu.pcie_rx_bytes & wrap,
+        *gpu.pcie_errors,
+        *gpu.clock_event_ns,
+        *[0] * (CLOCK_EVENT_COUNTERS - len(gpu.clock_event_ns)),
+        gpu.pcie_l0_recovery,
+        gpu.power_instant_mw,
+        gpu.reset_generation,
+        0 if fabric is None else fabric.state,
+        0 if fabric is None else fabric.status,
+        0 if fabric is None else fabric.clique_id,
+        0 if fabric is None else fabric.health_mask,
+        0 if fabric is None else fabric.health_summary,
+        bytes(16) if fabric is None else fabric.cluster_uuid,
+        int(gpu.gsp_firmware[0]),
+        int(gpu.gsp_firmware[1]),
+        len(gpu.mig_profiles),
+        0,
+    )
+    attributes = b"".join(_mig_attributes(m) for m in gpu.mig_instances)
+    profiles = b"".join(_mig_profile(p) for p in gpu.mig_profiles)
+    counts = b"".join(
+        _LINK_COUNTS.pack(
+            k.recovery_successful, k.recovery_failed, k.recovery_events, k.effective_errors, k.symbol_errors
+        )
+        for k in gpu.nvlinks
+    )
+    return b"".join(
+        [
+            head,
+            attributes,
+            bytes(_MIG_ATTRIBUTES.size * (MAX_MIG - len(gpu.mig_instances))),
+            profiles,
+            bytes(_MIG_PROFILE.size * (MAX_MIG_PROFILES - len(gpu.mig_profiles))),
+            counts,
+            bytes(_LINK_COUNTS.size * (MAX_LINKS - len(gpu.nvlinks))),
+            bytes(MORE_SIZE - _MORE_USED),
+        ]
+    )
 
 
 def _ecc(gpu: Gpu) -> list[int]:
@@ -262,6 +358,7 @@ def encode_gpu(gpu: Gpu) -> bytes:
             _gpm(gpu.gpm),
             *(_mig(m) for m in gpu.mig_instances),
             empty_mig * (MAX_MIG - len(gpu.mig_instances)),
+            _more(gpu),
         ]
     )
     return struct.pack("<I", zlib.crc32(record[4:])) + record[4:]

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Final, Self
 
 from gpu_triage.exporter.backends.sim.vgpu_node import (
+    ARCH_AMPERE,
+    ARCH_BLACKWELL,
     ARCH_HOPPER,
     BRAND_NVIDIA,
     CLOCKS_GPU_IDLE,
@@ -44,6 +46,9 @@ from gpu_triage.exporter.backends.sim.vgpu_node import (
     EVENT_PSTATE,
     EVENT_SINGLE_BIT_ECC,
     EVENT_XID,
+    FABRIC_COMPLETED,
+    FABRIC_IN_PROGRESS,
+    FABRIC_NOT_STARTED,
     HANG_MAX_MS,
     LOCATION_DEVICE_MEMORY,
     NO_INSTANCE,
@@ -52,11 +57,15 @@ from gpu_triage.exporter.backends.sim.vgpu_node import (
     NVLINK_ACTIVE_TRAFFIC_DISABLED,
     NVLINK_INACTIVE,
     NVLINK_SLEEP,
+    NVLINK_VERSION_3_0,
     NVLINK_VERSION_4_0,
+    NVLINK_VERSION_5_0,
     NVML_VERSION,
+    Fabric,
     FieldOverride,
     Gpu,
     MigInstance,
+    MigProfile,
     NvLink,
     Process,
     Query,
@@ -81,7 +90,7 @@ from gpu_triage.exporter.backends.sim.vgpu_records import (
 )
 
 MAGIC: Final = b"GTVGPUST"
-LAYOUT_VERSION: Final = 2  # 2: room for 64 GPUs (a 64-GPU bench), 1 had 16
+LAYOUT_VERSION: Final = 3  # 3: the `more` tail of each record; 2: room for 64 GPUs (a 64-GPU bench), 1 had 16
 MAX_GPUS: Final = 64
 EVENT_CAPACITY: Final = 256
 
@@ -272,6 +281,8 @@ class StateWriter:
 
 # The writer's API: the node's dataclasses and constants, the record encoder, and the file.
 __all__ = [
+    "ARCH_AMPERE",
+    "ARCH_BLACKWELL",
     "ARCH_HOPPER",
     "BRAND_NVIDIA",
     "CLOCKS_GPU_IDLE",
@@ -288,6 +299,9 @@ __all__ = [
     "EVENT_SINGLE_BIT_ECC",
     "EVENT_SIZE",
     "EVENT_XID",
+    "FABRIC_COMPLETED",
+    "FABRIC_IN_PROGRESS",
+    "FABRIC_NOT_STARTED",
     "FIELD_MASK_BITS",
     "FILE_SIZE",
     "GPM_SLOTS",
@@ -309,11 +323,15 @@ __all__ = [
     "NVLINK_ACTIVE_TRAFFIC_DISABLED",
     "NVLINK_INACTIVE",
     "NVLINK_SLEEP",
+    "NVLINK_VERSION_3_0",
     "NVLINK_VERSION_4_0",
+    "NVLINK_VERSION_5_0",
     "NVML_VERSION",
+    "Fabric",
     "FieldOverride",
     "Gpu",
     "MigInstance",
+    "MigProfile",
     "NvLink",
     "Process",
     "Query",

@@ -94,9 +94,22 @@ def in_dcgm_units(collector: Collector, truth: Any) -> dict[str, Any]:
             for key in ("used_bytes", "total_bytes", "reserved_bytes"):
                 if key in part:
                     part[key] = round(part[key] / MIB) * MIB
-    if collector is Collector.PCIE:  # KB/s
-        for key in ("tx_bytes_per_second", "rx_bytes_per_second"):
-            d[key] = round(d[key] / 1000) * 1000
+    if collector is Collector.PCIE:  # DCGM's PCIe traffic is the profiling fields'; no byte or error counters
+        d.update(tx_bytes_per_second=None, rx_bytes_per_second=None, tx_bytes=None, rx_bytes=None, errors={})
+    # What the DCGM backend does not read (NVML beside it, or nothing, answers these).
+    not_read = {
+        Collector.INVENTORY: {"persistence_mode": None, "gsp_firmware": None},
+        Collector.THERMAL: {
+            "thresholds": {k: v for k, v in d.get("thresholds", {}).items() if k in ("shutdown", "slowdown")}
+        },
+        Collector.CLOCKS: {"event_seconds": {}},
+        Collector.ECC: {"by_location": {}},
+        Collector.RECOVERY: {"fabric": None},
+    }
+    d.update(not_read.get(collector, {}))
+    if collector is Collector.NVLINK:
+        for link in d["links"]:
+            link.update(dict.fromkeys(("tx_bytes", "rx_bytes", "tx_bytes_per_second", "rx_bytes_per_second"), None))
     if collector is Collector.POWER:  # mJ
         d["energy_joules"] = round(d["energy_joules"] * 1000) / 1000
     if collector is Collector.PROCESSES:  # the name comes from /proc, which the simulated pids are not in
@@ -405,3 +418,28 @@ def test_mig_memory_does_not_depend_on_profiling(monkeypatch: pytest.MonkeyPatch
         assert isinstance(memory, Memory) and [m.used_bytes is not None for m in memory.instances] == [True, True]
         assert backend.read(sim.discover()[0], Collector.PROFILING).reading.source is None  # type: ignore[attr-defined]
         backend.close()
+
+
+def test_pcie_traffic_comes_from_the_profiling_fields_not_the_deprecated_ones(
+    dcgm: DcgmBackend, engine: FakeHostEngine, sim: SimBackend
+) -> None:
+    """dcgm_fields.h: 200/201 "Deprecated: Use DCGM_FI_PROF_PCIE_TX_BYTES"; DCGM answers them "not supported"."""
+    watched = set().union(*engine._watched.values())
+    assert {200, 201}.isdisjoint(watched)
+    assert {1009, 1010} <= watched
+    gpu = sim.discover()[0]
+    for collector in (Collector.PCIE, Collector.PROFILING):
+        dcgm.read(gpu, collector)
+    truth = sim.read(gpu, Collector.PROFILING).reading
+    assert isinstance(truth, Profiling) and truth.gpu is not None
+    poller = Poller(dcgm, interval=5, slow_interval=60, timeout=5.0)
+    poller.discover()
+    snapshot = poller.poll(Collector)
+    shown = {
+        s.labels["direction"]: s.value
+        for family in gpu_families(snapshot)
+        for s in family.samples
+        if s.name == "nvidia_gpu_pcie_throughput_bytes_per_second" and s.labels["gpu"] == "0"
+    }
+    assert shown == {"tx": truth.gpu.pcie_tx_bytes_per_second, "rx": truth.gpu.pcie_rx_bytes_per_second}
+    poller.stop()

@@ -12,11 +12,30 @@ from gpu_triage.exporter.backends.sim.scenario import parse_scenario
 
 def test_builtin_scenarios_load_and_describe_themselves() -> None:
     names = {s.name for s in builtin_scenarios()}
-    assert {"h100-training", "h100-faults"} <= names
+    assert {"h100-training", "h100-faults", "b200-training", "h200-mig", "a100-training", "l40s-inference"} <= names
     for s in builtin_scenarios():
         scenario = load_scenario(s.name)
         assert scenario.name == s.name and s.description
-        assert scenario.node.gpus.count == 8 and scenario.node.gpus.model.startswith("NVIDIA H100")
+        gpus = scenario.node.gpus
+        assert gpus.model == gpus.spec.model  # the product's name, which NVML would report
+        assert gpus.count == (4 if gpus.product == "l40s" else 8)
+
+
+def test_a_product_fills_in_its_limits_and_a_scenario_can_override_them() -> None:
+    b200 = parse_scenario("name: x\nnode: {gpus: {product: b200}}\nworkload: [{duration_seconds: 1, utilization: 1}]")
+    assert (b200.node.gpus.power_limit_watts, b200.node.gpus.nvlink_links) == (1000.0, 18)
+    assert b200.node.gpus.memory_bytes == 183359 * 2**20
+    capped = parse_scenario(
+        "name: x\nnode: {gpus: {product: b200, power_limit_watts: 700}}\nworkload: [{duration_seconds: 1, utilization: 1}]"
+    )
+    assert capped.node.gpus.power_limit_watts == 700.0
+    with pytest.raises(ScenarioError, match=r"no product 'b300'.*a100-sxm4-80gb, b200"):
+        parse_scenario("name: x\nnode: {gpus: {product: b300}}\nworkload: [{duration_seconds: 1, utilization: 1}]")
+    with pytest.raises(ScenarioError, match="a NVIDIA L40S has no MIG"):
+        parse_scenario(
+            "name: x\nnode: {gpus: {product: l40s, count: 1, mig_instances: {0: [1g.10gb]}}}\n"
+            "workload: [{duration_seconds: 1, utilization: 1}]"
+        )
     assert load_scenario("h100-faults").faults, "the fault scenario has faults"
     assert not load_scenario("h100-training").faults, "the healthy scenario has none"
 
@@ -79,9 +98,10 @@ def test_missing_and_unreadable_scenarios(tmp_path: Path) -> None:
     ("mig", "message"),
     [
         ("{8: [3g.40gb]}", "GPU 8 does not exist"),
-        ("{0: [3g.40]}", "'3g.40' is not a MIG profile"),
+        ("{0: [3g.40]}", "'3g.40' is not a MIG profile of a NVIDIA H100 80GB HBM3"),
+        ("{0: [3g.80gb]}", "'3g.80gb' is not a MIG profile of a NVIDIA H100 80GB HBM3 .*3g.40gb"),
         ("{0: [4g.40gb, 4g.40gb]}", "needs 8 compute slices; a GPU has 7"),
-        ("{0: [3g.40gb, 3g.80gb]}", "needs 120 GB of memory"),
+        ("{0: [1g.20gb, 1g.20gb, 1g.20gb, 1g.20gb, 1g.20gb]}", "needs 10 memory slices; a GPU has 8"),
     ],
 )
 def test_impossible_mig_layouts_are_refused(mig: str, message: str) -> None:

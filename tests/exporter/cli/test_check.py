@@ -13,10 +13,15 @@ from typing import Any
 import httpx
 import pytest
 
+from gpu_triage.diagnosis.actions import GpuStatus
+from gpu_triage.diagnosis.findings import Workload
+from gpu_triage.diagnosis.health import Telemetry
+from gpu_triage.diagnosis.node_verdict import Blind, unknown_device_findings
 from gpu_triage.exporter.cli.check import NoVerdictError, reason, select
 from tests.conftest import REPO
 from tests.daemon_proc import GPU_TRIAGE, Daemon, free_port, serve, wait_for
 from tests.podresources_server import Container, Pod, PodResourcesServer, pod_resources_server
+from tests.verdict_bodies import NOW, fatal_sxid, report, xid
 
 # A node busy from its first second, so that every GPU has a process (and so a Slurm job) at once.
 BUSY = """name: busy
@@ -62,10 +67,10 @@ def test_check_names_the_pod_and_job_of_the_faulty_gpu(node: tuple[Daemon, PodRe
     daemon, _, _ = node
     text = check(daemon.url)
     assert text.returncode == 2
-    (line,) = [line for line in text.stdout.splitlines() if line.startswith("  GPU 3:")]
+    (line,) = [line for line in text.stdout.splitlines() if line.startswith("  GPU 3:")]  # its Xid 79, now lost too
     assert line.endswith("; used by pod ml/trainer-0 (container main), Slurm job 4243 step 0 (4711)")
     one = check(daemon.url, "--format", "reason")
-    assert (one.returncode, one.stdout) == (2, "REBOOT_NODE GPU 3 Xid 79 pod ml/trainer-0 +1\n")
+    assert (one.returncode, one.stdout) == (2, "REBOOT_NODE: GPU 3 Xid 79 pod ml/trainer-0 +1\n")
 
 
 @pytest.mark.e2e
@@ -78,11 +83,9 @@ def test_gpus_narrows_the_verdict(node: tuple[Daemon, PodResourcesServer, list[s
     body = json.loads(sick.stdout)
     assert sick.returncode == 2
     assert [g["gpu"] for g in body["gpus"]] == [1, 3] and body["selected"] == ["1", uuids[3]]
-    assert body["node"] == {
-        "health": "unhealthy",
-        "action": "REBOOT_NODE",
-        "summary": "GPUs 1, 3 of 8: unhealthy: REBOOT_NODE on GPU 3",
-    }
+    assert (body["node"]["health"], body["node"]["action"]) == ("unhealthy", "REBOOT_NODE")
+    assert body["node"]["summary"] == "GPUs 1, 3 of 8: unhealthy: REBOOT_NODE: GPU 3 Xid 79"
+    assert [(p["gpu"], p["cause"]) for p in body["node"]["affected"]] == [(3, "Xid 79")]
     assert {f["class"] for f in body["findings"]} == {"xid_79"}
     missing = check(daemon.url, "--gpus", "3,9")
     assert missing.returncode == 3 and "no GPU 9 on this node (it has GPUs 0, 1, 2, 3, 4, 5, 6, 7)" in missing.stdout
@@ -125,11 +128,8 @@ def test_a_body_that_is_no_verdict_is_unknown() -> None:
 
 def test_text_names_the_nvswitch_findings_no_gpu_holds() -> None:
     """A fatal SXid makes the node unhealthy with every GPU healthy: the text must say why."""
-    sxid = {
-        "id": "sxid_fatal", "class": "sxid_fatal", "severity": "critical", "action": "REBOOT_NODE",
-        "title": "Fatal NVSwitch error", "playbook": "sxid-fatal", "gpu": None, "workloads": [],
-    }  # fmt: skip
-    answer = json.dumps(body("unhealthy", "REBOOT_NODE", [gpu(0, "0000:18:00.0", findings=[])], [sxid])).encode()
+    fatal = fatal_sxid()
+    answer = json.dumps(report(node_findings=[fatal])).encode()
 
     class Daemon(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -150,61 +150,107 @@ def test_text_names_the_nvswitch_findings_no_gpu_holds() -> None:
         server.shutdown()
         server.server_close()
     assert result.returncode == 2
-    assert f"  NVSwitch: Fatal NVSwitch error [critical] -> REBOOT_NODE (runbook: {url}/runbooks/sxid-fatal)" in (
-        result.stdout.splitlines()
-    )
+    line = f"  NVSwitch: {fatal.title} [critical] -> RESTART_FABRIC_MANAGER (runbook: {url}/runbooks/{fatal.playbook})"
+    assert line in result.stdout.splitlines()
 
 
-# --- the reason line, on diagnosis bodies of the shapes the daemon gives -----------------------------------
+# --- the reason line, on the bodies the daemon's own report gives for real verdicts -------------------------
 
 
-def gpu(index: int | None, bus: str, health: str = "healthy", action: str = "IGNORE", **more: Any) -> dict[str, Any]:
-    return {"gpu": index, "uuid": f"GPU-{index}", "pci_bus_id": bus, "health": health, "action": action, **more}
+def test_reason_names_every_gpu_that_needs_an_action_worst_first() -> None:
+    lost = Telemetry(status=GpuStatus.LOST, lost_since=NOW - 30, lost_answer="GPU 5: NVML_ERROR_GPU_IS_LOST")
+    b = report({1: [xid(79)], 3: [xid(48)], 4: [xid(13)]}, {5: lost})
+    assert reason(b) == "REBOOT_NODE: GPU 1 Xid 79, GPU 5 lost; RESET_GPU: GPU 3 Xid 48; CHECK_APP: GPU 4 Xid 13"
+    assert b["node"]["summary"].startswith("8 GPUs, 8 up; node unhealthy: REBOOT_NODE: GPU 1 Xid 79, GPU 5 lost;")
 
 
-def body(health: str, action: str, gpus: list[dict[str, Any]], findings: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"node": {"health": health, "action": action, "summary": "..."}, "gpus": gpus, "findings": findings}
+def test_reason_names_who_was_on_the_gpu() -> None:
+    job = Workload("slurm_job", "77", step="0", user="ann")
+    pod = Workload("pod", "trainer-0", namespace="ml", container="main")
+    b = report({2: [xid(48)]}, workloads={2: (job, pod)})
+    assert reason(b) == "RESET_GPU: GPU 2 Xid 48 job 77 +1"
 
 
-def test_reason_of_a_lost_gpu_names_the_condition() -> None:
-    lost = {"class": "gpu_lost", "action": "REBOOT_NODE", "gpu": "0000:ba:00.0", "workloads": []}
-    b = body(
-        "unhealthy", "REBOOT_NODE", [gpu(4, "0000:9a:00.0"), gpu(5, "0000:ba:00.0", "unhealthy", "REBOOT_NODE")], [lost]
-    )
-    assert reason(b) == "REBOOT_NODE GPU 5 gpu_lost"
+def test_reason_of_an_nvswitch_fault_names_the_switch() -> None:
+    fatal = fatal_sxid()
+    assert reason(report(node_findings=[fatal])) == "RESTART_FABRIC_MANAGER: NVSwitch fatal SXid"
 
 
-def test_reason_of_an_nvswitch_fault_has_no_gpu() -> None:
-    switch = {"class": "sxid_fatal", "action": "REBOOT_NODE", "gpu": None}
-    assert reason(body("unhealthy", "REBOOT_NODE", [gpu(0, "0000:18:00.0")], [switch])) == "REBOOT_NODE sxid_fatal"
-
-
-def test_reason_of_a_gpu_the_driver_no_longer_lists_gives_its_bus_id() -> None:
-    xid = {"class": "xid_79", "action": "REBOOT_NODE", "gpu": "0000:e1:00.0"}
-    orphan = gpu(None, "0000:e1:00.0", "unhealthy", "REBOOT_NODE")
-    assert reason(body("unhealthy", "REBOOT_NODE", [orphan], [xid])) == "REBOOT_NODE 0000:e1:00.0 Xid 79"
-
-
-def test_reason_takes_the_most_urgent_finding_and_the_gpu_s_current_workload_when_the_finding_has_none() -> None:
-    findings = [
-        {"class": "xid_48", "action": "DRAIN_AND_RESET", "gpu": "0000:bb:00.0"},
-        {"class": "xid_13", "action": "CHECK_APP", "gpu": "0000:2a:00.0"},
-    ]
-    job = {"kind": "slurm_job", "job_id": "77", "step": "0", "user": "ann"}
-    gpus = [
-        gpu(1, "0000:2a:00.0", "degraded", "CHECK_APP"),
-        gpu(6, "0000:bb:00.0", "unhealthy", "DRAIN_AND_RESET", workloads=[job]),
-    ]
-    assert reason(body("unhealthy", "DRAIN_AND_RESET", gpus, findings)) == "DRAIN_AND_RESET GPU 6 Xid 48 job 77"
+def test_an_xid_on_a_device_that_is_no_gpu_is_judged_by_its_code_not_as_a_lost_gpu() -> None:
+    found = unknown_device_findings("0000:ee:00.0", [xid(13)], boot_id="b1", now=NOW)
+    b = report(node_findings=found)
+    assert reason(b) == "CHECK_APP: 0000:ee:00.0 Xid 13"
+    assert b["node"]["health"] == "degraded" and b["node"]["action"] == "CHECK_APP"
+    assert [f["class"] for f in b["findings"]] == ["unknown_device"]
+    assert [e["text"] for e in b["findings"][0]["evidence"]] == [xid(13).text]
 
 
 def test_reason_when_nothing_is_to_be_done() -> None:
-    assert reason(body("healthy", "IGNORE", [gpu(0, "0000:18:00.0")], [])) == "OK"
+    assert reason(report()) == "OK"
+
+
+def test_a_blind_verdict_is_incomplete_never_ok() -> None:
+    blind = (Blind("kmsg", "Permission denied (/dev/kmsg)"),)
+    b = report(incomplete=blind)
+    assert b["node"]["health"] == "unknown"
+    assert reason(b) == "INCOMPLETE: kernel log unreadable (Permission denied (/dev/kmsg))"
+    assert "CAP_SYSLOG" in b["node"]["summary"]
+    sick = report({1: [xid(79)]}, incomplete=blind)
+    assert sick["node"]["health"] == "unhealthy", "what it did see still counts"
+    assert (
+        reason(sick) == "REBOOT_NODE: GPU 1 Xid 79; INCOMPLETE: kernel log unreadable (Permission denied (/dev/kmsg))"
+    )
 
 
 def test_select_by_index_and_uuid() -> None:
-    b = body("unhealthy", "REBOOT_NODE", [gpu(0, "a", "degraded", "CHECK_COOLING"), gpu(1, "b")], [])
+    b = report({0: [xid(13)]})
     assert select(b, ["0"])["node"]["health"] == "degraded"
-    assert select(b, ["GPU-1"])["node"] == {"health": "healthy", "action": "IGNORE", "summary": "GPU 1 of 2: healthy"}
-    with pytest.raises(NoVerdictError, match="no GPU 7"):
-        select(b, ["7"])
+    narrowed = select(b, ["GPU-1"])["node"]
+    assert (narrowed["health"], narrowed["action"], narrowed["summary"]) == ("healthy", "IGNORE", "GPU 1 of 8: healthy")
+    with pytest.raises(NoVerdictError, match="no GPU 9"):
+        select(b, ["9"])
+
+
+def test_select_keeps_the_node_blind() -> None:
+    b = report(incomplete=(Blind("kmsg", "Permission denied (/dev/kmsg)"),))
+    narrowed = select(b, ["0", "1"])
+    assert narrowed["node"]["health"] == "unknown" and "kernel log unreadable" in narrowed["node"]["summary"]
+    assert reason(narrowed).startswith("INCOMPLETE: kernel log unreadable")
+
+
+def _answering(answer: bytes) -> ThreadingHTTPServer:
+    class Daemon(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Daemon)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_names_from_the_cluster_cannot_forge_lines_or_drive_the_terminal() -> None:
+    """Pod, container and job names come from whoever made them: a newline must not forge a line of the
+    verdict, and an escape sequence (OSC 0 sets the window title, CSI 2J clears the screen) must be printed,
+    not obeyed. The same escapes as `gpu-triage diagnose` writes."""
+    pod = Workload("pod", "trainer\n  GPU 0: all fine", namespace="ml", container="\x1b]0;PWN\x07\x1b[2J\x9b")
+    job = Workload("slurm_job", "\x1b[31m4242")
+    server = _answering(json.dumps(report({0: [xid(79)]}, workloads={0: (pod, job)})).encode())
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        text, one = check(url), check(url, "--format", "reason")
+    finally:
+        server.shutdown()
+        server.server_close()
+    for result in (text, one):
+        assert result.returncode == 2
+        assert not set(result.stdout) & {"\x1b", "\x07", "\x9b", "\r"}, repr(result.stdout)
+    assert len(text.stdout.splitlines()) == 2, text.stdout  # the verdict and one finding: nothing forged
+    assert "pod ml/trainer\\x0a  GPU 0: all fine (container \\x1b]0;PWN\\x07\\x1b[2J\\x9b)" in text.stdout
+    assert "Slurm job \\x1b[31m4242" in text.stdout
+    assert one.stdout == "REBOOT_NODE: GPU 0 Xid 79 pod ml/trainer GPU 0: all fine +1\n"

@@ -137,10 +137,10 @@ def test_only_a_few_diagnoses_run_at_once(client: TestClient, monkeypatch: pytes
     release, started = threading.Event(), threading.Semaphore(0)
     real = training.diagnose
 
-    def slow(sources, engine=None, store=None):  # type: ignore[no-untyped-def]
+    def slow(sources, engine=None, store=None, decode=None):  # type: ignore[no-untyped-def]
         started.release()
         release.wait(10)
-        return real(sources, engine=engine)
+        return real(sources, engine=engine, store=store, decode=decode)
 
     monkeypatch.setattr(training, "diagnose", slow)
     answers: list[int] = []
@@ -169,9 +169,11 @@ def test_gpu_triage_scan_chooses_the_engine_for_the_cli_and_the_api(
     engines: list[str | None] = []
     real = training.diagnose
 
-    def spy(sources: Any, *, engine: str | None = None, store: Any = None, parallel: bool = False) -> Any:
+    def spy(
+        sources: Any, *, engine: str | None = None, store: Any = None, parallel: bool = False, decode: Any = None
+    ) -> Any:
         engines.append(engine)
-        return real(sources, engine="python", store=store)  # whichever wheel this machine has
+        return real(sources, engine="python", store=store, decode=decode)  # whichever wheel this machine has
 
     monkeypatch.setattr(training, "diagnose", spy)
     if asked is None:

@@ -1,4 +1,5 @@
-"""`gpu-triage export KIND DIR`: the shipped files, byte for byte, with sane modes, never clobbering an edit."""
+"""`gpu-triage export KIND DIR`: the shipped files, byte for byte (the unit starting the gpu-triage that wrote
+it), with sane modes, never clobbering an edit; the playbooks as a wiki's Markdown; everything at once."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.exporter.cli.export import KINDS, ExportError, export
+from gpu_triage.exporter.cli.export import CHOICES, KINDS, SCRIPTS, ExportError, export, unit_for
 from tests.conftest import REPO
 from tests.daemon_proc import GPU_TRIAGE
+
+PLAYBOOKS = sorted(p.name for p in (REPO / "diagnosis/playbooks").glob("*.md"))
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -27,10 +30,18 @@ def test_export_writes_the_repository_files(kind: str, tmp_path: Path) -> None:
     for name in KINDS[kind]:
         target = tmp_path / "new" / kind / name
         assert target.read_bytes() == (REPO / kind / name).read_bytes()
-        assert stat.S_IMODE(target.stat().st_mode) == 0o644
+        assert stat.S_IMODE(target.stat().st_mode) == (0o755 if (kind, name) in SCRIPTS else 0o644)
         assert f"wrote      {target}\n" in out.getvalue()
     for d in (tmp_path / "new", *(p for p in tmp_path.rglob("*") if p.is_dir())):
         assert stat.S_IMODE(d.stat().st_mode) & 0o755 == 0o755
+
+
+def test_the_kinds_hold_every_deployable_file_of_their_folder() -> None:
+    """A new manifest or script in the repository must be shipped too (or this test says which)."""
+    for kind, pattern in (("kubernetes", "**/*.yaml"), ("slurm", "*")):
+        found = {p.relative_to(REPO / kind).as_posix() for p in (REPO / kind).glob(pattern) if p.is_file()}
+        found -= {"README.md"} | {f for f in found if f.startswith("schemas/")}  # docs, and the tests' CRD schemas
+        assert found == set(KINDS[kind]), kind
 
 
 def test_every_shipped_kind_is_declared_package_data() -> None:
@@ -97,4 +108,78 @@ def test_unwritable_or_odd_targets_are_one_line_errors(tmp_path: Path) -> None:
 def test_unknown_kind_shows_the_kinds() -> None:
     result = run("export", "grafana", "/tmp")
     assert result.returncode == 2
-    assert "usage: gpu-triage export" in result.stderr and "'alerts', 'dashboards', 'systemd'" in result.stderr
+    assert "usage: gpu-triage export" in result.stderr
+    assert "'alerts', 'dashboards', 'kubernetes', 'runbooks', 'slurm', 'systemd', 'all'" in result.stderr
+
+
+def test_the_unit_starts_the_gpu_triage_that_exported_it(tmp_path: Path) -> None:
+    result = run("export", "systemd", str(tmp_path))
+    assert result.returncode == 0
+    unit = (tmp_path / "gpu-triage.service").read_text()
+    shipped = (REPO / "systemd/gpu-triage.service").read_text()
+    assert unit == shipped.replace("ExecStart=/usr/local/bin/gpu-triage ", f"ExecStart={GPU_TRIAGE} ")
+    assert result.stderr.startswith(f"gpu-triage.service: ExecStart={GPU_TRIAGE}, the gpu-triage this export ran from")
+
+
+def test_a_command_the_unit_cannot_reach_is_said_so(tmp_path: Path) -> None:
+    """ProtectHome=yes hides /home and /root from the service: a pipx install there cannot be started."""
+    home = tmp_path / "export"
+    err = io.StringIO()
+    export("systemd", home, command=Path("/home/ann/.local/bin/gpu-triage"), out=io.StringIO(), err=err)
+    assert "ExecStart=/home/ann/.local/bin/gpu-triage " in (home / "gpu-triage.service").read_text()
+    assert "ProtectHome=yes hides /home/ann/.local/bin/gpu-triage" in err.getvalue()
+    err = io.StringIO()
+    export("systemd", tmp_path / "assumed", out=io.StringIO(), err=err)
+    assert "ExecStart=/usr/local/bin/gpu-triage is assumed" in err.getvalue()
+
+
+def test_odd_command_paths_are_quoted_for_systemd() -> None:
+    unit = unit_for(Path("/opt/gpu triage/100%/gpu-triage")).decode()
+    assert 'ExecStart="/opt/gpu triage/100%%/gpu-triage" serve --config /etc/gpu-triage/config.yaml\n' in unit
+
+
+def test_runbooks_are_the_playbooks_with_an_index(tmp_path: Path) -> None:
+    export("runbooks", tmp_path, out=io.StringIO())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*PLAYBOOKS, "index.md"])
+    for name in PLAYBOOKS:
+        assert (tmp_path / name).read_bytes() == (REPO / "diagnosis/playbooks" / name).read_bytes()
+    index = (tmp_path / "index.md").read_text()
+    assert "| [xid-79](xid-79.md) | Xid 79: GPU has fallen off the bus | critical | `REBOOT_NODE` |" in index
+    assert all(f"]({name})" in index for name in PLAYBOOKS)
+
+
+def test_the_runbook_ids_are_the_ones_the_alerts_link_to(tmp_path: Path) -> None:
+    """`alerts render --runbook-base URL` links URL/<id>: each id has its <id>.md here."""
+    from gpu_triage.exporter.cli.alert_rules import runbook_ids
+
+    export("runbooks", tmp_path, out=io.StringIO())
+    ids = set(runbook_ids((REPO / "alerts/gpu-triage.rules.yml").read_text()))
+    assert ids and all((tmp_path / f"{rid}.md").is_file() for rid in ids)
+
+
+def test_all_writes_every_kind_in_a_folder_of_its_own(tmp_path: Path) -> None:
+    result = run("export", "all", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(k for k in CHOICES if k != "all")
+    for kind, names in KINDS.items():
+        for name in names:
+            assert (tmp_path / kind / name).is_file(), f"{kind}/{name}"
+    assert len(list((tmp_path / "runbooks").glob("*.md"))) == len(PLAYBOOKS) + 1
+    again = run("export", "all", str(tmp_path))
+    assert again.returncode == 0 and all(line.startswith("unchanged") for line in again.stdout.splitlines())
+    (tmp_path / "slurm/prolog.sh").write_text("# mine\n")
+    refused = run("export", "all", str(tmp_path / ""))
+    assert refused.returncode == 1 and "prolog.sh: differs" in refused.stderr
+
+
+def test_the_exported_kustomize_tree_renders_as_the_repository_s(tmp_path: Path) -> None:
+    from tests.kubernetes.manifests import kubectls
+
+    kubectl = kubectls()[0]
+    export("kubernetes", tmp_path / "k", out=io.StringIO())
+    for where in ("", "base", "overlays/unprivileged"):
+        ours, theirs = (
+            subprocess.run([kubectl, "kustomize", str(root / where)], capture_output=True, text=True, check=True).stdout
+            for root in (tmp_path / "k", REPO / "kubernetes")
+        )
+        assert ours == theirs, where

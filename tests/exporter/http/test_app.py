@@ -82,6 +82,21 @@ def test_openapi_describes_the_api(client: TestClient) -> None:
     assert {"/api/v1/gpus", "/api/v1/sim/faults", "/healthz", "/readyz"} <= set(paths)
 
 
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/", "/api/v1/diagnosis", "/runbooks/xid-79"])
+def test_head_answers_as_get_without_the_body(client: TestClient, path: str) -> None:
+    """HEAD is GET without the content (RFC 9110, 9.3.2): probes and load balancers that use it."""
+    get, head = client.get(path), client.head(path)
+    assert head.status_code == get.status_code == 200
+    assert head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+
+
+def test_head_is_no_way_around_what_get_refuses(client: TestClient) -> None:
+    assert client.head("/no/such/path").status_code == 404
+    assert client.head("/api/v1/gpus/3/acknowledge").status_code == 405  # a POST route has no GET to run
+    assert client.head("/api/v1/gpus/99").status_code == client.get("/api/v1/gpus/99").status_code == 404
+
+
 def test_unknown_path_is_a_json_404(client: TestClient) -> None:
     answer = client.get("/nope")
     assert answer.status_code == 404 and answer.json() == {"error": "no such path: /nope", "status": 404}
@@ -119,12 +134,25 @@ def test_injecting_a_hung_call_keeps_metrics_answering(client: TestClient, daemo
         ({"gpu": 0, "kind": "xid"}, 422, "'xid' is required for kind xid"),
         ({"gpu": 0, "kind": "boom"}, 422, "kind: Input should be"),
         ({"kind": "gpu_lost"}, 422, "gpu: Field required"),
+        # JSON's own types, strictly: true is no GPU 1, nor are "1" or 1.0 (Python's bool is an int).
+        ({"gpu": True, "kind": "gpu_lost"}, 422, "gpu: Input should be a valid integer"),
+        ({"gpu": "1", "kind": "gpu_lost"}, 422, "gpu: Input should be a valid integer"),
+        ({"gpu": 1.0, "kind": "gpu_lost"}, 422, "gpu: Input should be a valid integer"),
+        ({"gpu": 0, "kind": "xid", "xid": True}, 422, "xid: Input should be a valid integer"),
+        ({"gpu": 0, "kind": "ecc_correctable", "count": True}, 422, "count: Input should be a valid integer"),
+        ({"gpu": 0, "kind": "gpu_lost", "duration_seconds": True}, 422, "duration_seconds: Input should be"),
     ],
 )
 def test_bad_fault_bodies(client: TestClient, body: dict[str, object], status: int, message: str) -> None:
     answer = client.post("/api/v1/sim/faults", json=body)
     assert answer.status_code == status
     assert message in answer.json()["error"]
+
+
+def test_strict_types_still_take_what_json_means(client: TestClient) -> None:
+    answer = client.post("/api/v1/sim/faults", json={"gpu": 2, "kind": "thermal_slowdown", "duration_seconds": 5})
+    assert answer.status_code == 201 and answer.json()["duration_seconds"] == 5.0
+    assert client.get("/api/v1/sim/faults").json()["faults"][0]["gpu"] == 2
 
 
 def test_malformed_json_body(client: TestClient) -> None:

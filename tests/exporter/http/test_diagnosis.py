@@ -29,7 +29,13 @@ def metric(client: TestClient, name: str, **labels: str) -> float | None:
 
 def test_a_quiet_node(client: TestClient) -> None:
     body = client.get("/api/v1/diagnosis").json()
-    assert body["node"] == {"health": "healthy", "action": "IGNORE", "summary": "8 GPUs, 8 up; node healthy"}
+    assert body["node"] == {
+        "health": "healthy",
+        "action": "IGNORE",
+        "summary": "8 GPUs, 8 up; node healthy",
+        "affected": [],
+        "incomplete": [],
+    }
     assert len(body["gpus"]) == 8 and body["findings"] == [] and body["boot_id"] == "boot-1"
     assert metric(client, "nvidia_gpu_health", gpu="0", status="healthy") == 1.0
     assert metric(client, "gpu_triage_node_health", status="healthy") == 1.0
@@ -41,20 +47,27 @@ def test_xid_79_to_verdict_to_acknowledgement(client: TestClient, daemon: Daemon
     while client.get("/api/v1/diagnosis").json()["node"]["health"] != "unhealthy":
         assert time.monotonic() < deadline, "the XID never reached the verdict"
         time.sleep(0.02)
+    daemon.poller.poll(FAST)  # the simulated GPU fell off the bus with its Xid 79, as a real one does
     body = client.get("/api/v1/diagnosis").json()
     assert body["node"]["action"] == "REBOOT_NODE"
-    assert body["node"]["summary"] == "8 GPUs, 8 up; node unhealthy: REBOOT_NODE on GPU 3"
+    assert body["node"]["summary"] == "8 GPUs, 7 up; node unhealthy: REBOOT_NODE: GPU 3 Xid 79"
     three = gpu(body, 3)
     assert (three["health"], three["action"], three["pci_bus_id"]) == ("unhealthy", "REBOOT_NODE", "0000:5d:00.0")
     finding = three["findings"][0]
     assert finding["class"] == "xid_79" and finding["playbook"] == "xid-79" and finding["severity"] == "critical"
     assert finding["details"]["since"] > 0 and finding["evidence"][0]["text"].startswith("Xid 79")
+    # The GPU lost now is the one its Xid 79 named: one finding, which also says what the driver answers now.
+    assert [f["class"] for f in three["findings"]] == ["xid_79"] and three["status"] == "lost"
+    assert finding["evidence"][-1] == {"line": None, "text": "GPU 3 is lost (simulated)"}
     assert body["findings"][0]["id"] == finding["id"]
     assert metric(client, "nvidia_gpu_health", gpu="3", status="unhealthy") == 1.0
     assert metric(client, "nvidia_gpu_recommended_action", gpu="3", action="REBOOT_NODE") == 1.0
     assert metric(client, "nvidia_gpu_recommended_action", gpu="2", action="IGNORE") == 1.0
+    # An acknowledgement closes the XID's finding; a GPU that still does not answer stays lost until it does.
     ack = client.post("/api/v1/gpus/3/acknowledge", json={"note": "rebooted by hand, ticket OPS-1"})
-    assert ack.status_code == 200 and ack.json()["health"] == "healthy"
+    assert ack.status_code == 200 and [f["class"] for f in ack.json()["findings"]] == ["gpu_lost"]
+    client.delete("/api/v1/sim/faults")  # the node came back from its reboot
+    daemon.poller.poll(FAST)
     assert client.get("/api/v1/diagnosis").json()["node"]["health"] == "healthy"
     assert metric(client, "nvidia_gpu_recommended_action", gpu="3", action="IGNORE") == 1.0
 
@@ -69,23 +82,51 @@ def test_a_lost_gpu_is_unhealthy_without_any_xid(client: TestClient, daemon: Dae
     daemon.poller.poll(FAST)
     five = gpu(client.get("/api/v1/diagnosis").json(), 5)
     assert (five["status"], five["health"], five["action"]) == ("lost", "unhealthy", "REBOOT_NODE")
-    assert five["findings"][0]["class"] == "gpu_lost" and five["findings"][0]["steps"]
+    lost = five["findings"][0]
+    assert lost["class"] == "gpu_lost" and lost["steps"]
+    # When it was lost and what the backend answered: not an invented NVML message, not "line 0".
+    assert lost["evidence"] == [{"line": None, "text": "GPU 5 is lost (simulated)"}]
+    assert lost["details"]["first_seen"] > 0 and lost["details"]["first_seen_iso"].endswith("Z")
 
 
 def test_kernel_log_xid_on_a_gpu_the_driver_no_longer_lists(client: TestClient, daemon: Daemon) -> None:
+    """The kernel bound 0000:e1:00 to a GPU, which then fell off the bus before the daemon started: the driver
+    lists no GPU there. Its Xid 79 is judged as Xid 79 is (REBOOT_NODE), on that bus id, with the kernel's line as
+    the only evidence, and no GPU of the node is called lost."""
     kmsg = daemon.settings.kmsg_path
-    kmsg.write_text(
-        "NVRM: GPU at PCI:0000:e1:00: GPU-0b11d014-6ba6-4f3e-9e6a-7e1a1234abcd\n"
-        "NVRM: Xid (PCI:0000:e1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
-    )
+    xid79 = "NVRM: Xid (PCI:0000:e1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    kmsg.write_text(f"NVRM: GPU at PCI:0000:e1:00: GPU-0b11d014-6ba6-4f3e-9e6a-7e1a1234abcd\n{xid79}\n")
     deadline = time.monotonic() + 5
-    while len(client.get("/api/v1/diagnosis").json()["gpus"]) < 9:
+    while client.get("/api/v1/diagnosis").json()["node"]["health"] != "unhealthy":
         assert time.monotonic() < deadline
         time.sleep(0.02)
     body = client.get("/api/v1/diagnosis").json()
-    missing = body["gpus"][-1]
-    assert missing["status"] == "missing" and missing["action"] == "REBOOT_NODE"
-    assert body["node"]["health"] == "unhealthy"
+    assert len(body["gpus"]) == 8 and all(g["health"] == "healthy" for g in body["gpus"])
+    [found] = body["findings"]
+    assert (found["class"], found["action"], found["gpu"]) == ("unknown_device", "REBOOT_NODE", None)
+    assert found["details"]["pci_bus_id"] == "0000:e1:00.0" and found["details"]["xid"] == 79
+    assert found["details"]["uuid"] == "GPU-0b11d014-6ba6-4f3e-9e6a-7e1a1234abcd"
+    assert [e["text"] for e in found["evidence"]] == [xid79]
+    assert body["node"]["summary"] == "8 GPUs, 8 up; node unhealthy: REBOOT_NODE: 0000:e1:00.0 Xid 79"
+
+
+def test_an_xid_on_a_bus_id_that_is_no_gpu_is_judged_by_its_code(client: TestClient, daemon: Daemon) -> None:
+    """Xid 13 is an application's fault wherever it is reported: on a bus id no GPU sits at, it makes no REBOOT_NODE,
+    no lost GPU and no evidence the driver never gave."""
+    with daemon.settings.kmsg_path.open("a") as f:
+        f.write("NVRM: Xid (PCI:0000:ee:00): 13, pid=1, name=x, Graphics Exception\n")
+    deadline = time.monotonic() + 5
+    while not client.get("/api/v1/diagnosis").json()["findings"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    body = client.get("/api/v1/diagnosis").json()
+    assert (body["node"]["health"], body["node"]["action"]) == ("degraded", "CHECK_APP")
+    [found] = body["findings"]
+    assert found["class"] == "unknown_device" and found["details"]["xid"] == 13
+    assert [e["text"] for e in found["evidence"]] == [
+        "NVRM: Xid (PCI:0000:ee:00): 13, pid=1, name=x, Graphics Exception"
+    ]
+    assert all(g["health"] == "healthy" for g in body["gpus"])
 
 
 def test_events_api(client: TestClient, daemon: Daemon, clock: FakeClock) -> None:

@@ -45,7 +45,9 @@ def test_an_unhealthy_gpu_shows_its_action_runbook_and_last_xid(client: TestClie
     text = wait_for(page, 10, interval=0.05, what="both XIDs on the landing page")
     verdict = text.split('<section class="verdict verdict-unhealthy">', 1)[1].split("</section>", 1)[0]
     assert "<h2>Node unhealthy</h2>" in verdict
-    assert f"<b>REBOOT_NODE</b> on GPU 1 (0000:2a:00.0): {Action.REBOOT_NODE.description}" in verdict
+    # Every GPU that needs an action is named, the most urgent first.
+    assert f"<p><b>REBOOT_NODE</b>: {Action.REBOOT_NODE.description}</p>" in verdict
+    assert "<ul><li>REBOOT_NODE: GPU 1 Xid 79</li><li>CHECK_APP: GPU 6 Xid 13</li></ul>" in verdict
     assert text.index("verdict-unhealthy") < text.index('<table id="gpus">')
 
     one = row(text, "GPU 1")
@@ -61,8 +63,8 @@ def test_an_unhealthy_gpu_shows_its_action_runbook_and_last_xid(client: TestClie
 
 
 def test_the_last_xid_stays_after_an_acknowledgement(client: TestClient) -> None:
-    client.post("/api/v1/sim/faults", json={"gpu": 3, "kind": "xid", "xid": 79})
+    client.post("/api/v1/sim/faults", json={"gpu": 3, "kind": "xid", "xid": 48})
     wait_for(lambda: "verdict-unhealthy" in client.get("/").text, 10, interval=0.05, what="GPU 3 unhealthy")
     client.post("/api/v1/gpus/3/acknowledge", json={})
     three = row(client.get("/").text, "GPU 3")
-    assert 'sev-healthy">healthy<' in three and "Xid 79" in three
+    assert 'sev-healthy">healthy<' in three and "Xid 48" in three

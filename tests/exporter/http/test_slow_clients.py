@@ -72,7 +72,7 @@ def answer(sock: socket.socket) -> bytes:
 
 def test_a_trickled_head_is_cut_off(strict: Server) -> None:
     with connect(strict.url) as sock:
-        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         assert closed_by_server(sock, trickle=b"X-a: b\r\n"), "a head trickled for 15 s kept its connection"
 
 
@@ -83,7 +83,7 @@ def test_a_silent_connection_is_cut_off(strict: Server) -> None:
 
 def test_a_kept_alive_connection_must_send_its_next_head_in_time(strict: Server) -> None:
     with connect(strict.url) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         sock.settimeout(10)
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")
@@ -93,7 +93,7 @@ def test_a_kept_alive_connection_must_send_its_next_head_in_time(strict: Server)
 def test_a_body_declared_too_large_is_refused_before_it_is_sent(strict: Server) -> None:
     with connect(strict.url) as sock:
         sock.sendall(
-            b"POST /api/v1/gpus/0/acknowledge HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /api/v1/gpus/0/acknowledge HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 800000000\r\n\r\n"
         )
         reply = answer(sock)
@@ -106,7 +106,7 @@ def test_a_body_declared_too_large_is_refused_before_it_is_sent(strict: Server) 
 )
 def test_a_body_that_does_not_arrive_in_time_is_refused(strict: Server, path: str, kind: bytes) -> None:
     with connect(strict.url) as sock:
-        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n".encode()
+        head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n".encode()
         sock.sendall(head + b"Content-Type: " + kind + b"\r\n\r\n" + b"{")
         reply = answer(sock)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
@@ -116,7 +116,7 @@ def test_slow_uploads_do_not_hold_the_diagnose_slots(strict: Server) -> None:
     slow = [connect(strict.url) for _ in range(2)]
     try:
         for sock in slow:
-            sock.sendall(b"POST /api/v1/diagnose HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nNCCL")
+            sock.sendall(b"POST /api/v1/diagnose HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\nNCCL")
         time.sleep(0.3)  # both are inside the handler, reading
         fast = httpx.post(f"{strict.url}/api/v1/diagnose", content=b"NCCL WARN Call to ibv_poll_cq failed\n")
         assert fast.status_code == 200, fast.text
@@ -141,7 +141,7 @@ def test_trickling_connections_do_not_keep_scrapers_out(tmp_path: Path) -> None:
                     sock = connect(d.url)
                     held.append(sock)
                     with contextlib.suppress(OSError):
-                        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             for _ in range(20):
                 scrape = httpx.get(f"{d.url}/metrics", timeout=10)
                 assert scrape.status_code == 200 and "nvidia_gpu_up" in scrape.text

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import collections
 import contextlib
 import secrets
 import ssl
@@ -202,3 +204,60 @@ def test_correct_scrapes_get_through_a_flood_of_wrong_passwords(tmp_path: Path) 
             for t in attackers:
                 t.join()
     assert set(denied) <= {401, 429}, set(denied)
+
+
+def _flood(url: str, stop: threading.Event, denied: list[int], source: str) -> None:
+    """Wrong passwords for a real user, a new one each time, from the loopback address `source`."""
+    with httpx.Client(timeout=60, transport=httpx.HTTPTransport(local_address=source)) as c:
+        while not stop.is_set():
+            with contextlib.suppress(httpx.TransportError):
+                denied.append(c.get(f"{url}/metrics", auth=("prometheus", secrets.token_hex(8))).status_code)
+
+
+def test_a_flood_leaves_room_for_scrapers_the_daemon_has_not_seen_yet(tmp_path: Path) -> None:
+    """Right after a restart no credentials are known, so the right password needs its bcrypt round too. A
+    flood of wrong ones from other addresses (24 threads on four, all of 127.0.0.0/8 is this machine) must
+    not take every place: each scraper's first scrape gets through."""
+    users = {f"scraper{i}": bcrypt.hashpw(f"pw{i}".encode(), bcrypt.gensalt(rounds=10)).decode() for i in range(4)}
+    users["prometheus"] = users["scraper0"]
+    config = tmp_path / "web.yml"
+    config.write_text("basic_auth_users:\n" + "".join(f"  {u}: '{h}'\n" for u, h in users.items()))
+    with serve(tmp_path / "state", "--web.config.file", str(config)) as d:
+        stop = threading.Event()
+        denied: list[int] = []
+        attackers = [
+            threading.Thread(target=_flood, args=(d.url, stop, denied, f"127.0.0.{2 + i % 4}")) for i in range(24)
+        ]
+        for t in attackers:
+            t.start()
+        try:
+            # Under way: every attacking address has been told its password is wrong (one at a time, while new).
+            wait_for(lambda: denied.count(401) >= 12, timeout=60, what="the flood to be under way")
+            for i in range(4):
+                with httpx.Client(timeout=20, transport=httpx.HTTPTransport(local_address="127.0.0.1")) as scraper:
+                    answer = scraper.get(f"{d.url}/metrics", auth=(f"scraper{i}", f"pw{i}"))
+                    assert answer.status_code == 200, f"scraper{i}: {answer.status_code} {answer.text}"
+        finally:
+            stop.set()
+            for t in attackers:
+                t.join()
+    assert 429 in denied and set(denied) <= {401, 429}, collections.Counter(denied)
+
+
+def test_an_unknown_user_costs_what_a_known_one_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hash an unknown user is checked against has the cost of the dearest configured one (bcrypt's
+    `$2b$<cost>$`): a cheaper one answers faster and tells which names exist."""
+    from gpu_triage.exporter.http import web_config
+
+    dear = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=11))
+    checked: list[bytes] = []
+
+    def record(hashed: bytes, password: bytes) -> bool:
+        checked.append(hashed)
+        return False
+
+    monkeypatch.setattr(web_config, "_password_ok", record)
+    checks = web_config.PasswordChecks({"cheap": HASH.encode(), "dear": dear})
+    assert asyncio.run(checks.check(b"nobody", b"guess", None, "192.0.2.1")) is False
+    assert asyncio.run(checks.check(b"dear", b"guess", dear, "192.0.2.1")) is False
+    assert [h.split(b"$")[2] for h in checked] == [b"11", b"11"]

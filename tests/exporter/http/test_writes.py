@@ -60,6 +60,64 @@ def test_genuine_acknowledgements_pass(client: TestClient, daemon: Daemon, heade
     assert acknowledgements(daemon) == 1
 
 
+REBOUND = "rebind.attacker.test:19482"
+# What a browser sends for a page on rebind.attacker.test once that name resolves to the node: to the browser
+# it is the page's own origin.
+REBINDING = {**JSON, "host": REBOUND, "origin": f"http://{REBOUND}", "sec-fetch-site": "same-origin"}
+
+
+def test_dns_rebinding_cannot_acknowledge_or_inject_faults(client: TestClient, daemon: Daemon) -> None:
+    answer = client.post(ACK, content=b"{}", headers=REBINDING)
+    assert answer.status_code == 421, answer.text
+    assert "rebind.attacker.test" in answer.json()["error"] and "--web.allowed-hosts" in answer.json()["error"]
+    assert acknowledgements(daemon) == 0
+    fault = client.post("/api/v1/sim/faults", content=b'{"gpu": 1, "kind": "gpu_lost"}', headers=REBINDING)
+    assert fault.status_code == 421
+    assert client.delete("/api/v1/sim/faults", headers={"host": REBOUND}).status_code == 421
+    diagnose = client.post("/api/v1/diagnose", content=b"x\n", headers={**REBINDING, "content-type": "text/plain"})
+    assert diagnose.status_code == 421  # nor make the node work for the page
+    assert client.get("/api/v1/sim/faults").json()["faults"] == []
+    # Reading stays open whatever the name, as Prometheus (which sends its target's name) expects.
+    assert client.get("/metrics", headers={"host": REBOUND}).status_code == 200
+    assert client.get("/api/v1/diagnosis", headers={"host": REBOUND}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1:9481",
+        "10.1.2.3",  # an address cannot be rebound, whichever of the node's it is
+        "[::1]:9481",
+        "localhost:9481",
+        "LOCALHOST.",
+        "node.localhost",  # browsers resolve every .localhost name to the machine itself
+        "testserver",  # --web.allowed-hosts (tests/conftest.py)
+        "TestServer:80",
+    ],
+)
+def test_the_daemon_s_own_names_can_still_change_state(client: TestClient, daemon: Daemon, host: str) -> None:
+    answer = client.post(ACK, content=b"{}", headers={**JSON, "host": host, "origin": f"http://{host}"})
+    assert answer.status_code == 200, answer.text
+    assert acknowledgements(daemon) == 1
+
+
+def test_the_machine_s_name_and_the_listen_address_names_are_its_own(
+    sim: SimBackend, clock: FakeClock, tmp_path: Path
+) -> None:
+    import socket
+
+    clock.advance(120)
+    d = Daemon(sim, settings(tmp_path, web_listen_address=["gpu-node-7.example:9481"]), clock=clock)
+    d.start()
+    try:
+        with TestClient(create_app(d)) as c:
+            for host in (socket.gethostname(), "gpu-node-7.example", "gpu-node-7"):
+                assert c.post(ACK, headers={"host": f"{host}:9481"}).status_code == 200, host
+            assert c.post(ACK, headers={"host": "gpu-node-8.example:9481"}).status_code == 421
+    finally:
+        d.stop()
+
+
 def test_acknowledging_without_a_body_needs_no_content_type(client: TestClient, daemon: Daemon) -> None:
     """`curl -XPOST .../acknowledge`, as the verdict's next steps print it."""
     assert client.post(ACK).status_code == 200

@@ -17,8 +17,8 @@ from gpu_triage.exporter.sources.records import Record, parse_record
 
 def test_parse_record() -> None:
     record = parse_record("4,1234,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x\n SUBSYSTEM=pci\n", 100.0)
-    assert record == Record(1234, 105.0, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x")
-    assert parse_record("6,7,8,c,extra;text;with;semicolons", 0.0) == Record(7, 8e-6, "text;with;semicolons")
+    assert record == Record(1234, 105.0, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x", kernel=True)
+    assert parse_record("6,7,8,c,extra;text;with;semicolons", 0.0) == Record(7, 8e-6, "text;with;semicolons", True)
     for bad in ("no header here", "6,x,8,-;text", "6,7;text", ""):
         assert parse_record(bad, 0.0) is None
     # What a corrupt or hostile record may hold: a number too long for the kernel to have written (one
@@ -83,14 +83,17 @@ def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
     follower, got = follow(log)
     try:
         # Lines are numbered by line; a kmsg record keeps its own time, a plain line is stamped when read.
-        assert got.wait_for(2) == [Record(1, 1002.0, "first record"), Record(2, 5.0, "[ 12.3] a plain dmesg line")]
+        assert got.wait_for(2) == [
+            Record(1, 1002.0, "first record", kernel=True),
+            Record(2, 5.0, "[ 12.3] a plain dmesg line"),
+        ]
         with log.open("a") as f:
             f.write("6,11,3000000,-;appended")  # no newline yet: not a whole line
             f.flush()
             time.sleep(0.1)
             assert len(got.records) == 2
             f.write("\n")
-        assert got.wait_for(3)[-1] == Record(3, 1003.0, "appended")
+        assert got.wait_for(3)[-1] == Record(3, 1003.0, "appended", kernel=True)
         assert follower.stats.up
         assert set(got.origins) == {file_origin(log)}
     finally:
@@ -132,7 +135,8 @@ def test_a_rotated_file_is_followed_from_its_start(tmp_path: Path) -> None:
         got.wait_for(100)
         log.rename(tmp_path / "kern.log.1")
         log.write_text("6,1,0,-;new file, line 1\n")
-        assert got.wait_for(101)[-1] == Record(101, 1000.0, "new file, line 1")  # numbered on: one path, one count
+        # Numbered on: one path, one count.
+        assert got.wait_for(101)[-1] == Record(101, 1000.0, "new file, line 1", kernel=True)
         assert set(got.origins) == {file_origin(log)}
     finally:
         follower.stop()
@@ -282,7 +286,7 @@ def test_a_file_truncated_in_place_is_read_from_its_start(tmp_path: Path) -> Non
         got.wait_for(5)
         with log.open("w") as f:
             f.write("6,9,0,-;after the truncation\n")
-        assert got.wait_for(6)[-1] == Record(6, 1000.0, "after the truncation")
+        assert got.wait_for(6)[-1] == Record(6, 1000.0, "after the truncation", kernel=True)
     finally:
         follower.stop()
 

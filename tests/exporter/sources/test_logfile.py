@@ -114,20 +114,41 @@ def test_restarts_resume_exactly(tmp_path: Path) -> None:
 
 
 def test_an_endless_line_is_skipped_without_being_kept(tmp_path: Path) -> None:
-    """A line with no newline for megabytes (a runaway writer, NULs after a power loss) costs no memory."""
+    """A line with no newline for megabytes (a runaway writer) costs no memory."""
     log = tmp_path / "kern.log"
     log.write_text("")
     follower, got = started(log)
     try:
         with log.open("ab") as f:
-            f.write(b"\0" * (8 * MAX_LINE_BYTES))
+            f.write(b"x" * (8 * MAX_LINE_BYTES))
             f.flush()
             time.sleep(0.1)
-            f.write(b"\0" * (8 * MAX_LINE_BYTES) + b"\n")
+            f.write(b"x" * (8 * MAX_LINE_BYTES) + b"\n")
             f.write(plain(1, "after").encode())
         got.wait_for(1)
         assert texts(got) == ["after 1"]
         assert follower.stats.malformed == 1
+    finally:
+        follower.stop()
+
+
+def test_nul_padding_after_a_power_loss_ends_a_line_and_the_next_one_is_read(tmp_path: Path) -> None:
+    """After a power loss a log file holds NULs where its last blocks were never written, after a line cut short,
+    and then the first lines written after the reboot, often the XID that explains the crash. However much padding
+    there is, what follows it is a line."""
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    follower, got = started(log)
+    try:
+        with log.open("ab") as f:
+            f.write(plain(1, "before").encode())
+            f.write(b"Dec  1 13:59:59 node1 kernel: [ 1.2] a line cut sh" + b"\0" * (8 * MAX_LINE_BYTES))
+            f.flush()
+            time.sleep(0.1)
+            f.write(b"\0" * 4000 + plain(2, "after").encode() + plain(3, "next").encode())
+        got.wait_for(3)
+        assert texts(got) == ["before 1", "after 2", "next 3"]
+        assert follower.stats.malformed == 0
     finally:
         follower.stop()
 

@@ -373,10 +373,10 @@ def test_lines_the_code_cannot_process_are_skipped_not_retried_forever(
     p, _ = pipeline(tmp_path)
     real = p._parser.feed
 
-    def feed(text: str, line: int) -> list[Any]:
+    def feed(text: str, line: int, kernel: bool | None = None) -> list[Any]:
         if "poison" in text:
             raise ValueError("a line the parser was never meant to see")
-        return real(text, line)
+        return real(text, line, kernel)
 
     monkeypatch.setattr(p._parser, "feed", feed)
     p.start()

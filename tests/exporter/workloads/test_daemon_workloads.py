@@ -4,7 +4,10 @@ never holds the daemon up."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_triage.exporter.backends.readings import Processes
-from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
+from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.app import create_app
 from gpu_triage.exporter.polling.poller import FAST
@@ -184,6 +187,29 @@ def test_a_slow_kubelet_never_holds_up_the_daemon(tmp_path: Path, kubelet: PodRe
         daemon.stop()
 
 
+def test_a_cgroup_file_that_blocks_holds_up_nothing(tmp_path: Path) -> None:
+    """A FIFO where GPU 0's process has its cgroup file: the daemon starts, answers, and names the other jobs."""
+    procfs = tmp_path / "proc"
+    shutil.copytree(PROCFS, procfs)
+    (procfs / "41000/cgroup").unlink()
+    os.mkfifo(procfs / "41000/cgroup")
+    started: list[Daemon] = []
+    thread = threading.Thread(target=lambda: started.append(start(tmp_path, None, procfs=procfs)))
+    thread.start()
+    thread.join(30)
+    try:
+        assert started, "the daemon did not start: a read of the FIFO holds it"
+        daemon = started[0]
+        assert TestClient(create_app(daemon)).get("/healthz").status_code == 200
+        jobs = {s["job_id"] for s in series(daemon, "nvidia_gpu_job_info")}
+        assert "4243" in jobs and {s["gpu"] for s in series(daemon, "nvidia_gpu_job_info")} >= {"1", "2"}
+    finally:
+        os.close(os.open(procfs / "41000/cgroup", os.O_RDWR | os.O_NONBLOCK))  # lets any reader go
+        thread.join(10)
+        for daemon in started:
+            daemon.stop()
+
+
 def test_no_kubelet_and_no_slurm(tmp_path: Path) -> None:
     daemon = start(tmp_path, None, procfs=tmp_path / "empty")
     try:
@@ -224,6 +250,40 @@ def test_a_mig_device_s_pod_and_job_carry_its_labels(tmp_path: Path, kubelet: Po
             "pod": "llm-0",
             "container": "server",
             "mig_uuid": small.uuid,
+            "gpu_instance": 1,
         } in zero
+    finally:
+        daemon.stop()
+
+
+def test_an_xid_in_a_mig_instance_names_that_instance_and_its_workload(tmp_path: Path) -> None:
+    """NVML puts an XID in the MIG instance it hit (gpuInstanceId); the driver's event says so, the finding
+    keeps it, and it names the job in that instance, not its neighbour's, unless what it calls for (a reset)
+    takes the whole GPU and every instance with it."""
+    daemon = start(tmp_path, None, scenario="h100-mig")
+    try:
+        processes = daemon.snapshot.gpus[0].get(Processes)
+        assert processes is not None
+        small, large = sorted(processes.instances, key=lambda m: m.gpu_instance)
+        sim = daemon.backend
+        assert isinstance(sim, SimBackend)
+        sim.inject(FaultSpec(gpu=0, kind="xid", xid=13, gpu_instance=large.gpu_instance))
+        wait_for(daemon.journal.events, what="the XID in the journal")
+        daemon.refresh()
+        [event] = daemon.journal.events()
+        assert (event.details["gpu_instance"], event.details["compute_instance"]) == (str(large.gpu_instance), "0")
+        body = daemon.diagnosis()
+        [finding] = body["gpus"][0]["findings"]
+        assert finding["details"]["gpu_instance"] == str(large.gpu_instance)
+        assert [w["job_id"] for w in finding["workloads"]] == ["5002"], "the job of that instance, not of its neighbour"
+        [place] = body["node"]["affected"]
+        assert place["where"] == f"GPU 0 instance {large.gpu_instance}"
+
+        sim.inject(FaultSpec(gpu=0, kind="xid", xid=48, gpu_instance=small.gpu_instance))
+        wait_for(lambda: len(daemon.journal.events()) == 2, what="the second XID")
+        daemon.refresh()
+        reset = next(f for f in daemon.diagnosis()["gpus"][0]["findings"] if f["class"] == "xid_48")
+        assert reset["action"] == "RESET_GPU", "a reset takes the whole GPU: every instance's work is named"
+        assert sorted(w["job_id"] for w in reset["workloads"]) == ["5001", "5002"]
     finally:
         daemon.stop()

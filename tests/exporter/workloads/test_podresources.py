@@ -4,11 +4,13 @@ bytes that are not the message they should be."""
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 
 from gpu_triage.exporter.workloads.podresources import (
     ContainerDevices,
+    DeadlineError,
     Devices,
     WireError,
     decode_allocatable,
@@ -71,3 +73,11 @@ def test_every_truncation_of_a_real_answer_is_an_error_or_a_prefix_never_a_crash
     for cut in range(len(data)):
         with contextlib.suppress(WireError):
             decode_list(data[:cut])
+
+
+def test_decoding_stops_at_the_deadline() -> None:
+    pods = [Pod("ns", f"p{i}", [Container("main", {"nvidia.com/gpu": [f"GPU-{i}"]})]) for i in range(1000)]
+    raw = encode_list(pods)
+    assert len(decode_list(raw, deadline=time.monotonic() + 60)) == 1000
+    with pytest.raises(DeadlineError, match=r"^0 pods of an answer of 0\.1 MB decoded by the deadline$"):
+        decode_list(raw, deadline=time.monotonic() - 1)

@@ -16,7 +16,7 @@ from gpu_triage.exporter.backends.base import Collector, GpuIdentity
 from gpu_triage.exporter.backends.readings import MigInstance, Processes
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.workloads.placement import Assignment, DeviceIndex
-from gpu_triage.exporter.workloads.pods import PodSource, State, assign
+from gpu_triage.exporter.workloads.pods import MAX_PODS_PER_GPU, PodSource, State, assign
 from tests.daemon_proc import wait_for
 from tests.podresources_server import Container, Pod, PodResourcesServer, pod_resources_server
 
@@ -37,7 +37,15 @@ def node() -> Snapshot:
 
 def pod(namespace: str, name: str, container: str = "main", mig: MigInstance | None = None) -> Assignment:
     return Assignment(
-        Workload("pod", name, namespace=namespace, container=container, mig_uuid=mig.uuid if mig else ""), mig
+        Workload(
+            "pod",
+            name,
+            namespace=namespace,
+            container=container,
+            mig_uuid=mig.uuid if mig else "",
+            gpu_instance=mig.gpu_instance if mig else None,
+        ),
+        mig,
     )
 
 
@@ -146,6 +154,58 @@ def test_a_slow_kubelet_hits_the_deadline_and_the_last_answer_stays(kubelet: Pod
     assert src.state == State.FAILING and src.up is False
     assert src.error is not None and "did not answer within 0.3s" in src.error
     assert mapped(src) == {GPU[0]: (pod("ml", "trainer-0"),)}, "what was known is still the best answer"
+
+
+def replicas(n: int, gpu: str = GPU[0]) -> list[Pod]:
+    """`n` pods, each on a time-sliced replica of `gpu`: about 130 bytes each in List's answer."""
+    return [
+        Pod(f"ns{i % 50}", f"pod-{i:06d}", [Container("main", {"nvidia.com/gpu": [f"{gpu}::{i}"]})]) for i in range(n)
+    ]
+
+
+def test_an_answer_too_large_for_any_node_is_a_failure_and_the_last_answer_stays(kubelet: PodResourcesServer) -> None:
+    kubelet.pods = [Pod("ml", "trainer-0", [Container("main", {"nvidia.com/gpu": [GPU[0]]})])]
+    src = source(kubelet)
+    src.read_once()
+    kubelet.pods = replicas(40_000)  # 5 MB
+    assert src.read_once() is True
+    assert src.state == State.FAILING and src.error is not None and "over 4 MiB" in src.error, src.error
+    assert mapped(src) == {GPU[0]: (pod("ml", "trainer-0"),)}, "what was known is still the best answer"
+
+
+def test_decoding_is_within_the_deadline_too(kubelet: PodResourcesServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer that arrives in time but takes longer to decode than the deadline leaves (a big answer on a
+    busy node: here each container's devices take a millisecond) is a failure, not a late success."""
+    from gpu_triage.exporter.workloads import podresources
+
+    kubelet.pods = [Pod("ml", "trainer-0", [Container("main", {"nvidia.com/gpu": [GPU[0]]})])]
+    src = source(kubelet, deadline=1.0)
+    src.read_once()
+    kubelet.pods = replicas(3000)
+    real = podresources._devices
+
+    def slow(buf: bytes) -> podresources.Devices:
+        time.sleep(0.001)
+        return real(buf)
+
+    monkeypatch.setattr(podresources, "_devices", slow)
+    src.read_once()
+    assert src.state == State.FAILING and src.error is not None, src.state
+    assert src.error.startswith("the kubelet's answer could not be read within 1s"), src.error
+    assert mapped(src) == {GPU[0]: (pod("ml", "trainer-0"),)}
+
+
+def test_at_most_so_many_pods_are_named_on_one_gpu() -> None:
+    """/metrics and every render stay small whatever the kubelet says: past what sharing a GPU can mean, the
+    rest are counted in the status, not shown."""
+    from gpu_triage.exporter.workloads.podresources import Answer, ContainerDevices, Devices
+
+    containers = [
+        ContainerDevices("ns", f"p{i}", "main", (Devices("nvidia.com/gpu", (f"{GPU[0]}::{i}",)),)) for i in range(300)
+    ]
+    placed = assign(Answer(containers, None), DeviceIndex(node()))
+    assert len(placed.assignments[GPU[0]]) == MAX_PODS_PER_GPU and placed.not_shown == 300 - MAX_PODS_PER_GPU
+    assert placed.assignments[GPU[0]][0] == pod("ns", "p0"), "the first ones listed are kept"
 
 
 def test_explicit_socket_missing_is_a_failure(tmp_path: Path) -> None:

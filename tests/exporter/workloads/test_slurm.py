@@ -7,15 +7,21 @@ import os
 import pwd
 import shutil
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from gpu_triage.exporter.workloads.slurm import ProcessJobs, SlurmStep, UserNames, real_uid, step_of
+from gpu_triage.exporter.workloads import slurm
+from gpu_triage.exporter.workloads.slurm import ProcessJobs, SlurmStep, real_uid, step_of
+from gpu_triage.exporter.workloads.user_names import UserNames
 from tests.conftest import REPO
 from tests.daemon_proc import wait_for
 
 PROCFS = REPO / "tests/fixtures/procfs"
+T = TypeVar("T")
 
 
 @pytest.mark.parametrize(
@@ -55,10 +61,34 @@ def test_slurm_cgroup_shapes(cgroup: str, expected: SlurmStep) -> None:
         "0::/",
         "",
         "garbage without colons",
+        # A user's own delegated subtree: theirs to name as they like, so no job of Slurm's, whatever it says.
+        "0::/user.slice/user-1000.slice/user@1000.service/app.slice/job_4242/step_0",
+        "0::/user.slice/user-1000.slice/user@1000.service/app.slice/slurmstepd.scope/job_4242/step_0",
+        "0::/user.slice/user-1000.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+        "0::/../../user.slice/user-1000.slice/user@1000.service/slurmstepd.scope/job_4242/step_0",
+        "0::/system.slice/slurmd.service/slurmstepd.scope/job_7/step_0",  # a scope inside a service
+        "0::/slurmstepd.scope/job_7/step_0",  # no slice above it
+        "0::/system.slice/slurmstepd.scope/job_7/other/step_0",  # not a step below the job
+        "0::/system.slice/slurmstepd.scope/scratch/step_0",  # neither a job id nor a SLUID
+        # cgroup/v1: only under the prepend, with the uid level
+        "4:memory:/home/uid_1000/job_12/step_0",
+        "4:memory:/user/slurm/uid_1000/job_12/step_0",
+        "4:memory:/slurm/job_12/step_0",
+        "4:memory:/slurm/uid_1000/other/job_12/step_0",
     ],
 )
 def test_other_cgroups_are_no_job(cgroup: str) -> None:
     assert step_of(cgroup) is None
+
+
+def test_a_v1_job_s_process_is_its_owner_s(tmp_path: Path) -> None:
+    """In v1 the path names the job's owner: a process of another user in that tree is not the job's."""
+    procfs = tmp_path / "proc"
+    for pid, uid in ((1, 1000), (2, 2000)):
+        (procfs / str(pid)).mkdir(parents=True)
+        (procfs / f"{pid}/cgroup").write_text("4:memory:/slurm/uid_1000/job_12/step_0/task_0\n")
+        (procfs / f"{pid}/status").write_text(f"Name:\tpython3\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    assert ProcessJobs(procfs).jobs({1, 2}) == {1: SlurmStep("12", "0", 1000)}
 
 
 def test_real_uid_from_status() -> None:
@@ -109,6 +139,81 @@ def test_an_unreadable_or_huge_cgroup_file_is_no_job(tmp_path: Path) -> None:
     (procfs / "2").mkdir()
     (procfs / "2/cgroup").mkdir()  # not a file
     assert ProcessJobs(procfs).jobs({1, 2}) == {}
+
+
+def in_thread(fn: Callable[[], T], seconds: float) -> T:
+    """fn(), which must return within `seconds` (a blocked read would hold the poll and the render)."""
+    result: list[T] = []
+    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds:g}s"
+    return result[0]
+
+
+def test_a_fifo_where_the_cgroup_file_should_be_blocks_nothing(tmp_path: Path) -> None:
+    procfs = tmp_path / "proc"
+    shutil.copytree(PROCFS / "cgroup-v2/41000", procfs / "41000")
+    (procfs / "41017").mkdir()
+    os.mkfifo(procfs / "41017/cgroup")
+    try:
+        jobs = in_thread(lambda: ProcessJobs(procfs).jobs({41000, 41017}), 5)
+        assert jobs == {41000: SlurmStep("4242", "0", 0)}
+    finally:
+        # Whatever happened, nothing may stay blocked on the FIFO: a writer lets a reader go.
+        fd = os.open(procfs / "41017/cgroup", os.O_RDWR | os.O_NONBLOCK)
+        os.close(fd)
+
+
+def test_a_slow_read_is_waited_for_briefly_and_shown_when_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    procfs = tmp_path / "proc"
+    shutil.copytree(PROCFS / "cgroup-v2", procfs)
+    release = threading.Event()
+    real_read = slurm._read
+
+    def slow_for_41017(path: Path) -> str | None:
+        if path.parent.name == "41017":
+            release.wait(30)
+        return real_read(path)
+
+    monkeypatch.setattr(slurm, "_read", slow_for_41017)
+    changed = threading.Event()
+    jobs = ProcessJobs(procfs, wait=0.05, deadline=30, on_change=changed.set)
+    assert in_thread(lambda: jobs.jobs({41000, 41017}), 5) == {41000: SlurmStep("4242", "0", 0)}
+    assert jobs.status()["slow_reads"] == 1 and not changed.is_set()
+    release.set()
+    assert changed.wait(10), "the render is asked again once the slow read returns"
+    assert jobs.jobs({41000, 41017})[41017].job_id == "4242"
+
+
+def test_a_read_past_the_deadline_is_written_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    procfs = tmp_path / "proc"
+    shutil.copytree(PROCFS / "cgroup-v2", procfs)
+    release = threading.Event()
+    real_read = slurm._read
+
+    def hangs_for_41017(path: Path) -> str | None:
+        if path.parent.name == "41017":
+            release.wait(30)  # a /proc that stops answering
+        return real_read(path)
+
+    monkeypatch.setattr(slurm, "_read", hangs_for_41017)
+    changed = threading.Event()
+    jobs = ProcessJobs(procfs, wait=0.05, deadline=0.3, on_change=changed.set)
+    try:
+        assert jobs.jobs({41017}) == {}
+        time.sleep(0.4)
+        assert in_thread(lambda: jobs.jobs({41017, 41034}), 5) == {41034: SlurmStep("4242", "batch", 0)}
+        assert jobs.status()["hung_reads"] == 1
+        release.set()
+        time.sleep(0.2)
+        assert jobs.jobs({41017, 41034}) == {41034: SlurmStep("4242", "batch", 0)}, "written off: no job"
+        assert not changed.is_set(), "a written-off read changes nothing when it returns"
+    finally:
+        release.set()
+        jobs.close()
 
 
 def test_user_names_resolve_at_once_when_nss_answers() -> None:

@@ -1,0 +1,129 @@
+"""The NVML backend's PCIe and NVLink readers: links, their error counters and the data they carry.
+
+Throughput comes from NVML's cumulative counters, differenced between polls (counter_rates.py):
+PCIe from NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES, exact bytes; NVLink from the per-link data counters
+(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX, in KiB), so a GPU without GPM (A100, or GPM switched off)
+still shows its NVLink traffic. NVLink errors are read as both generations name them: the data-link
+counters 161-163, which nvml.h says Blackwell and later do not support, and the NVLink5 link counters
+213-221 that replace them there; whichever the GPU answers is exported.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pynvml
+
+from gpu_triage.exporter.backends.nvml_query import Query
+from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading
+
+if TYPE_CHECKING:
+    from gpu_triage.exporter.backends.nvml import NvmlBackend
+
+KIB = 1024  # nvml.h: the NVLink throughput fields count "in KiB"
+# Only where the byte counters are missing (older drivers) or have not been read twice yet:
+# nvmlDeviceGetPcieThroughput's "KB/s" over a 20 ms window, taken as decimal kilobytes. nvml.h does
+# not say which; the same header writes "KiB" where it means 1024 bytes. To be settled on a GPU.
+PCIE_KB = 1000
+_PCIE_ERRORS = {
+    "l0_to_recovery": pynvml.NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER,
+    "correctable": pynvml.NVML_FI_DEV_PCIE_COUNT_CORRECTABLE_ERRORS,
+    "nak_received": pynvml.NVML_FI_DEV_PCIE_COUNT_NAKS_RECEIVED,
+    "receiver": pynvml.NVML_FI_DEV_PCIE_COUNT_RECEIVER_ERROR,
+    "bad_tlp": pynvml.NVML_FI_DEV_PCIE_COUNT_BAD_TLP,
+    "nak_sent": pynvml.NVML_FI_DEV_PCIE_COUNT_NAKS_SENT,
+    "bad_dllp": pynvml.NVML_FI_DEV_PCIE_COUNT_BAD_DLLP,
+    "non_fatal": pynvml.NVML_FI_DEV_PCIE_COUNT_NON_FATAL_ERROR,
+    "fatal": pynvml.NVML_FI_DEV_PCIE_COUNT_FATAL_ERROR,
+    "unsupported_request": pynvml.NVML_FI_DEV_PCIE_COUNT_UNSUPPORTED_REQ,
+    "lcrc": pynvml.NVML_FI_DEV_PCIE_COUNT_LCRC_ERROR,
+}
+# Per-link fields, scoped by link index, in the order _link() takes them.
+_LINK_FIELDS = (
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE,
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS,
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+)
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def read_pcie(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+    counters = [(pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0), (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)]
+    ids = counters + [(fid, 0) for fid in _PCIE_ERRORS.values()]
+    values = q.fields(h, ids, ["pcie_tx_bytes", "pcie_rx_bytes", *(f"pcie_{kind}" for kind in _PCIE_ERRORS)])
+    tx_bytes, rx_bytes = _int(values[0]), _int(values[1])
+    tx, rx = b.rates.rate((gpu, "pcie_tx"), tx_bytes), b.rates.rate((gpu, "pcie_rx"), rx_bytes)
+    if tx is None or rx is None:
+        # Each call samples a 20 ms window, which is why PCIe is a collector of its own.
+        tx_kb = q("pcie_tx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx_kb = q("pcie_rx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        tx = None if tx_kb is None else float(tx_kb * PCIE_KB)
+        rx = None if rx_kb is None else float(rx_kb * PCIE_KB)
+    errors = {kind: int(v) for kind, v in zip(_PCIE_ERRORS, values[2:], strict=True) if v is not None}
+    return Pcie(
+        link_generation=q("pcie_link_gen", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+        max_link_generation=q("pcie_max_link_gen", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+        link_width=q("pcie_link_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+        max_link_width=q("pcie_max_link_width", pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
+        replay_errors=q("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, h),
+        tx_bytes_per_second=tx,
+        rx_bytes_per_second=rx,
+        tx_bytes=tx_bytes,
+        rx_bytes=rx_bytes,
+        errors=errors,
+    )
+
+
+def read_nvlink(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+    links = _link_count(b, q, h, gpu)
+    if not links:
+        return NvLink(())
+    ids = [(field, link) for link in range(links) for field in _LINK_FIELDS]
+    names = [f"nvlink_{link}_{field}" for link in range(links) for field in _LINK_FIELDS]
+    values = q.fields(h, ids, names)
+    n = len(_LINK_FIELDS)
+    return NvLink(tuple(_link(b, gpu, link, values[link * n : (link + 1) * n]) for link in range(links)))
+
+
+def _link(b: NvmlBackend, gpu: int, link: int, values: list[float | None]) -> LinkReading:
+    state, replay, recovery, crc, events, failed, successful, effective, symbol, tx_kib, rx_kib = map(_int, values)
+    tx = None if tx_kib is None else tx_kib * KIB
+    rx = None if rx_kib is None else rx_kib * KIB
+    # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The count is of
+    # links the GPU has, cabled or not: an uncabled one is inactive for good.
+    return LinkReading(
+        link,
+        state,
+        replay,
+        recovery if recovery is not None else events,  # Blackwell: every recovery, whatever its outcome
+        crc,
+        recovery_failed=failed,
+        recovery_successful=successful,
+        effective_errors=effective,
+        symbol_errors=symbol,
+        tx_bytes=tx,
+        rx_bytes=rx,
+        tx_bytes_per_second=b.rates.rate((gpu, "nvlink_tx", link), tx),
+        rx_bytes_per_second=b.rates.rate((gpu, "nvlink_rx", link), rx),
+    )
+
+
+def _link_count(b: NvmlBackend, q: Query, h: Any, gpu: int) -> int:
+    if gpu not in b.link_counts:
+        failed = len(q.failed)
+        (count,) = q.fields(h, [(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)], ["nvlink_link_count"])
+        if len(q.failed) > failed:
+            return 0  # a failed read, not an answer: ask again next poll
+        b.link_counts[gpu] = int(count or 0)
+    return b.link_counts[gpu]
