@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,6 +88,8 @@ def running_command() -> Path | None:
     argv0 = Path(sys.argv[0])
     if argv0.name == "gpu-triage" and argv0.is_file():
         return argv0.absolute()  # not resolved: pipx's link in ~/.local/bin outlives an upgrade, its target not
+    import shutil  # here: main.py imports this module for every command, and shutil brings bz2 and lzma
+
     found = shutil.which("gpu-triage")
     return Path(found).absolute() if found else None
 
