@@ -86,11 +86,18 @@ def scan_engine() -> str | None:
 
 def scan_in_parallel() -> bool:
     """Whether `gpu-triage diagnose` may give its scan a second thread: when this process may run on two
-    CPUs or more (the daemon keeps to one per request, so that --diagnose.max-cpu counts all of it)."""
+    CPUs or more and one of them is idle (a busy node's second thread only waits for its turn, and the
+    handing over costs more than it saves). The daemon keeps to one per request, so that
+    --diagnose.max-cpu counts all of it."""
     try:
-        return len(os.sched_getaffinity(0)) >= 2
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return (os.cpu_count() or 1) >= 2
+        cpus = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:  # no load average: trust the count
+        busy = 0.0
+    return cpus >= 2 and busy <= cpus - 1
 
 
 def read_chunks(f: BinaryIO, progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
