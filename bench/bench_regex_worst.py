@@ -1,26 +1,45 @@
-"""How long the slowest hostile lines take: every training-log signature and the kernel-log parser.
+"""How long the slowest hostile lines take: every training-log signature, the kernel-log parser, and a
+whole crafted log next to a normal one.
 
-    .venv/bin/python bench/bench_regex_worst.py
+    .venv/bin/python bench/bench_regex_worst.py                  # 16 MiB of crafted input
+    .venv/bin/python bench/bench_regex_worst.py --crafted-mb 64
 
 Prints figures only; there is no pass/fail (tests/diagnosis/test_training_redos.py asserts the
 structure that bounds the work). The lines are built to make a backtracking engine work hard: long
 runs of each character the patterns use, the start of every example (and the whole example)
 repeated up to the line limit, and a few lines crafted against one signature. Printed: the slowest
 signatures on their worst line, and the worst whole-line classification.
+
+Then the worst case for a whole log (the recipe of the adversarial review, D10): lines of 64 KiB that
+hold every signature's literal with `000` between, each line starting further into the sequence so
+that no two are alike, none matching anything (the literals that would make a signature match with
+their neighbours are left out, checked before the run). `diagnose` reads it, and a normal training log
+of the same size (bench/bench_training_log.py's), with each block scan: MB/s of each, in this process,
+the compiled scan taken from a warm cache.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_training_log import ensure_log
+
+from gpu_triage.diagnosis.block_scan import engine_name
 from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
 from gpu_triage.diagnosis.log_lines import normalise
+from gpu_triage.diagnosis.training import diagnose
 from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.exporter.cache_store import FileStore
+
+CHUNK = 1 << 20  # what the command reads at a time
 
 LINE = 8192
 KERNEL_LINES = [
@@ -56,7 +75,53 @@ def hostile_lines() -> list[str]:
     return lines
 
 
+def crafted_log(size: int) -> bytes:
+    """`size` bytes of distinct 64 KiB lines holding the signatures' literals and matching nothing."""
+    rules = load_rules()
+    sigs = rules.signatures()
+    keep = sorted({lit for sig in sigs for lit in sig.literals})
+    while True:
+        unit = "000".join(keep) + "000"
+        probe = unit + unit  # every literal beside both its neighbours, as in the repeated lines
+        hits = [sig for sig in sigs if sig.search(probe) or sig.search(normalise(probe).text)]
+        if not hits:
+            break
+        drop = {lit for sig in hits for lit in sig.literals}
+        keep = [lit for lit in keep if not any(d in lit for d in drop)]
+    width = 64 * 1024 - 1
+    count = size // (width + 1)
+    step = max(1, len(unit) // max(count, 1))
+    lines = ((unit[i * step :] + unit * (width // len(unit) + 2))[:width] for i in range(count))
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def _rate(data: bytes, engine: str, store: FileStore) -> tuple[float, int]:
+    blocks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
+    diagnose([(None, blocks[:1])], engine=engine, store=store)  # the compiled scan, from the cache
+    start = time.perf_counter()
+    report = diagnose([(None, blocks)], engine=engine, store=store)
+    return len(data) / (time.perf_counter() - start) / 1e6, len(report.findings)
+
+
+def whole_logs(size_mb: int) -> None:
+    crafted = crafted_log(size_mb << 20)
+    normal = ensure_log(size_mb).read_bytes()
+    engines = ["hyperscan", "python"] if engine_name() == "hyperscan" else ["python"]
+    with tempfile.TemporaryDirectory(prefix="gpu-triage-bench-") as scratch:
+        store = FileStore(Path(scratch))
+        for engine in engines:
+            worst, found = _rate(crafted, engine, store)
+            usual, _ = _rate(normal, engine, store)
+            print(
+                f"{engine} scan: crafted {len(crafted) / 1e6:.0f} MB at {worst:.1f} MB/s ({found} findings), "
+                f"normal {len(normal) / 1e6:.0f} MB at {usual:.0f} MB/s"
+            )
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--crafted-mb", type=int, default=16, help="size of the crafted and the normal log")
+    args = parser.parse_args()
     rules = load_rules()
     lines = hostile_lines()
     worst: dict[str, tuple[float, str]] = {}
@@ -83,6 +148,7 @@ def main() -> int:
         KernelLogParser().feed(text, 1)
         kernel = max(kernel, time.perf_counter() - start)
     print(f"worst kernel-log line: {kernel * 1000:.2f} ms")
+    whole_logs(args.crafted_mb)
     return 0
 
 

@@ -21,11 +21,15 @@ search would flag it, whichever finder ran (`skip_test_for`), so the counts agre
 
 from __future__ import annotations
 
+import hashlib
+import queue
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
+from gpu_triage.diagnosis.data_files import BlobStore
 from gpu_triage.diagnosis.kernel_log import TRIGGERS as KERNEL_TRIGGERS
 from gpu_triage.diagnosis.line_scan import Finder, trigger_lines
 from gpu_triage.diagnosis.rule_regex import literal_set
@@ -45,64 +49,131 @@ class HyperscanFinder:
     """Flags the lines in which any signature's scan form matches. One instance per reader: the
     Hyperscan scratch space it holds must not be shared between threads."""
 
-    def __init__(self, database: Any) -> None:
+    def __init__(self, database: Any, parallel: bool = False) -> None:
         hs = _hyperscan()
         assert hs is not None
         self._db = database
         self._scratch = hs.Scratch(database)
-        self._ends: list[int] = []
+        self._matches: list[tuple[int, int]] = []
+        self.hits: dict[int, frozenset[int]] = {}  # the last call's: line start -> which patterns matched
+        if parallel:  # the scanner searches in `_worker` while it counts the block's newlines itself
+            self.submit = self._submit
+        self._worker: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[tuple[bytes, int, int] | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[dict[int, int] | BaseException] = queue.SimpleQueue()
 
-    def _on_match(self, _id: int, _start: int, end: int, _flags: int, _context: object) -> None:
-        self._ends.append(end)
+    def _submit(
+        self, data: bytes, start: int, end: int
+    ) -> Callable[[], tuple[dict[int, int], dict[int, frozenset[int]]]]:
+        """Search in this finder's own thread while the caller goes on (Hyperscan scans without Python's
+        lock); the answer, spans and hits, when the returned function is called."""
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, name="gpu-triage-scan", daemon=True)
+            self._worker.start()
+        self._jobs.put((data, start, end))
+
+        def answer() -> tuple[dict[int, int], dict[int, frozenset[int]]]:
+            result = self._done.get()
+            if isinstance(result, BaseException):
+                raise result
+            return result, self.hits
+
+        return answer
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._done.put(self(*job))
+            except BaseException as e:  # handed to the caller, who raises it
+                self._done.put(e)
+
+    def close(self) -> None:
+        """Stop the thread `submit` started, if any."""
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker.join()
+            self._worker = None
+
+    def _on_match(self, pattern: int, _start: int, end: int, _flags: int, _context: object) -> None:
+        self._matches.append((end, pattern))
 
     def __call__(self, data: bytes, start: int, end: int) -> dict[int, int]:
         block = data if (start, end) == (0, len(data)) else memoryview(data)[start:end]  # no copy
-        ends = self._ends
-        ends.clear()
+        matches = self._matches
+        matches.clear()
         self._db.scan(block, match_event_handler=self._on_match, scratch=self._scratch)
         spans: dict[int, int] = {}
-        if not ends:
-            return spans
+        hits: dict[int, set[int]] = {}
         # Each pattern ends at the end of its line (`[^\n]*$`), so an end offset names one line.
-        for end_in_block in sorted(set(ends)):
+        for end_in_block, pattern in matches:
             line_end = start + end_in_block
-            spans[data.rfind(b"\n", start, line_end) + 1 or start] = line_end
+            line_start = data.rfind(b"\n", start, line_end) + 1 or start
+            spans[line_start] = line_end
+            hits.setdefault(line_start, set()).add(pattern)
+        self.hits = {at: frozenset(found) for at, found in hits.items()}
         return spans
+
+
+def literal_needles(literals: Sequence[str]) -> tuple[str, ...]:
+    """What the literal search looks for: the signatures' literals and the kernel-log triggers, without
+    those that contain another (diagnosis/training_rules.py keeps the answer with the rules)."""
+    return literal_set([*literals, *(t.decode() for t in KERNEL_TRIGGERS)])
 
 
 class LiteralFinder:
     """Flags the lines holding any literal a signature requires (a superset of the Hyperscan lines)."""
 
-    def __init__(self, literals: Sequence[str]) -> None:
-        self._needles = tuple(lit.encode() for lit in literal_set([*literals, *(t.decode() for t in KERNEL_TRIGGERS)]))
+    def __init__(self, literals: Sequence[str], needles: Sequence[str] | None = None) -> None:
+        found = needles if needles is not None else literal_needles(literals)
+        self._needles = tuple(lit.encode() for lit in found)
 
     def __call__(self, data: bytes, start: int, end: int) -> dict[int, int]:
         return trigger_lines(data, start, end, self._needles)
 
 
 @cache
-def _literal_finder(literals: tuple[str, ...]) -> LiteralFinder:
-    return LiteralFinder(literals)
+def _literal_finder(literals: tuple[str, ...], needles: tuple[str, ...] | None) -> LiteralFinder:
+    return LiteralFinder(literals, needles)
 
 
-def skip_test_for(literals: Sequence[str]) -> Finder:
+def skip_test_for(literals: Sequence[str], needles: Sequence[str] | None = None) -> Finder:
     """The finder that decides whether an unreadable line counts as skipped: the literal search, for
-    either engine. The same object `finder_for` gives for "python" (a scanner then needs no second look)."""
-    return _literal_finder(tuple(literals))
+    either engine. The same object `finder_for` gives for "python" (a scanner then needs no second look).
+    `needles`: `literal_needles(literals)` when the caller has it already."""
+    return _literal_finder(tuple(literals), tuple(needles) if needles is not None else None)
 
 
-@cache
-def _database(patterns: tuple[str, ...]) -> Any:
+_DATABASES: dict[tuple[str, ...], Any] = {}  # compiled once per process, and per data version in the store
+
+
+def _database(patterns: tuple[str, ...], store: BlobStore | None = None) -> Any:
+    """The Hyperscan database of `patterns`: this process's, else the store's serialized copy of the same
+    patterns (built by the same Hyperscan), else compiled (and serialized into the store)."""
+    known = _DATABASES.get(patterns)
+    if known is not None:
+        return known
     hs = _hyperscan()
     assert hs is not None
     expressions = [f"(?:{p})[^\\n]*$".encode() for p in (*patterns, *_KERNEL_PATTERNS)]
-    db = hs.Database(mode=hs.HS_MODE_BLOCK)
-    db.compile(
-        expressions=expressions,
-        ids=list(range(len(expressions))),
-        elements=len(expressions),
-        flags=[hs.HS_FLAG_MULTILINE] * len(expressions),
-    )
+    version = getattr(hs, "__version__", "?")
+    key = "hyperscan-" + hashlib.sha256(b"\0".join([version.encode(), *expressions])).hexdigest()[:32]
+    db = None
+    if store is not None and (blob := store.get(key)) is not None:
+        try:
+            db = hs.loadb(blob, hs.HS_MODE_BLOCK)
+        except Exception:  # another platform's database, or not one: compile it again
+            db = None
+    if db is None:
+        db = hs.Database(mode=hs.HS_MODE_BLOCK)
+        db.compile(
+            expressions=expressions,
+            ids=list(range(len(expressions))),
+            elements=len(expressions),
+            flags=[hs.HS_FLAG_MULTILINE] * len(expressions),
+        )
+        if store is not None:
+            store.put(key, bytes(hs.dumpb(db)))
+    _DATABASES[patterns] = db
     return db
 
 
@@ -122,15 +193,25 @@ def engine_name(prefer: str | None = None) -> str:
     return "hyperscan"
 
 
-def finder_for(patterns: Sequence[str], literals: Sequence[str], prefer: str | None = None) -> Finder:
+def finder_for(
+    patterns: Sequence[str],
+    literals: Sequence[str],
+    prefer: str | None = None,
+    store: BlobStore | None = None,
+    needles: Sequence[str] | None = None,
+    parallel: bool = False,
+) -> Finder:
     """A fresh finder for one reader: Hyperscan over `patterns`, or literal search for `literals`.
 
     Should Hyperscan refuse to run here (a CPU without the instructions it needs), the literal
-    search gives the same findings, unless Hyperscan was asked for by name."""
+    search gives the same findings, unless Hyperscan was asked for by name. `store` keeps the compiled
+    database between processes (diagnosis/knowledge.py). `parallel`: Hyperscan searches each block in a
+    thread of its own while the line scanner counts its newlines (the two cost about the same), for a
+    caller that may use two CPUs."""
     if engine_name(prefer) == "hyperscan":
         try:
-            return HyperscanFinder(_database(tuple(patterns)))
+            return HyperscanFinder(_database(tuple(patterns), store), parallel)
         except Exception:
             if _choice(prefer) == "hyperscan":
                 raise
-    return skip_test_for(literals)
+    return skip_test_for(literals, needles)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from gpu_triage.diagnosis import next_steps
 from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.findings import Evidence, Finding
 from gpu_triage.diagnosis.identity import Place, Who
@@ -38,6 +39,7 @@ class Spec:
     steps: tuple[str, ...]
     tier: float  # root-cause order: lower is more specific
     symptom: bool = False
+    performance: bool = False  # slows a job without ending it (reported beside the findings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +186,7 @@ def build(where: Where, tally: Tally, label: Callable[[int], str | None], name: 
         place_inferred=tally.inferred,
         evidence=[Evidence(s.line, s.text, label(s.source)) for s in lines],
         count=tally.count,
-        steps=list(spec.steps),
         details=details,
     )
+    finding.steps = next_steps.fill(spec.steps, next_steps.values(finding))
     return Ranked(finding, spec.tier, Timing(first.stamp, first.source, first.line))

@@ -48,6 +48,26 @@ class Straggler:
     progress: Progress
     others_completed: int  # the highest last-completed SeqNum among the other ranks
     reporting_ranks: int
+    others_enqueued: int = 0  # the highest last-enqueued SeqNum among the other ranks
+
+    def lag(self) -> str:
+        """How the straggler's numbers differ from the others', in the terms PyTorch prints them."""
+        p = self.progress
+        if p.completed < self.others_completed:
+            return f"last completed SeqNum {p.completed}, the others {self.others_completed}"
+        return f"last enqueued SeqNum {p.enqueued}, the others {self.others_enqueued}"
+
+    def meaning(self) -> str:
+        """What the numbers say about where the straggler was stuck."""
+        if self.progress.completed < self.others_completed:
+            return (
+                f"it completed SeqNum {self.progress.completed} and the others {self.others_completed}: it was "
+                "stuck inside the collective (its GPU, its NIC or its link)"
+            )
+        return (
+            f"it enqueued SeqNum {self.progress.enqueued} and the others {self.others_enqueued}: it never reached "
+            "the collective (stuck outside NCCL: data loading, a checkpoint, evaluation, an exception)"
+        )
 
 
 class ProgressTracker:
@@ -83,8 +103,9 @@ class ProgressTracker:
         (rank, lowest), (_, runner_up) = ordered[0], ordered[1]
         if lowest.key == runner_up.key:
             return None
-        others = max(p.completed for r, p in ranks.items() if r != rank)
-        return Straggler(rank, pg, lowest, others, len(ranks))
+        others = [p for r, p in ranks.items() if r != rank]
+        completed, enqueued = max(p.completed for p in others), max(p.enqueued for p in others)
+        return Straggler(rank, pg, lowest, completed, len(ranks), enqueued)
 
     def outliers(self) -> list[int]:
         """Ranks whose progress differs from what most ranks of the group report (numerically sorted)."""

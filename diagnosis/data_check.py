@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.conditions import Condition, load_conditions
-from gpu_triage.diagnosis.data_files import DataError, Problems
+from gpu_triage.diagnosis.data_files import DataError, Problems, adopted
 from gpu_triage.diagnosis.hang_specs import load_hang_specs
 from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, action_playbook, load_playbooks
 from gpu_triage.diagnosis.rule_model import RuleSet
@@ -97,6 +97,8 @@ def _load(loader: Callable[[], T], problems: Problems) -> T | None:
 @functools.cache
 def check_data() -> None:
     """Load every data file and check them against each other; raises one DataError listing every problem."""
+    if adopted("checked"):  # a snapshot of knowledge this check passed (diagnosis/knowledge.py)
+        return
     problems = Problems()
     catalog, conditions = _load(load_catalog, problems), _load(load_conditions, problems)
     rules, playbooks = _load(load_rules, problems), _load(load_playbooks, problems)

@@ -7,12 +7,12 @@ stops the daemon at start-up with the whole list, instead of one fix per restart
 
 from __future__ import annotations
 
+import functools
+import pickle
 import re
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from importlib import resources
-from typing import Any
-
-import yaml
+from typing import Any, Protocol
 
 from gpu_triage.diagnosis.actions import Action, Severity
 
@@ -89,27 +89,40 @@ class Problems(list[str]):
         return value
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """Records duplicate mapping keys, which plain YAML loading silently resolves to the last one."""
+@functools.cache
+def _strict_loader() -> Any:
+    """A YAML loader that records duplicate mapping keys, which plain loading silently resolves to the last
+    one. On libyaml's parser where PyYAML was built with it (its wheels are): several times faster than
+    the pure-Python one, which stays the fallback; both build the same documents. Made on first use, so
+    that a process whose knowledge comes from the cache (diagnosis/knowledge.py) never imports yaml."""
+    import yaml
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.duplicates: list[str] = []
+    base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[tuple[str, str]] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                key = (key_node.tag, key_node.value)
-                if key in seen:
-                    self.duplicates.append(f"line {key_node.start_mark.line + 1}: duplicate key {key[1]!r}")
-                seen.add(key)
-        return super().construct_mapping(node, deep)
+    class StrictLoader(base):  # type: ignore[misc]
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.duplicates: list[str] = []
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Hashable, Any]:
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    key = (key_node.tag, key_node.value)
+                    if key in seen:
+                        self.duplicates.append(f"line {key_node.start_mark.line + 1}: duplicate key {key[1]!r}")
+                    seen.add(key)
+            mapping: dict[Hashable, Any] = super().construct_mapping(node, deep)
+            return mapping
+
+    return StrictLoader
 
 
 def parse_yaml(text: str, name: str, problems: Problems) -> Any:
     """A data file's YAML document (None when it is not YAML); its problems, duplicate keys too, go to `problems`."""
-    loader = _StrictLoader(text)
+    import yaml
+
+    loader = _strict_loader()(text)
     try:
         document = loader.get_single_data()
     except yaml.YAMLError as exc:
@@ -125,3 +138,35 @@ def parse_yaml(text: str, name: str, problems: Problems) -> Any:
 def read_data(name: str) -> str:
     """The text of the shipped data file diagnosis/data/`name`."""
     return resources.files("gpu_triage.diagnosis").joinpath("data", name).read_text(encoding="utf-8")
+
+
+class BlobStore(Protocol):
+    """Bytes by key, kept between processes by the caller (exporter/cache_store.py): what is rebuilt only
+    once per data version (diagnosis/knowledge.py). `get` answers None for anything it cannot vouch for."""
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+
+# Validated knowledge handed in whole (diagnosis/knowledge.py adopts a snapshot it checked against the
+# data files' digest): the loaders return it instead of parsing and checking the files again.
+_ADOPTED: dict[str, Any] = {}
+
+
+def adopted(name: str) -> Any | None:
+    """What `knowledge.restore` handed in for loader `name` (None: parse the files). A part is unpickled
+    when a loader first asks for it: `gpu-triage xid` reads the catalog, never the rules."""
+    value = _ADOPTED.get(name)
+    if isinstance(value, bytes):
+        try:
+            value = pickle.loads(value)
+        except Exception:
+            value = None  # the files are parsed instead
+        _ADOPTED[name] = value
+    return value
+
+
+def adopt(parts: Mapping[str, Any]) -> None:
+    """Hand in validated objects by loader name (`checked`: the files were checked against each other)."""
+    _ADOPTED.update(parts)

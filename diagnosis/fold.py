@@ -1,11 +1,14 @@
-"""One screen for any job size: a finding shared by many places becomes one finding for them all.
+"""One finding per (class, cause): what several places report together is one finding for them all.
 
-When `FOLD_AT` or more places (ranks, hosts) report the same training-log class, they are one finding
-at the position of the first of them: its title says which ranks (`on ranks 0-26, 28-63 (63)`), `ranks`
-lists them numerically, and `members` keeps, per place, where it was, how often and its first line,
-so the JSON loses nothing. A folded symptom (timeouts, closed peers) has the host, rank and GPU all
-its members share, and None otherwise: it happened everywhere. A folded fault (every rank out of
-memory) keeps the place of its first member, where it happened first, which is where to look.
+When `FOLD_AT` or more places (ranks, hosts) report the same training-log class for the same cause,
+they are one finding at the position of the first of them: its title says which ranks (`on ranks
+0-26, 28-63 (63)`), `ranks` lists them numerically, and `members` keeps, per place, where it was, how
+often and its first line, so the JSON loses nothing. The cause is the class itself, except where a
+finding names one of its own (`details.cause`: the exception that ended a process), so that two ranks
+dying of different exceptions stay two findings while every rank that timed out is one. A folded
+symptom (timeouts, closed peers) has the host, rank and GPU all its members share, and None
+otherwise: it happened everywhere. A folded fault (every rank out of memory) keeps the place of its
+first member, where it happened first, which is where to look.
 Kernel-log findings (XID, SXid) that name hardware to act on are never folded: each is a piece of
 hardware to drain. Those that blame the application are (`fold_gpus`): when a job crashes, every GPU it
 ran on logs its own Xid 13, 31, 43 or 45, and the report of one crash is one finding that lists the GPUs,
@@ -21,7 +24,7 @@ from gpu_triage.diagnosis.actions import Action, Severity
 from gpu_triage.diagnosis.collectives import rank_ranges
 from gpu_triage.diagnosis.findings import Finding
 
-FOLD_AT = 4
+FOLD_AT = 2
 # What an application's crash makes each of its GPUs log: codes whose verdict is the application's.
 _APPLICATION = frozenset({Action.CHECK_APP, Action.RESTART_APP, Action.IGNORE})
 
@@ -63,8 +66,9 @@ def group(members: list[Finding], symptom: bool = True) -> Finding:
         evidence.append(last.evidence[0])
     details = {k: v for k, v in first.details.items() if k not in ("pid", "cuda_dev", "local_rank")}
     details["places"] = len(members)
+    # The id of the first member, marked as the group's: two causes of one class are two groups.
     return Finding(
-        id=f"{first.class_id}:ranks" if ranks else f"{first.class_id}:places",
+        id=f"{first.id}+{len(members) - 1}",
         class_id=first.class_id,
         severity=first.severity,
         action=first.action,
@@ -141,19 +145,24 @@ def _gpus(members: list[Finding]) -> Finding:
     )
 
 
+def _key(f: Finding) -> tuple[str, str | int | None]:
+    return f.class_id, f.details.get("cause")
+
+
 def fold(findings: list[Finding], is_symptom: Callable[[Finding], bool]) -> list[Finding]:
-    """`findings` (root cause first) with each class of `FOLD_AT`+ places folded into one, and each application
-    XID seen on several GPUs too (`fold_gpus`)."""
+    """`findings` (root cause first) with each (class, cause) of `FOLD_AT`+ places folded into one, and each
+    application XID seen on several GPUs too (`fold_gpus`)."""
     findings = fold_gpus(findings)
-    by_class: dict[str, list[Finding]] = {}
+    by_key: dict[tuple[str, str | int | None], list[Finding]] = {}
     for f in findings:
         if _foldable(f.class_id):
-            by_class.setdefault(f.class_id, []).append(f)
-    groups = {c: group(ms, is_symptom(ms[0])) for c, ms in by_class.items() if len(ms) >= FOLD_AT}
+            by_key.setdefault(_key(f), []).append(f)
+    groups = {k: group(ms, is_symptom(ms[0])) for k, ms in by_key.items() if len(ms) >= FOLD_AT}
     out: list[Finding] = []
     for f in findings:
-        if f.class_id not in groups:
+        key = _key(f)
+        if not _foldable(f.class_id) or key not in groups:
             out.append(f)
-        elif f is by_class[f.class_id][0]:
-            out.append(groups[f.class_id])
+        elif f is by_key[key][0]:
+            out.append(groups[key])
     return out

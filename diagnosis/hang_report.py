@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpu_triage.diagnosis.findings import Evidence, Finding
 from gpu_triage.diagnosis.flight_recorder import MAX_DUMP_BYTES, Dump, DumpError, dump_kind, parse
-from gpu_triage.diagnosis.hang_classify import Analysis, Hang, classify
-from gpu_triage.diagnosis.hang_ras import ras_findings, ras_json, with_ras
-from gpu_triage.diagnosis.hang_specs import load_hang_specs
 from gpu_triage.diagnosis.identity import IdentityBook
 from gpu_triage.diagnosis.nccl_ras import MAX_RAS_BYTES, RasReport, is_ras, parse_ras
 from gpu_triage.diagnosis.root_cause import Ranked, Timing
+
+if TYPE_CHECKING:  # the matching is imported when there are dumps: most logs come without
+    from gpu_triage.diagnosis.hang_classify import Analysis, Hang
 
 __all__ = ["MAX_DUMPS", "Decoder", "HangInputs", "InProcessDecoder", "Pending"]
 
@@ -157,6 +157,9 @@ class HangInputs:
         self._collect()
         if not self.dumps and not self.ras:
             return []
+        from gpu_triage.diagnosis.hang_classify import classify
+        from gpu_triage.diagnosis.hang_ras import ras_findings, with_ras
+
         world = identity.world_size()
         self.analysis = classify(self.dumps.values(), world_hint=world, p2p_waiting=self.p2p_waiting)
         hangs = list(self.analysis.hangs)
@@ -179,6 +182,8 @@ class HangInputs:
         return ranked
 
     def _finding(self, h: Hang, identity: IdentityBook) -> Finding:
+        from gpu_triage.diagnosis.hang_specs import load_hang_specs
+
         spec = load_hang_specs()[h.kind]
         rank = h.culprits[0] if h.culprits else None
         op = h.op.name if h.op is not None else "a collective"
@@ -241,6 +246,8 @@ class HangInputs:
         self._collect()
         if not self.dumps and not self.ras and not self.errors:
             return None
+        from gpu_triage.diagnosis.hang_ras import ras_json
+
         a = self.analysis
         return {
             "dumps": len(self.dumps),

@@ -24,6 +24,7 @@ one cut message is read as it is.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 
@@ -33,6 +34,8 @@ from gpu_triage.diagnosis.log_lines import has_prefix
 SAMPLE = 1 << 20  # bytes at the start of an input looked at to decide whether it is wrapped
 MIN_WIDTH, MAX_WIDTH = 40, 400
 _BOX = b"|+=-"  # what the lines of a drawn table (nvidia-smi, dcgmi, tabulate) start and end with
+# UCX pads its level to a column (`UCX  ERROR`, `UCX  WARN `): a cut there leaves two blanks to start a piece.
+_LEVEL_GAP = re.compile(rb"UCX  (?:ERROR|WARN|FATAL|INFO|DIAG|DEBUG)")
 
 
 def _width(line: bytes) -> int:
@@ -154,10 +157,10 @@ class InputLines:
                 found = scanner.feed(line if previous is None else b"\n" + line)
             previous = line
             for cand in found:
-                yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data)
+                yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data, cand.hits)
             _joined_before(joins, scanner.lines + 1)  # forget what no later candidate can need
         for cand in scanner.finish():
-            yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data)
+            yield Candidate(cand.line + _joined_before(joins, cand.line), cand.data, cand.hits)
 
 
 def _joined_before(joins: deque[tuple[int, int]], logical: int) -> int:
@@ -169,8 +172,12 @@ def _joined_before(joins: deque[tuple[int, int]], logical: int) -> int:
 
 
 def _continues(previous: bytes, line: bytes, width: int) -> bool:
-    """Whether `line` is the rest of `previous`, a piece cut at `width`."""
-    if not line or _width(previous) != width or line.startswith(b"  ") or _boxed(previous) or _boxed(line):
+    """Whether `line` is the rest of `previous`, a piece cut at `width`. An indented line starts one of its
+    own (a traceback's frame, a table's field), unless the cut fell inside a run of blanks: `previous`
+    then ends in a blank itself, or in a word whose message goes on with two (UCX's `UCX  ERROR`)."""
+    if not line or _width(previous) != width or _boxed(previous) or _boxed(line):
+        return False
+    if line.startswith(b"  ") and not (previous.endswith(b" ") or _LEVEL_GAP.search(previous + line[:8])):
         return False
     return not has_prefix(line.decode("utf-8", "replace"))
 

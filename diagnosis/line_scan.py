@@ -125,11 +125,29 @@ def trigger_lines(data: bytes, start: int, end: int, triggers: Sequence[bytes]) 
 class Candidate:
     line: int  # 1-based line number within the input
     data: bytes  # the line, without its newline
+    hits: frozenset[int] | None = None  # which patterns the finder saw match it (None: it cannot tell)
 
 
 # A finder gets a buffer and a range of complete lines in it (`end` just after a newline) and answers
-# the lines worth a closer look as {offset of the line's start: offset of its newline}.
+# the lines worth a closer look as {offset of the line's start: offset of its newline}. A finder that can
+# tell which of its patterns matched each line keeps that, for its last call, in `hits` (by line start).
 Finder = Callable[[bytes, int, int], dict[int, int]]
+
+
+_PIECE = 64 << 10  # bytes per newline count while a finder searches in its own thread (LineScanner._scan)
+
+
+def _marks(data: bytes, start: int, end: int) -> list[int]:
+    """Newlines in data[start:end] before each `_PIECE`-byte piece, and in all of it (the last entry)."""
+    marks = [0]
+    for at in range(start, end, _PIECE):
+        marks.append(marks[-1] + data.count(b"\n", at, min(at + _PIECE, end)))
+    return marks
+
+
+def _hits(finder: Finder) -> dict[int, frozenset[int]] | None:
+    found: dict[int, frozenset[int]] | None = getattr(finder, "hits", None)
+    return found
 
 
 def literal_finder(triggers: Sequence[bytes]) -> Finder:
@@ -198,7 +216,9 @@ class LineScanner:
             if not self._readable(line):
                 self.skipped += self._has_hit(self._skip_test, line)
             elif self._has_hit(self._find, line):
-                yield Candidate(self.lines, line if self._keep_binary else _unpadded(line))
+                found = _hits(self._find)
+                kept = line if self._keep_binary else _unpadded(line)
+                yield Candidate(self.lines, kept, found.get(0) if found is not None else None)
         self._pending = b""
 
     def _clean(self, data: bytes) -> bytes:
@@ -266,13 +286,35 @@ class LineScanner:
         self._overlong, self._overlong_hit, self._overlong_tail = False, False, b""
 
     def _scan(self, data: bytes, start: int, end: int) -> Iterator[Candidate]:
-        """Candidates among the complete lines data[start:end] (end is just after a newline)."""
-        spans = self._find(data, start, end)
+        """Candidates among the complete lines data[start:end] (end is just after a newline).
+
+        Line numbers need every newline counted, which costs about what the search does. A finder that
+        searches without Python's lock (Hyperscan's, `submit`) searches the block in its own thread while
+        this one counts, in pieces (`marks`: newlines before each), from which each candidate's number is
+        a short count away."""
+        submit = getattr(self._find, "submit", None)
+        if submit is None:
+            spans, hits, marks = self._find(data, start, end), _hits(self._find), None
+        else:
+            result = submit(data, start, end)
+            marks = _marks(data, start, end)
+            spans, hits = result()
         own_test = self._skip_test is self._find
         if not own_test:  # the finder may pass over an unreadable line the skip test would flag
             self.skipped += sum(
                 self._has_hit(self._skip_test, data[a:b]) for a, b in self._unreadable(data, start, end)
             )
+        if marks is not None:
+            for line_start in sorted(spans):
+                line = data[line_start : spans[line_start]]
+                piece = (line_start - start) // _PIECE
+                number = self.lines + marks[piece] + data.count(b"\n", start + piece * _PIECE, line_start) + 1
+                if self._readable(line):
+                    yield Candidate(number, line, hits.get(line_start) if hits is not None else None)
+                elif own_test:
+                    self.skipped += 1
+            self.lines += marks[-1]
+            return
         number, counted_to = self.lines, start
         for line_start in sorted(spans):
             line_end = spans[line_start]
@@ -280,7 +322,8 @@ class LineScanner:
             counted_to = line_end + 1
             line = data[line_start:line_end]
             if self._readable(line):
-                yield Candidate(number, line if self._keep_binary else _unpadded(line))
+                kept = line if self._keep_binary else _unpadded(line)
+                yield Candidate(number, kept, hits.get(line_start) if hits is not None else None)
             elif own_test:
                 self.skipped += 1
         self.lines = number + data.count(b"\n", counted_to, end)

@@ -40,6 +40,13 @@ _TORCHRUN = re.compile(r"\[(?P<role>[A-Za-z_][\w-]{0,30}?)(?P<n>\d{1,6})\]: ?|\[
 _OMPI = re.compile(r"\[(?:\d{1,10},)?(?P<vpid>\d{1,7})\](?:\[[^\]:\s]{1,255}:\d{1,10}\])?<std(?:out|err)>: ?")
 _KUBECTL = re.compile(r"\[pod/(?P<pod>[a-z0-9.-]{1,253})/[a-z0-9-]{1,63}\] ")
 _RAY = re.compile(r"\([\w.<>]{1,128} pid=(?P<pid>\d{1,10})(?:, ip=(?P<ip>[\d.]{7,15}))?\) ")
+# The printers that put the host and pid in brackets: UCX's log (`[1700000000.123456] [node1:12345:0] `,
+# src/ucs/debug/log.c, the thread a number or a name), its fatal-error lines (`[node1:12345:0:12345] `),
+# and Open MPI's error-signal handler (`[node1:12345] `, opal/util/stacktrace.c).
+_HOST_PID = re.compile(
+    r"(?:\[\d{9,11}\.\d{6}\] {1,4})?\[(?P<host>[A-Za-z0-9][\w.-]{0,252}):(?P<pid>\d{1,10}) {0,4}"
+    r"(?::[\w-]{1,32}(?::\d{1,10})?)?\] {1,24}"
+)
 # pdsh and DeepSpeed's runner put `host: ` first. A word before `: ` is taken for a host only when it
 # looks like one (lower case with a digit or a dash, or an IPv4 address), so that `RuntimeError: ` or
 # `srun: ` stay part of the message, and so does the NVSwitch driver's device name (`nvidia-nvswitch2: SXid …`).
@@ -146,6 +153,11 @@ def _strip_outer(text: str, f: _Fields, seen: set[str]) -> str | None:
         seen.add("ray")
         f.pid = int(m["pid"])
         f.host = f.host or m["ip"]
+        return text[m.end() :]
+    if "host_pid" not in seen and (m := _HOST_PID.match(text)):
+        seen.add("host_pid")
+        f.host = f.host or m["host"]
+        f.pid = f.pid or int(m["pid"])
         return text[m.end() :]
     if "slurm" not in seen and (m := _SLURM.match(text)):
         seen.add("slurm")

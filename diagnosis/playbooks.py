@@ -17,10 +17,8 @@ from importlib.resources.abc import Traversable
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.data_files import PLAYBOOK_ID, Problems
+from gpu_triage.diagnosis.data_files import PLAYBOOK_ID, Problems, adopted
 
 SECTIONS = ("Meaning", "Impact", "Diagnosis", "Mitigation")
 _REQUIRED = {"id", "title", "summary", "action", "severity"}
@@ -68,6 +66,8 @@ def _split_front_matter(text: str, where: str, p: Problems) -> tuple[dict[str, A
     if end is None:
         p.fail(where, "front-matter is not closed by a '---' line")
         return None
+    import yaml
+
     try:
         meta = yaml.safe_load("".join(lines[1:end]))
     except yaml.YAMLError as exc:
@@ -201,4 +201,6 @@ def load_playbook_dir(directory: Traversable) -> dict[str, Playbook]:
 @functools.cache
 def load_playbooks() -> Mapping[str, Playbook]:
     """The shipped playbooks, each file checked once per process."""
+    if isinstance(known := adopted("playbooks"), dict):
+        return MappingProxyType(dict(known))
     return MappingProxyType(load_playbook_dir(resources.files("gpu_triage.diagnosis").joinpath("playbooks")))

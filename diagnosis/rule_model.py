@@ -13,7 +13,8 @@ with a matching signature. diagnosis/training_rules.py reads and checks the file
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpu_triage.diagnosis.actions import Action, Severity
@@ -32,12 +33,12 @@ _INT_FIELDS = (
     "rank peer_rank local_rank pid cuda_dev port nccl_code ib_status vendor_err opcode length seq "
     "last_enqueued last_completed timeout_ms ran_ms seconds count ring found expected size "
     "expected_size numel_in numel_out hca_index joined family driver_version nranks errno rc exitcode "
-    "gid_index index task"
+    "gid_index index task xid"
 )
 _STR_FIELDS = (
     "host peer hca ib_status_name opcode_name op pg reason event element call symbol path "
     "nccl_error source_file version comm size_text op_id request signal abort tasks ranks process lib "
-    "state net timeout_text time message exc"
+    "state net timeout_text time message exc attribute node"
 )
 FIELDS: dict[str, FieldKind] = {
     **dict.fromkeys(_INT_FIELDS.split(" "), FieldKind.INT),
@@ -73,19 +74,31 @@ class Example:
 
 @dataclass(frozen=True, slots=True)
 class Signature:
-    regex: re.Pattern[str]  # compiled ASCII, matched against the bare message
+    pattern: str  # the regex of the rules file, matched (ASCII) against the bare message
     literals: tuple[str, ...]  # every match holds one of these (rule_regex.required_literals)
     scan: str  # the Hyperscan form (rule_regex.scan_pattern)
+    # Compiled when a line first holds one of the literals: a one-shot command that loads the rules from
+    # the knowledge cache (diagnosis/knowledge.py) compiles only the few its input needs.
+    _compiled: list[re.Pattern[str]] = field(default_factory=list, compare=False, repr=False)
 
     @property
-    def pattern(self) -> str:
-        return self.regex.pattern
+    def regex(self) -> re.Pattern[str]:
+        if not self._compiled:
+            self._compiled.append(re.compile(self.pattern, re.ASCII))
+        return self._compiled[0]
 
     def search(self, text: str) -> re.Match[str] | None:
         for literal in self.literals:
             if literal in text:
                 return self.regex.search(text)
         return None
+
+    def __getstate__(self) -> tuple[str, tuple[str, ...], str]:
+        return self.pattern, self.literals, self.scan  # the compiled form is this process's own
+
+    def __setstate__(self, state: tuple[str, tuple[str, ...], str]) -> None:
+        for name, value in zip(("pattern", "literals", "scan", "_compiled"), (*state, []), strict=True):
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +113,7 @@ class Rule:
     examples: tuple[Example, ...]
     specificity: int  # 0 = most specific; the position in the file
     symptom: bool = False  # usually caused by another rank's fault
+    performance: bool = False  # slows or stalls a job without ending it: reported beside the findings
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,27 +141,78 @@ def _groups(m: re.Match[str]) -> dict[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class Fallback:
+    """Error-level lines of a known printer that no rule names (an `NCCL WARN`, a CUDA error, a crash
+    signal, c10d's `E`-level glog): each still tells of a failure, `job_failed_unclassified`, unless it
+    is one of the `benign` ones healthy jobs print. Both are matched against the whole line, prefixes
+    and all, since the glog level is part of the prefix."""
+
+    signatures: tuple[Signature, ...] = ()
+    benign: tuple[Signature, ...] = ()
+    examples: tuple[Example, ...] = ()
+    benign_examples: tuple[Example, ...] = ()
+
+    def match(self, raw: str, only: Iterable[int] | None = None) -> tuple[int, dict[str, str]] | None:
+        """(which signature, its fields) for an error-level line `raw` that is not a benign one; `only`:
+        the signatures to try (by their index here), when the block scan said which may match."""
+        for i in sorted(only) if only is not None else range(len(self.signatures)):
+            if i >= len(self.signatures):
+                break
+            sig = self.signatures[i]
+            m = sig.search(raw)
+            if m is not None:
+                if any(b.search(raw) for b in self.benign):
+                    return None
+                return i, _groups(m)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class RuleSet:
     rules: tuple[Rule, ...]
     context: tuple[ContextRule, ...]
     near_misses: tuple[str, ...]
+    fallback: Fallback = Fallback()
+    needles: tuple[str, ...] = ()  # what the literal search looks for (block_scan.literal_needles)
+    # Every rule's and context's signature in `signatures()` order, with its owner and its place there:
+    # the block scan names signatures by that order (`only`), and asking only those it names gives the
+    # same answer as asking all of them, since it names every one that can match.
+    _by_rule: tuple[tuple[Rule, int, Signature], ...] = field(default=(), compare=False, repr=False)
+    _by_context: tuple[tuple[ContextRule, Signature], ...] = field(default=(), compare=False, repr=False)
 
-    def match(self, text: str) -> Match | None:
-        """The most specific rule matching the bare message `text`, with its captured fields."""
-        for rule in self.rules:
-            for i, sig in enumerate(rule.signatures):
-                m = sig.search(text)
-                if m is not None:
-                    return Match(rule, _groups(m), i)
+    def __post_init__(self) -> None:
+        by_rule = tuple((r, i, sig) for r in self.rules for i, sig in enumerate(r.signatures))
+        object.__setattr__(self, "_by_rule", by_rule)
+        object.__setattr__(self, "_by_context", tuple((c, sig) for c in self.context for sig in c.signatures))
+
+    def match(self, text: str, only: Iterable[int] | None = None) -> Match | None:
+        """The most specific rule matching the bare message `text`, with its captured fields. `only`: the
+        signatures (by their place in `signatures()`) the block scan saw match the line; None: all."""
+        for at in sorted(only) if only is not None else range(len(self._by_rule)):
+            if at >= len(self._by_rule):
+                break
+            rule, i, sig = self._by_rule[at]
+            m = sig.search(text)
+            if m is not None:
+                return Match(rule, _groups(m), i)
         return None
 
-    def match_context(self, text: str) -> ContextMatch | None:
-        for ctx in self.context:
-            for sig in ctx.signatures:
-                m = sig.search(text)
-                if m is not None:
-                    return ContextMatch(ctx.kind, _groups(m))
+    def match_context(self, text: str, only: Iterable[int] | None = None) -> ContextMatch | None:
+        first = len(self._by_rule)
+        places = (a - first for a in sorted(only) if a >= first) if only is not None else range(len(self._by_context))
+        for at in places:
+            if at >= len(self._by_context):
+                break
+            ctx, sig = self._by_context[at]
+            m = sig.search(text)
+            if m is not None:
+                return ContextMatch(ctx.kind, _groups(m))
         return None
+
+    def fallback_match(self, raw: str, only: Iterable[int] | None = None) -> tuple[int, dict[str, str]] | None:
+        """`Fallback.match`, `only` by place in `signatures()` as for `match`."""
+        first = len(self._by_rule) + len(self._by_context)
+        return self.fallback.match(raw, None if only is None else (a - first for a in only if a >= first))
 
     def context_fields(self, kind: ContextKind, text: str) -> dict[str, str] | None:
         """The fields of `text` as a line of context `kind`, or None (a line a rule classified may be one too)."""
@@ -165,8 +230,9 @@ class RuleSet:
         raise KeyError(class_id)
 
     def signatures(self) -> tuple[Signature, ...]:
-        """Every signature, rules first: what the block scan must flag."""
-        return tuple(s for r in self.rules for s in r.signatures) + tuple(s for c in self.context for s in c.signatures)
+        """Every signature, rules first, then contexts and fallbacks: what the block scan must flag."""
+        rules = tuple(s for r in self.rules for s in r.signatures)
+        return rules + tuple(s for c in self.context for s in c.signatures) + self.fallback.signatures
 
 
 def playbook_id(class_id: str) -> str:

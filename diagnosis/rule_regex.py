@@ -9,12 +9,13 @@ rules file:
   Hyperscan and `required_literals` names the literal text every match must contain.
 
 For the two scans to give the same findings, each must flag *every* line Python would match; what
-else they flag costs only time, since Python decides. So the scan form is a relaxation: either the
-literals every match holds (when they are long enough to be rare), or the regex with named groups
-lose their names, upper bounds go (`{1,80}` becomes `{1,}`), a one-character item that can match a
-non-ASCII character may take several bytes (a block is scanned as bytes, Python counts characters),
-`^` becomes "the start of a line or the end of a prefix" (Python matches the message after its
-prefixes are cut off), `$` goes, and negated classes never cross a newline.
+else they flag costs only time, since Python decides. So the scan form is a relaxation of the regex:
+named groups lose their names, a one-character item that can match a non-ASCII character may take up
+to four bytes (a block is scanned as bytes, Python counts characters: `[^\n]{0,200}` becomes
+`[^\n]{0,800}`), `^` becomes "the start of a line or the end of a prefix" (Python matches the message
+after its prefixes are cut off), `$` goes, and negated classes never cross a newline. The bounds stay:
+the scan reports, per line, which signatures nearly match it, and Python tries only those
+(diagnosis/block_scan.py), so a line crafted to hold every literal and match nothing costs no regex.
 
 Constructs that either engine cannot honour, or that would let a match be slow, are refused here and
 reported by the loader: look-around, back-references, inline flags, atomic groups, possessive or
@@ -35,7 +36,8 @@ from gpu_triage.diagnosis import regex_cost
 _sre: Any = importlib.import_module("re._parser")
 _c: Any = importlib.import_module("re._constants")
 
-SCAN_LITERAL = 8  # required literals this long are the scan form themselves (see scan_pattern)
+MAX_OPTIONAL_WILD = 2  # optional parts with a wildcard a scan form keeps (see scan_pattern)
+_UTF8_MAX = 4  # bytes of one character (a U+FFFD from a bad byte is one), what a scan bound widens by
 MIN_LITERAL = 4  # a signature's required text is at least this long: distinctive, and cheap to look for
 
 # Characters that end every prefix `log_lines.normalise` strips (`: `, `] `, `]:`, `>:`, a blank), so a
@@ -223,33 +225,57 @@ def _item(op: Any, av: Any) -> tuple[str, bool]:
     if op is _c.BRANCH:
         return "(?:" + "|".join(_seq(alt) for alt in av[1]) + ")", False
     if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
-        low, _high, sub = av
-        # No upper bound: a run of characters is at least as many bytes, maybe more.
-        return f"(?:{_seq(sub, widen=False)}){{{low},}}", False
+        low, high, sub = av
+        if len(sub) == 1:
+            text, wide = _item(*sub[0])
+            # `[^\n]{0,200}` is 200 characters, up to 4 UTF-8 bytes each: in bytes, 0 to 800.
+            return f"(?:{text}){{{low},{high * _UTF8_MAX if wide else high}}}", False
+        return f"(?:{_seq(sub)}){{{low},{high}}}", False  # a group: its characters widen inside it
     raise ValueError(f"unsupported regex construct {op}")
 
 
-def _seq(seq: Any, *, widen: bool = True) -> str:
+def _seq(seq: Any) -> str:
     out: list[str] = []
     for op, av in seq:
         text, wide = _item(op, av)
         # A character Python counts as one may be several bytes in the block: let it take them.
-        out.append(f"(?:{text})+" if wide and widen else text)
+        out.append(f"(?:{text}){{1,{_UTF8_MAX}}}" if wide else text)
     return "".join(out)
 
 
 def scan_pattern(pattern: str) -> str:
     """`pattern` relaxed for a whole-block byte scan (see the module docstring); call `unsupported` first.
 
-    When every match holds one of a few long literals (`SCAN_LITERAL` characters or more), the scan
-    form is just those literals: Hyperscan runs a set of long literals several times faster than the
-    same number of regexes, and Python turns down the few extra lines. Shorter required text keeps
-    the relaxed regex, which lets Hyperscan check more than a common word.
+    Bounded as the pattern is (only the bytes a character may take widen a bound), so that the scan
+    flags a line only where the regex nearly matches it, and says which signature does: a line that holds
+    every signature's literal and matches none costs Hyperscan's time, not every regex's.
     """
-    literals = required_literals(pattern)
-    if literals and min(map(len, literals)) >= SCAN_LITERAL:
-        return "|".join(re.escape(lit) for lit in literals)
-    return _seq(_parse(pattern))
+    tree = list(_parse(pattern))
+    # Hyperscan refuses a pattern whose optional parts each hold a wildcard (the states multiply). What a
+    # line must hold to match the start of a pattern it must hold to match all of it, so a trailing
+    # optional part (NCCL's `(?:… opcode …)?(?:… vendor err …)?(?: hca …)?` tail) can go from the scan
+    # form without losing a line.
+    while len(tree) > 1 and _optional_wildcards(tree) > MAX_OPTIONAL_WILD and regex_cost._min_width(*tree[-1]) == 0:
+        tree.pop()
+    return _seq(tree)
+
+
+def _optional_wildcards(seq: Any) -> int:
+    """How many optional items of `seq` hold a wide repeat."""
+    return sum(1 for op, av in seq if regex_cost._min_width(op, av) == 0 and _has_wildcard([(op, av)]))
+
+
+def _has_wildcard(seq: Any) -> bool:
+    for op, av in seq:
+        if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):
+            sub = av[2]
+            if (len(sub) == 1 and _item(*sub[0])[1] and av[1] > 1) or _has_wildcard(sub):
+                return True
+        elif (op is _c.SUBPATTERN and _has_wildcard(av[3])) or (
+            op is _c.BRANCH and any(_has_wildcard(alt) for alt in av[1])
+        ):
+            return True
+    return False
 
 
 def literal_set(literals: Sequence[str]) -> tuple[str, ...]:

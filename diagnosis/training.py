@@ -23,10 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from gpu_triage.diagnosis import next_steps
 from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.block_scan import HyperscanFinder, engine_name, finder_for, skip_test_for
 from gpu_triage.diagnosis.collapse import Collapser, Seen, Spec, build
 from gpu_triage.diagnosis.collectives import Progress, ProgressTracker, Work, WorkTracker
+from gpu_triage.diagnosis.data_files import BlobStore
 from gpu_triage.diagnosis.deaths import ENDS, TextEnd, settle, uncaught
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.fold import fold
@@ -71,6 +73,7 @@ def _rule_specs(rules: RuleSet) -> dict[str, Spec]:
             steps=r.steps,
             tier=float(r.specificity),
             symptom=r.symptom,
+            performance=r.performance,
         )
         for r in rules.rules
     }
@@ -89,12 +92,17 @@ class _Place:
 class _Diagnosis:
     """The state of one `diagnose` call."""
 
-    def __init__(self, rules: RuleSet, engine: str | None = None) -> None:
+    def __init__(
+        self, rules: RuleSet, engine: str | None = None, store: BlobStore | None = None, parallel: bool = False
+    ) -> None:
         self.rules = rules
+        self.store = store
+        self.parallel = parallel
         self.specs = _rule_specs(rules)
         # A SIGABRT ends a process after its own error: it ranks after the symptoms, and is one.
         self.abort_spec = replace(self.specs[PROCESS_SEGFAULT], tier=len(rules.rules) - 0.5, symptom=True)
         self.engine = engine_name(engine)
+        self.job_failed = rules.rule(JOB_FAILED)
         signatures = rules.signatures()
         self.patterns = tuple(s.scan for s in signatures)
         self.literals = tuple(lit for s in signatures for lit in s.literals)
@@ -115,13 +123,18 @@ class _Diagnosis:
     def read(self, name: str | None, chunks: Iterable[bytes]) -> tuple[int, int]:
         src = SourceState(self.identity.add_source(), name)
         self.sources.append(src)
-        finder = finder_for(self.patterns, self.literals, self.engine)
+        needles = self.rules.needles or None
+        finder = finder_for(self.patterns, self.literals, self.engine, self.store, needles, self.parallel)
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
-        reader = InputLines(finder, skip_test=skip_test_for(self.literals))
+        reader = InputLines(finder, skip_test=skip_test_for(self.literals, needles))
         kernel = KernelLogParser(strict=False)  # a pasted line may carry any prefix (kernel_log_parser)
         end = TextEnd()
-        for cand in reader.read(end.watch(chunks)):
-            self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"))
+        try:
+            for cand in reader.read(end.watch(chunks)):
+                self._line(src, kernel, cand.line, cand.data.decode("utf-8", "replace"), cand.hits)
+        finally:
+            if isinstance(finder, HyperscanFinder):
+                finder.close()
         for event in kernel.finish():
             self.kernel.add(src.index, normalise(event.text), event)
         src.lines = reader.lines
@@ -129,14 +142,18 @@ class _Diagnosis:
         self.text_ends.append((end, reader.width))
         return reader.lines, reader.skipped
 
-    def _line(self, src: SourceState, kernel: KernelLogParser, number: int, text: str) -> None:
+    def _line(
+        self, src: SourceState, kernel: KernelLogParser, number: int, text: str, hits: frozenset[int] | None
+    ) -> None:
         text = text.rstrip("\r")
         # A progress bar redraws itself with bare CRs; each redraw is a line of its own.
         for segment in text.split("\r") if "\r" in text else (text,):
             if segment.strip():
-                self._segment(src, kernel, number, segment)
+                self._segment(src, kernel, number, segment, hits)
 
-    def _segment(self, src: SourceState, kernel: KernelLogParser, number: int, text: str) -> None:
+    def _segment(
+        self, src: SourceState, kernel: KernelLogParser, number: int, text: str, hits: frozenset[int] | None = None
+    ) -> None:
         line = normalise(text) if has_trigger(text) else None
         if line is not None:
             own = False
@@ -149,7 +166,7 @@ class _Diagnosis:
             if own:
                 self.identity.learn(src.index, line)
                 return
-        line, match, ctx = self._classify(text, line)
+        line, match, ctx = self._classify(text, line, hits)
         if ctx is not None and ctx.kind is ContextKind.CONTINUED and (joined := src.joined(number, line)):
             first, whole = joined
             match = self.rules.match(whole)
@@ -170,8 +187,12 @@ class _Diagnosis:
             self.identity.learn(src.index, line)
             self._context(src, number, line, ctx)
 
-    def _classify(self, text: str, line: LogLine | None = None) -> tuple[LogLine, Match | None, ContextMatch | None]:
+    def _classify(
+        self, text: str, line: LogLine | None = None, hits: frozenset[int] | None = None
+    ) -> tuple[LogLine, Match | None, ContextMatch | None]:
         """Normalise (unless `line` is `text` normalised already) and match `text`, remembering recent answers.
+        `hits`: the signatures the block scan saw match the line (it sees every one that can); only those
+        are tried, so a line that holds every literal and matches nothing costs no regex.
 
         A failing job repeats itself: the same WARN from the same process thousands of times, or the
         same message from every rank behind a different prefix. Both caches are bounded and are
@@ -184,11 +205,17 @@ class _Diagnosis:
             line = normalise(text)
         verdict = self._verdicts.get(line.text)
         if verdict is None:
-            match = self.rules.match(line.text)
-            verdict = (match, None if match is not None else self.rules.match_context(line.text))
+            match = self.rules.match(line.text, hits)
+            verdict = (match, None if match is not None else self.rules.match_context(line.text, hits))
             if len(self._verdicts) >= CACHE_ENTRIES:
                 self._verdicts.clear()
             self._verdicts[line.text] = verdict
+        unnamed = verdict[0] is None and (verdict[1] is None or verdict[1].kind is ContextKind.EXCEPTION)
+        if unnamed and (error := self.rules.fallback_match(line.raw, hits)) is not None:
+            # An error-level line no rule names (the whole line decides: a glog level is a prefix); an
+            # exception's line too (`RuntimeError: CUDA error: …`): a paste may hold no traceback with it.
+            which, fields = error
+            verdict = (Match(self.job_failed, fields, len(self.job_failed.signatures) + which), None)
         if len(self._lines) >= CACHE_ENTRIES:
             self._lines.clear()
         self._lines[text] = (line, *verdict)
@@ -313,6 +340,8 @@ class _Diagnosis:
                 )
                 self.works.report(line.pg, seq, work)
         if spec.class_id in ENDS:
+            if "pid" not in details and line.pid is not None:
+                details["pid"] = line.pid  # a process's own report of its end (UCX, Open MPI): its pid
             src.exit_reported = True
             if place.pid is not None and isinstance(local := details.get("local_rank"), int):
                 src.failed(place.pid, local)  # torchrun's agent: `failed (exitcode: …) local_rank: N (pid: P)`
@@ -341,7 +370,11 @@ class _Diagnosis:
             self._finding(src, number, line, Match(connect, fields, len(connect.signatures)))
         name_stopped_workers(self.identity, self.sources)
         bind_to_failed_worker(self.collapser, self.identity, self.sources, ENDS)
-        ranked = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
+        built = [build(where, tally, label) for where, tally in self.collapser.merged(self.identity.place)]
+        # What slowed the job is told beside what ended it, never as its cause (diagnosis/fold.py folds it too).
+        slow = {c for c, spec in self.specs.items() if spec.performance}
+        performance = fold([r.finding for r in order(r for r in built if r.finding.class_id in slow)], lambda _: True)
+        ranked = [r for r in built if r.finding.class_id not in slow]
         reporter = Reporter(self.specs, self.identity, self.progress, self.works, self.versions, label)
         ranked += reporter.synthesized()
         if hangs is not None:  # Flight Recorder dumps and NCCL RAS output (diagnosis/hang_report.py)
@@ -353,6 +386,10 @@ class _Diagnosis:
         findings = fold([r.finding for r in order(kernel_first(settle(ranked, symptom), root_xid))], symptom)
         findings = reporter.straggler(findings)
         link_symptoms(findings, symptom)
+        slowed = ", ".join(dict.fromkeys(f.title for f in performance))
+        for f in findings:  # now that the job-wide analysis has added what it learnt
+            if (spec := self.specs.get(f.class_id)) is not None:
+                f.steps = next_steps.fill(spec.steps, {**next_steps.values(f), "performance": slowed})
         events = []
         for e in self.kernel.events:
             source = label(e.pop("_source"))
@@ -360,7 +397,7 @@ class _Diagnosis:
                 e["file"] = source
             events.append(e)
         hang = hangs.to_json() if hangs is not None else None
-        return Report(events, findings, names, lines, skipped, self.kernel.dropped, self.engine, hang)
+        return Report(events, findings, names, lines, skipped, self.kernel.dropped, self.engine, performance, hang)
 
     def _uncaught(self) -> None:
         """Uncaught Python exceptions are deaths (see diagnosis/deaths.py), placed like any finding."""
@@ -368,21 +405,30 @@ class _Diagnosis:
             for trace in uncaught(src, exit_reported=src.exit_reported, end=end, wrap_width=width):
                 seen = Seen(src.index, trace.line, trace.text[:EVIDENCE_CHARS], None, -1)
                 who = Who(src.index, trace.host, None, trace.rank, trace.local_rank, task=trace.task)
-                self.collapser.add(who, self.specs[JOB_FAILED], seen, {})
+                # The exception's type is the death's cause: ranks dying of different ones are told apart.
+                fields = self.rules.context_fields(ContextKind.EXCEPTION, normalise(trace.text).text)
+                cause: dict[str, str | int] = {"cause": fields["exc"]} if fields and fields.get("exc") else {}
+                self.collapser.add(who, self.specs[JOB_FAILED], seen, cause)
 
 
 def diagnose(
-    sources: Iterable[tuple[str | None, Iterable[bytes]]], *, engine: str | None = None, decode: Decoder | None = None
+    sources: Iterable[tuple[str | None, Iterable[bytes]]],
+    *,
+    engine: str | None = None,
+    store: BlobStore | None = None,
+    parallel: bool = False,
+    decode: Decoder | None = None,
 ) -> Report:
     """Diagnose training and kernel logs, and Flight Recorder dumps and NCCL RAS output among them.
 
     `sources` holds one (name or None, byte chunks) pair per input: a file, one rank's output or
     stdin; the caller decompresses. Chunks may split lines anywhere. Findings come root cause first.
     `engine` chooses the block scan ("hyperscan" or "python"; by default Hyperscan where it is
-    installed, see diagnosis/block_scan.py): both give the same findings. Dumps and RAS output are told
-    by their content; `decode` reads a pickle dump (diagnosis/hang_report.py).
+    installed, see diagnosis/block_scan.py): both give the same findings. `store` keeps the compiled scan
+    between processes (diagnosis/knowledge.py); `parallel` lets the scan use a second thread (a second CPU).
+    Dumps and RAS output are told by their content; `decode` reads a pickle dump (diagnosis/hang_report.py).
     """
-    state = _Diagnosis(load_rules(), engine)
+    state = _Diagnosis(load_rules(), engine, store, parallel)
     hangs = HangInputs(decode)
     lines = skipped = 0
     for name, chunks in sources:

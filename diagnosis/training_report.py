@@ -20,7 +20,7 @@ from gpu_triage.diagnosis.collectives import (
     WorkTracker,
     rank_ranges,
 )
-from gpu_triage.diagnosis.findings import Finding
+from gpu_triage.diagnosis.findings import Evidence, Finding
 from gpu_triage.diagnosis.identity import IdentityBook
 from gpu_triage.diagnosis.root_cause import Ranked
 from gpu_triage.diagnosis.rule_model import COLLECTIVE_MISMATCH, COLLECTIVE_TIMEOUT, NCCL_LIB_MISMATCH
@@ -39,6 +39,7 @@ class Report:
     lines_skipped: int = 0  # candidate lines that could not be read (over-long, binary)
     events_dropped: int = 0
     engine: str = "python"  # the block scan used: "hyperscan" or "python"
+    performance: list[Finding] = field(default_factory=list)  # what slowed the job, beside what ended it
     hang: dict[str, Any] | None = None  # Flight Recorder and RAS inputs: the per-rank table (hang_report.py)
 
     def to_json(self) -> dict[str, Any]:
@@ -46,6 +47,7 @@ class Report:
             "root_cause": self.findings[0].id if self.findings else None,
             "events": [dict(e) for e in self.events],
             "findings": [f.to_json() for f in self.findings],
+            "performance": [f.to_json() for f in self.performance],
             "summary": {
                 "sources": len(self.sources),
                 "lines_read": self.lines_read,
@@ -138,15 +140,27 @@ class Reporter:
         return findings
 
     def _mark(self, finding: Finding, found: Straggler) -> None:
-        finding.title += f" (straggler: rank {found.rank})"
+        """Name the straggler in the title with its proof, the SeqNums, and lead the evidence with its line."""
+        p = found.progress
+        finding.title += f" (straggler: rank {found.rank}, {found.lag()})"
+        proof = Evidence(p.line, p.text, self.label(p.source))
+        rest = [e for e in finding.evidence if (e.source, e.line) != (proof.source, proof.line)]
+        finding.evidence[:] = [proof, *rest]
+        host, gpu = self.identity.host_of(found.rank), self.identity.gpu_of(found.rank)
+        where = f"rank {found.rank}" + (f" on {host}" if host else "") + (f" (GPU {gpu})" if gpu else "")
         finding.details.update(
             straggler_rank=found.rank,
             last_completed=found.progress.completed,
             last_enqueued=found.progress.enqueued,
             others_last_completed=found.others_completed,
+            others_last_enqueued=found.others_enqueued,
             reporting_ranks=found.reporting_ranks,
             pg=found.pg,
+            straggler_where=where,
+            straggler_lag=found.meaning(),
         )
+        if host:
+            finding.details["straggler_host"] = host
 
     def _straggler_finding(self, found: Straggler) -> Finding:
         p = found.progress

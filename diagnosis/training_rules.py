@@ -11,10 +11,13 @@ them), context examples that a rule would take, and near misses that match a rul
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from functools import cache
 
+from gpu_triage.diagnosis import next_steps
 from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
+from gpu_triage.diagnosis.block_scan import literal_needles
+from gpu_triage.diagnosis.data_files import Problems, adopted, parse_yaml, read_data
 from gpu_triage.diagnosis.log_lines import normalise
 from gpu_triage.diagnosis.rule_model import (
     FIELDS,
@@ -22,6 +25,7 @@ from gpu_triage.diagnosis.rule_model import (
     ContextKind,
     ContextRule,
     Example,
+    Fallback,
     Rule,
     RuleSet,
     Signature,
@@ -33,8 +37,9 @@ from gpu_triage.diagnosis.rule_regex import MIN_LITERAL, required_literals, scan
 __all__ = ["load_rules", "parse_rules", "parse_rules_text"]
 
 _RULE_KEYS = {"class", "severity", "action", "playbook", "title", "steps", "signatures", "examples"}
-_RULE_OPTIONAL = {"symptom"}
-_TOP_KEYS = {"version", "context", "rules", "near_misses"}
+_RULE_OPTIONAL = {"symptom", "performance"}
+_TOP_KEYS = {"version", "context", "rules", "near_misses", "fallback"}
+_FALLBACK_KEYS = {"signatures", "examples", "benign", "benign_examples"}
 
 
 def signature(ck: Problems, at: str, text: str) -> Signature | None:
@@ -52,7 +57,7 @@ def signature(ck: Problems, at: str, text: str) -> Signature | None:
     if not literals or min(map(len, literals)) < MIN_LITERAL:
         ck.fail(at, f"no literal text of {MIN_LITERAL}+ characters that every match holds: key it on the message")
         return None
-    return Signature(pattern, literals, scan_pattern(text))
+    return Signature(text, literals, scan_pattern(text), [pattern])
 
 
 def _signatures(ck: Problems, where: str, node: object) -> tuple[Signature, ...]:
@@ -83,6 +88,33 @@ def _examples(ck: Problems, where: str, node: object) -> tuple[Example, ...]:
     return tuple(out)
 
 
+def _steps(ck: Problems, where: str, node: object) -> tuple[str, ...]:
+    """A rule's next steps: strings, or `{unless: name, text: …}` for the advice given when a name is unknown."""
+    if not isinstance(node, list) or not node:
+        ck.fail(where, "expected a non-empty list of steps")
+        return ()
+    out: list[str] = []
+    for i, item in enumerate(node):
+        at = f"{where}[{i}]"
+        if isinstance(item, dict):
+            spec = ck.keys(at, item, {"unless", "text"})
+            name, text = spec.get("unless"), spec.get("text")
+            if not (isinstance(name, str) and isinstance(text, str) and text):
+                ck.fail(at, "`unless` must name a field and `text` be a non-empty string")
+                continue
+            step = next_steps.unless(name, text)
+        elif isinstance(item, str) and item:
+            step = item
+        else:
+            ck.fail(at, "a step is a non-empty string or a mapping of `unless` and `text`")
+            continue
+        for name in next_steps.names(step):
+            if name not in FIELDS and name not in next_steps.PLACE_NAMES | next_steps.REPORT_NAMES:
+                ck.fail(at, f"unknown name {{{name}}}: a step may name the fields of a finding and its place")
+        out.append(step)
+    return tuple(out)
+
+
 def _parse_context(ck: Problems, node: object) -> tuple[ContextRule, ...]:
     if not isinstance(node, list):
         ck.fail("context", "expected a list")
@@ -106,6 +138,19 @@ def _parse_context(ck: Problems, node: object) -> tuple[ContextRule, ...]:
     return tuple(contexts)
 
 
+def _parse_fallback(ck: Problems, node: object) -> Fallback:
+    spec = ck.keys("fallback", node, set(), _FALLBACK_KEYS)
+    if not spec:
+        return Fallback()
+    benign = "benign" in spec or "benign_examples" in spec
+    return Fallback(
+        _signatures(ck, "fallback.signatures", spec.get("signatures")),
+        _signatures(ck, "fallback.benign", spec.get("benign")) if benign else (),
+        _examples(ck, "fallback.examples", spec.get("examples")),
+        _examples(ck, "fallback.benign_examples", spec.get("benign_examples")) if benign else (),
+    )
+
+
 def _parse_rule(ck: Problems, i: int, item: object) -> Rule | None:
     spec = ck.keys(f"rules[{i}]", item, _RULE_KEYS, _RULE_OPTIONAL)
     class_id = spec.get("class")
@@ -116,22 +161,25 @@ def _parse_rule(ck: Problems, i: int, item: object) -> Rule | None:
     severity, action = ck.severity(at, spec.get("severity")), ck.action(at, spec.get("action"))
     if spec.get("playbook") != playbook_id(class_id):
         ck.fail(at, f"playbook must be {playbook_id(class_id)!r}, got {spec.get('playbook')!r}")
-    title, symptom = spec.get("title"), spec.get("symptom", False)
+    title, symptom, performance = spec.get("title"), spec.get("symptom", False), spec.get("performance", False)
     if not (isinstance(title, str) and title.strip()):
         ck.fail(at, "`title` must be a non-empty string")
-    if not isinstance(symptom, bool):
-        ck.fail(at, "`symptom` must be true or false")
+    if not isinstance(symptom, bool) or not isinstance(performance, bool):
+        ck.fail(at, "`symptom` and `performance` must be true or false")
+    if performance is True and (symptom is True or severity is Severity.CRITICAL):
+        ck.fail(at, "a performance condition slows a job, it does not end one: severity info or warning, no symptom")
     return Rule(
         class_id=class_id,
         severity=severity or Severity.UNKNOWN,
         action=action or Action.IGNORE,
         playbook=playbook_id(class_id),
         title=str(title),
-        steps=tuple(ck.strings(f"{at}.steps", spec.get("steps"))),
+        steps=_steps(ck, f"{at}.steps", spec.get("steps")),
         signatures=_signatures(ck, f"{at}.signatures", spec.get("signatures")),
         examples=_examples(ck, f"{at}.examples", spec.get("examples")),
         specificity=i,
         symptom=symptom is True,
+        performance=performance is True,
     )
 
 
@@ -160,7 +208,9 @@ def parse_rules(doc: object, origin: str = "training_rules.yaml") -> RuleSet:
             if class_id not in present:
                 ck.fail("rules", f"no rule for class {class_id!r}, which the diagnosis code relies on")
     near = tuple(ck.strings("near_misses", top.get("near_misses", []), allow_empty=True))
-    ruleset = RuleSet(tuple(rules), contexts, near)
+    ruleset = RuleSet(tuple(rules), contexts, near, _parse_fallback(ck, top.get("fallback", {})))
+    literals = [lit for sig in ruleset.signatures() for lit in sig.literals]
+    ruleset = replace(ruleset, needles=literal_needles(literals))
     _check_examples(ck, ruleset)
     ck.raise_if_any(origin)
     return ruleset
@@ -192,8 +242,33 @@ def _check_examples(ck: Problems, rs: RuleSet) -> None:
                 ck.fail(f"context {ctx.kind}", f"example does not match its context: {ex.line!r}")
     for line in rs.near_misses:
         got = rs.match(normalise(line).text)
-        if got is not None:
+        if got is not None and not got.rule.performance:
             ck.fail("near_misses", f"matches {got.rule.class_id!r}: {line!r}")
+        elif got is None and rs.match_context(normalise(line).text) is None and rs.fallback.match(line):
+            ck.fail("near_misses", f"an error-level line no rule names, not a benign one: {line!r}")
+    _check_fallback(ck, rs)
+
+
+def _check_fallback(ck: Problems, rs: RuleSet) -> None:
+    fb = rs.fallback
+    raws = [normalise(ex.line).raw for ex in fb.examples]
+    benign = [normalise(ex.line).raw for ex in fb.benign_examples]
+    for sig in fb.signatures:
+        if not any(sig.search(raw) for raw in raws):
+            ck.fail("fallback", f"no example for signature {sig.pattern!r}")
+    for sig in fb.benign:
+        if not any(sig.search(raw) for raw in benign):
+            ck.fail("fallback", f"no benign example for signature {sig.pattern!r}")
+    for ex, raw in zip(fb.examples, raws, strict=True):
+        text = normalise(ex.line).text
+        ctx = rs.match_context(text)
+        if rs.match(text) is not None or (ctx is not None and ctx.kind is not ContextKind.EXCEPTION):
+            ck.fail("fallback", f"example a rule or a context takes first: {ex.line!r}")
+        elif fb.match(raw) is None:
+            ck.fail("fallback", f"example is no error-level line, or a benign one: {ex.line!r}")
+    for ex, raw in zip(fb.benign_examples, benign, strict=True):
+        if not any(sig.search(raw) for sig in fb.signatures) or fb.match(raw) is not None:
+            ck.fail("fallback", f"benign example is not an error-level line the benign list excuses: {ex.line!r}")
 
 
 def parse_rules_text(text: str, origin: str = "training_rules.yaml") -> RuleSet:
@@ -206,4 +281,6 @@ def parse_rules_text(text: str, origin: str = "training_rules.yaml") -> RuleSet:
 @cache
 def load_rules() -> RuleSet:
     """The shipped rules, parsed and validated once per process."""
+    if isinstance(known := adopted("rules"), RuleSet):
+        return known
     return parse_rules_text(read_data("training_rules.yaml"))

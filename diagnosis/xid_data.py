@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
+from gpu_triage.diagnosis.data_files import Problems, adopted, parse_yaml, read_data
 from gpu_triage.diagnosis.xid_catalog import (
     CONTEXTS,
     ActionMappings,
@@ -302,6 +302,8 @@ def build_catalog(facts: Any, policy: Any, mappings: Any, nvlink5: Any, problems
 @functools.cache
 def load_catalog() -> XidCatalog:
     """The shipped catalog, loaded and checked once."""
+    if isinstance(known := adopted("catalog"), XidCatalog):
+        return known
     problems = Problems()
     facts, policy, mappings, nvlink5 = (parse_yaml(read_data(name), name, problems) for name in DATA_FILES)
     return build_catalog(facts, policy, mappings, nvlink5, problems=problems)

@@ -17,10 +17,11 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from gpu_triage.diagnosis.data_check import check_data
+from gpu_triage.diagnosis import knowledge
 from gpu_triage.diagnosis.findings import Workload
 from gpu_triage.diagnosis.node_verdict import Blind, NodeVerdict
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
+from gpu_triage.exporter.cache_store import store_from_env
 from gpu_triage.exporter.metrics.exposition import MetricsCache
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
 from gpu_triage.exporter.metrics.verdicts import verdict_families
@@ -101,6 +102,7 @@ class Daemon:
     ) -> None:
         self.backend = backend
         self.settings = settings
+        self.store = store_from_env()  # the checked data and the compiled log scan, between restarts
         self.clock = clock  # wall-clock time: what the daemon reports
         self.monotonic = monotonic  # how old things are: unmoved when the wall clock is set
         self.boot_id = boot_id or read_boot_id()
@@ -168,8 +170,9 @@ class Daemon:
 
     def start(self) -> None:
         """Check the diagnosis data (DataError lists every problem), find the GPUs, take the first snapshot,
-        then poll and follow the XID sources in the background."""
-        check_data()
+        then poll and follow the XID sources in the background. The checked data comes from the cache
+        when it holds this version's (diagnosis/knowledge.py)."""
+        knowledge.load(self.store)
         self.poller.discover()
         with self._render_lock:
             self._started = True

@@ -10,12 +10,8 @@ archive's members are read within the body's own limit, so a zip bomb stays smal
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
 import io
 import os
-import tarfile
-import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -64,6 +60,9 @@ def is_archive(head: bytes) -> str | None:
 
 def archive_members(data: bytes, kind: str, limit: int) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of each regular member, in the archive's order; together at most `limit` bytes."""
+    import tarfile  # here, not above: a plain log does without them (start-up of `gpu-triage diagnose`)
+    import zipfile
+
     total = 0
 
     def take(f: IO[bytes]) -> bytes:
@@ -103,6 +102,9 @@ def archive_members(data: bytes, kind: str, limit: int) -> Iterator[tuple[str, b
 
 def multipart_parts(content_type: str, body: bytes) -> list[tuple[str, bytes]]:
     """(file name or field name, content) of each part of a multipart/form-data body."""
+    import email.parser
+    import email.policy
+
     head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
     if not message.is_multipart():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -117,6 +116,8 @@ class _Worker:
     pipe while the parent is still sending). Answers come in the order the dumps were sent."""
 
     def __init__(self, memory: int) -> None:
+        import subprocess  # here: most diagnoses read no pickle dump, and start no child
+
         code = f"from gpu_triage.exporter.fr_decode import _child; _child({memory})"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code],

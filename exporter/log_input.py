@@ -84,6 +84,22 @@ def scan_engine() -> str | None:
     return os.environ.get(SCAN_ENV) or None
 
 
+def scan_in_parallel() -> bool:
+    """Whether `gpu-triage diagnose` may give its scan a second thread: when this process may run on two
+    CPUs or more and one of them is idle (a busy node's second thread only waits for its turn, and the
+    handing over costs more than it saves). The daemon keeps to one per request, so that
+    --diagnose.max-cpu counts all of it."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:  # no load average: trust the count
+        busy = 0.0
+    return cpus >= 2 and busy <= cpus - 1
+
+
 def read_chunks(f: BinaryIO, progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """A file's bytes, a chunk at a time; `progress` gets the bytes read so far."""
     done = 0

@@ -105,6 +105,7 @@ class Settings(BaseSettings):
     source_kmsg: bool = True
     source_events: bool = True
     diagnose_max_bytes: Size = 64 * 1024**2
+    diagnose_max_cpu: Duration = 20.0
     kubernetes_pod_resources_socket: str = "auto"
     path_procfs: Path = Path("/proc")
     log_level: LogLevel = "info"
@@ -353,6 +354,12 @@ OPTIONS = (
         "diagnose_max_bytes",
         "largest log POST /api/v1/diagnose accepts, compressed and decompressed (default 64MiB)",
         "SIZE",
+    ),
+    Option(
+        "diagnose.max-cpu",
+        "diagnose_max_cpu",
+        "CPU time one POST /api/v1/diagnose may take before it is refused with 413 (default 20s)",
+        "DURATION",
     ),
     Option(
         "kubernetes.pod-resources-socket",

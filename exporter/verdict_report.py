@@ -14,7 +14,6 @@ from gpu_triage.diagnosis.fold import fold_gpus
 from gpu_triage.diagnosis.health import GpuVerdict, drives, verdict_json
 from gpu_triage.diagnosis.incidents import GPU_INSTANCE
 from gpu_triage.diagnosis.node_verdict import BLIND_CLASSES, Blind, NodeVerdict
-from gpu_triage.diagnosis.xid_data import load_catalog
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 
@@ -197,32 +196,3 @@ def summary(snapshot: Snapshot, node: NodeVerdict, places: list[dict[str, Any]] 
 
 def all_findings(node: NodeVerdict) -> list[Finding]:
     return [f for g in node.gpus for f in g.findings] + list(node.findings)
-
-
-def xid_json(code: int) -> dict[str, Any] | None:
-    """What an XID code means and what to do about it, as the API answers; None for a code not in the catalog."""
-    entry = load_catalog().get(code)
-    if entry is None:
-        return None
-    return {
-        "xid": entry.code,
-        "mnemonic": entry.mnemonic,
-        "nvidia_description": entry.nvidia_description,
-        "title": entry.title,
-        "causes": list(entry.causes),
-        "severity": entry.severity.value,
-        "action": entry.action.value,
-        "action_description": entry.action.description,
-        "nvidia_immediate_bucket": entry.immediate_bucket,
-        "nvidia_investigatory_bucket": entry.investigatory_bucket,
-        "deviation": entry.deviation,
-        "context": sorted(entry.context),
-        "xid154_linked": entry.xid154_linked,
-        "applies_to": list(entry.applies_to),
-        "playbook": entry.playbook,
-        "runbook": f"/runbooks/{entry.playbook}",
-    }
-
-
-def unknown_xid(code: int) -> str:
-    return f"Xid {code} is not in NVIDIA's catalog (this version knows {len(load_catalog())} codes)"

@@ -19,6 +19,25 @@ REPO = Path(__file__).resolve().parents[1]
 START = 1_790_000_000.0  # a fixed wall-clock start for deterministic tests
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The knowledge cache and the compiled scan (exporter/cache_store.py) of this test run, not the user's:
+    every in-process daemon and every `gpu-triage` child shares it, and it is gone after the run."""
+    if "GPU_TRIAGE_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        config.stash[_CACHE] = tempfile.mkdtemp(prefix="gpu-triage-test-cache-")
+        os.environ["GPU_TRIAGE_CACHE_DIR"] = config.stash[_CACHE]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if (made := config.stash.get(_CACHE, None)) is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop("GPU_TRIAGE_CACHE_DIR", None)
+
+
+_CACHE = pytest.StashKey[str]()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden", action="store_true", help="rewrite golden files instead of comparing against them"

@@ -12,10 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-import yaml
-
 from gpu_triage.diagnosis.actions import Action
-from gpu_triage.exporter.verdict_report import unknown_xid, xid_json
+from gpu_triage.exporter.xid_explain import unknown_xid, xid_json
 
 
 def explain_xid(code: int, as_json: bool, out: TextIO = sys.stdout) -> int:
@@ -179,15 +177,17 @@ def diagnose_files(
     folders of them, tar or zip archives). Exit 0: nothing found (or only events the verdicts ignore),
     1: findings, 2: cannot read or empty."""
     from gpu_triage.diagnosis.training import diagnose
+    from gpu_triage.exporter.cache_store import store_from_env
     from gpu_triage.exporter.cli.report_text import render
     from gpu_triage.exporter.fr_decode import SandboxDecoder
-    from gpu_triage.exporter.log_input import scan_engine
+    from gpu_triage.exporter.log_input import scan_engine, scan_in_parallel
 
     inputs = _Inputs(paths or ["-"], err, stdin)
     try:
         inputs.check()
         with SandboxDecoder() as decode:
-            report = diagnose(inputs, engine=scan_engine(), decode=decode).to_json()
+            store, parallel = store_from_env(), scan_in_parallel()
+            report = diagnose(inputs, engine=scan_engine(), store=store, parallel=parallel, decode=decode).to_json()
     except _UnreadableError as e:
         err.write(f"gpu-triage: {e}\n")
         return 2
@@ -221,6 +221,8 @@ def render_alerts(
     path: str | None, runbook_base: str | None, dashboard_base: str | None, out: TextIO = sys.stdout
 ) -> int:
     """`gpu-triage alerts render`: the rules (the shipped ones unless `path` names others), links pointed elsewhere."""
+    import yaml
+
     from gpu_triage.exporter.cli.alert_rules import render
     from gpu_triage.exporter.cli.export import shipped
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -90,6 +88,8 @@ def running_command() -> Path | None:
     argv0 = Path(sys.argv[0])
     if argv0.name == "gpu-triage" and argv0.is_file():
         return argv0.absolute()  # not resolved: pipx's link in ~/.local/bin outlives an upgrade, its target not
+    import shutil  # here: main.py imports this module for every command, and shutil brings bz2 and lzma
+
     found = shutil.which("gpu-triage")
     return Path(found).absolute() if found else None
 
@@ -188,6 +188,8 @@ def _write(target: Path, data: bytes, mode: int) -> None:
     for parent in reversed([target.parent, *target.parent.parents]):
         if not parent.exists():
             parent.mkdir(mode=DIR_MODE)
+    import tempfile  # `export` alone writes files: the other one-shot commands do without
+
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_triage import __version__
 from gpu_triage.exporter.cli.export import CHOICES, WHAT
-from gpu_triage.exporter.logs import setup_logging
-from gpu_triage.exporter.settings import OPTIONS, SettingsError, load_settings
 
 if TYPE_CHECKING:
     from gpu_triage.exporter.cli.check import DaemonClient
+
+# A one-shot command (a health check, a prolog, `… | gpu-triage diagnose -`) imports only what it runs:
+# the daemon's settings (pydantic), its server and its backends load for `serve` alone.
 
 
 def _daemon_options(p: argparse.ArgumentParser, timeout: float = 5.0) -> None:
@@ -64,6 +65,7 @@ def _node_condition_parser(sub: Any) -> None:
 
 def _node_condition(args: argparse.Namespace) -> int:
     from gpu_triage.exporter.cli.node_condition import Options, in_cluster_api_server, run
+    from gpu_triage.exporter.logs import setup_logging
 
     if not args.node:
         args.usage_parser.error("no node name: give --node or set NODE_NAME (the pod's spec.nodeName)")
@@ -81,7 +83,9 @@ def _node_condition(args: argparse.Namespace) -> int:
     return run(options)
 
 
-def _serve_parser(sub: Any) -> argparse.ArgumentParser:
+def _serve_parser(sub: Any, flags: bool) -> argparse.ArgumentParser:
+    """`serve`; its flags (the daemon's settings, which import pydantic) only when `flags` (it runs, or
+    its help is asked for)."""
     p: argparse.ArgumentParser = sub.add_parser(
         "serve",
         help="run the daemon",
@@ -89,6 +93,10 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
         "(key = flag name) or by an environment variable (GPU_TRIAGE_ + flag, e.g. GPU_TRIAGE_STATE_DIR).",
     )
     p.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (env GPU_TRIAGE_CONFIG)")
+    if not flags:
+        return p
+    from gpu_triage.exporter.settings import OPTIONS
+
     for option in OPTIONS:
         kwargs: dict[str, Any] = {"dest": option.field, "default": argparse.SUPPRESS, "help": option.help}
         if option.kind == "switch":
@@ -103,7 +111,7 @@ def _serve_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(serve_flags: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-triage",
         description="GPU fault diagnosis for NVIDIA nodes: telemetry for Prometheus, XID and "
@@ -111,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpu-triage {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    _serve_parser(sub)
+    _serve_parser(sub, serve_flags)
     xid = sub.add_parser("xid", help="explain an XID code", description="What an XID code means and what to do.")
     xid.add_argument("code", type=int, help="the XID code, e.g. 79")
     xid.add_argument("--json", action="store_true", help="print JSON")
@@ -214,6 +222,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace, unknown: list[str]) -> int:
+    from gpu_triage.exporter.logs import setup_logging
+    from gpu_triage.exporter.settings import SettingsError, load_settings
+
     cli = {k: v for k, v in vars(args).items() if k not in ("command", "config", "usage_parser")}
     config = args.config
     if config is None and (env_config := os.environ.get("GPU_TRIAGE_CONFIG")):
@@ -247,12 +258,14 @@ def _daemon(args: argparse.Namespace) -> DaemonClient:
 
 
 def _data_ok() -> bool:
-    """Whether the diagnosis data is sound; says what is wrong with it, all at once, when it is not."""
-    from gpu_triage.diagnosis.data_check import check_data
+    """Whether the diagnosis data is sound; says what is wrong with it, all at once, when it is not. The
+    checked knowledge comes from the cache when it holds this data version's (diagnosis/knowledge.py)."""
+    from gpu_triage.diagnosis import knowledge
     from gpu_triage.diagnosis.data_files import DataError
+    from gpu_triage.exporter.cache_store import store_from_env
 
     try:
-        check_data()
+        knowledge.load(store_from_env())
     except DataError as e:
         print(f"gpu-triage: {e}", file=sys.stderr)
         return False
@@ -318,6 +331,7 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
             return run_capture(args.capture, args.state)
         from gpu_triage.exporter.backends.sim.vgpu_driver import run
+        from gpu_triage.exporter.logs import setup_logging
 
         setup_logging("info", "logfmt")
         return run(args.scenario, args.state, args.listen)
@@ -337,10 +351,16 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     return 2
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command `argv` names: its first word that is no option (the top level's take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Every error a user can cause ends in one line on stderr and a non-zero status, never a traceback."""
+    args = sys.argv[1:] if argv is None else argv
     try:
-        return _run(_parser(), sys.argv[1:] if argv is None else argv)
+        return _run(_parser(serve_flags=_command(args) == "serve"), args)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

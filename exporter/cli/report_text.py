@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 from gpu_triage.diagnosis.actions import Action
@@ -73,6 +74,18 @@ def _hang_note(hang: dict[str, Any]) -> str:
     return note
 
 
+def _performance(slow: list[dict[str, Any]], paint: Callable[[str, str], str]) -> list[str]:
+    """What slowed the job, apart from what ended it."""
+    lines = [paint("Performance (slows a job, does not end one):", _BOLD)] if slow else []
+    for f in slow[:MAX_SHOWN]:
+        severity = paint(f"[{f['severity']}]", _COLOURS.get(f["severity"], ""))
+        lines.append(f"  - {safe(f['title'])}  {severity}")
+        lines.append(f"    {f['class']}; where: {_where(f)}; runbook: /runbooks/{f['playbook']}")
+        if f["evidence"]:
+            lines.append(f"    {paint(_evidence(f['evidence'][0]), _COLOURS['info'])}")
+    return lines
+
+
 def render(report: dict[str, Any], colour: bool = False) -> str:
     """`report` is `Report.to_json()`: the same data the --json output and the API give."""
 
@@ -118,6 +131,7 @@ def render(report: dict[str, Any], colour: bool = False) -> str:
                 lines.append(f"    do now: {paint(f['action'], _BOLD)}; runbook: /runbooks/{f['playbook']}")
     if len(findings) > MAX_SHOWN:
         lines.append(f"… and {len(findings) - MAX_SHOWN} more findings (gpu-triage diagnose --json lists them all)")
+    lines += _performance(report.get("performance", []), paint)
     if report.get("hang"):
         lines.append(paint(safe(_hang_note(report["hang"])), _COLOURS["info"]))
     read = summary.get("lines_read")

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 import zlib
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -21,7 +22,7 @@ from gpu_triage.exporter.dump_inputs import ArchiveError, body_inputs
 from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
 from gpu_triage.exporter.log_input import InputTooLargeError, scan_engine
 from gpu_triage.exporter.settings import parse_duration
-from gpu_triage.exporter.verdict_report import unknown_xid, xid_json
+from gpu_triage.exporter.xid_explain import unknown_xid, xid_json
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT_DIAGNOSES = 2
@@ -104,6 +105,25 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
     return router
 
 
+class CpuBudgetError(Exception):
+    """A diagnosis used more CPU time than its budget."""
+
+
+def within_cpu(chunks: Iterable[bytes], seconds: float, start: float | None = None) -> Iterator[bytes]:
+    """`chunks`, stopped with CpuBudgetError once the thread consuming them has used `seconds` of CPU time
+    since `start` (its `time.thread_time()`; by default, the first chunk's). The diagnosis runs in that
+    thread (it reads the chunks as it scans), so it is asked between chunks: a megabyte of input at most
+    past the budget, however slow the input is to read. The inputs of one body share one `start`."""
+    if start is None:
+        start = time.thread_time()
+    for chunk in chunks:
+        if time.thread_time() - start > seconds:
+            raise CpuBudgetError
+        yield chunk
+    if time.thread_time() - start > seconds:
+        raise CpuBudgetError
+
+
 def _refuse_empty(report: dict[str, Any]) -> None:
     """422 for a body with neither a log line nor a dump: an upload that went wrong, never a healthy job."""
     hang = report.get("hang") or {}
@@ -112,10 +132,23 @@ def _refuse_empty(report: dict[str, Any]) -> None:
         raise HTTPException(422, f"no log lines read, nor a dump: {why}")
 
 
+def _run(daemon: Daemon, chunks: list[bytes], content_type: str, engine: str | None) -> dict[str, Any]:
+    """One diagnosis, in the thread whose CPU time its budget counts."""
+    from gpu_triage.diagnosis.training import diagnose as diagnose_logs
+    from gpu_triage.exporter.fr_decode import SandboxDecoder
+
+    limit, budget = daemon.settings.diagnose_max_bytes, daemon.settings.diagnose_max_cpu
+    start = time.thread_time()  # unpacking an archive is the request's CPU time too
+    inputs = [(name, within_cpu(c, budget, start)) for name, c in body_inputs(chunks, content_type, limit)]
+    with SandboxDecoder() as decode:
+        return diagnose_logs(inputs, engine=engine, store=daemon.store, decode=decode).to_json()
+
+
 def diagnose_router(daemon: Daemon) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
     limit = daemon.settings.diagnose_max_bytes
     body_timeout = daemon.settings.web_read_timeout
+    cpu_budget = daemon.settings.diagnose_max_cpu
     mib = f"{limit / 2**20:g} MiB"
     engine = scan_engine()
     # Each request may hold `limit` bytes, so only a few at a time: a few bodies arriving, and fewer being
@@ -128,7 +161,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
         DIAGNOSE_PATH.removeprefix("/api/v1"),
         summary="Diagnose kernel and training logs, Flight Recorder dumps and NCCL RAS output: root cause first "
         "(the text, a dump, or a tar, zip or multipart/form-data of a job's files; optionally gzip)",
-        responses={413: {"description": f"body over the limit ({mib} by default)"}},
+        responses={413: {"description": f"body over the limit ({mib} by default), or more CPU time than allowed"}},
     )
     async def diagnose(request: Request) -> dict[str, Any]:
         if not receiving.acquire(blocking=False):
@@ -161,15 +194,14 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
         return chunks
 
     async def _diagnose(chunks: list[bytes], content_type: str) -> dict[str, Any]:
-        def run() -> dict[str, Any]:
-            from gpu_triage.diagnosis.training import diagnose as diagnose_logs
-            from gpu_triage.exporter.fr_decode import SandboxDecoder
-
-            with SandboxDecoder() as decode:
-                return diagnose_logs(body_inputs(chunks, content_type, limit), engine=engine, decode=decode).to_json()
-
         try:
-            report = await run_in_threadpool(run)
+            report = await run_in_threadpool(_run, daemon, chunks, content_type, engine)
+        except CpuBudgetError:
+            raise HTTPException(
+                413,
+                f"the log took more than {cpu_budget:g}s of CPU time to diagnose (--diagnose.max-cpu): send a part "
+                "of it, or run `gpu-triage diagnose` on it where it is",
+            ) from None
         except ArchiveError as e:
             raise HTTPException(422, str(e)) from None
         except InputTooLargeError:

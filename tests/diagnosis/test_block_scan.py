@@ -7,6 +7,8 @@ skipped; CI installs the wheel on x86_64.
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,8 @@ def cases() -> list[list[Path]]:
 CASES = cases()
 
 
-def _run(paths: list[Path], engine: str) -> dict[str, Any]:
-    doc = diagnose([(p.name, [p.read_bytes()]) for p in paths], engine=engine).to_json()
+def _run(paths: list[Path], engine: str, parallel: bool = False) -> dict[str, Any]:
+    doc = diagnose([(p.name, [p.read_bytes()]) for p in paths], engine=engine, parallel=parallel).to_json()
     return {k: doc[k] for k in ("root_cause", "findings", "events")} | {"lines": doc["summary"]["lines_read"]}
 
 
@@ -57,7 +59,9 @@ def test_the_fixture_walk_sees_every_kind_of_input() -> None:
 @needs_hyperscan
 @pytest.mark.parametrize("paths", CASES, ids=[str(c[0].relative_to(FIXTURES)) for c in CASES])
 def test_hyperscan_and_the_python_scan_give_the_same_findings(paths: list[Path]) -> None:
-    assert _run(paths, "hyperscan") == _run(paths, "python")
+    python = _run(paths, "python")
+    assert _run(paths, "hyperscan") == python
+    assert _run(paths, "hyperscan", parallel=True) == python  # the scan in its own thread
 
 
 def _example_lines() -> list[str]:
@@ -131,3 +135,47 @@ def test_both_engines_skip_the_same_unreadable_lines(literal: str) -> None:
             engine: diagnose([(None, chunks)], engine=engine).lines_skipped for engine in ("hyperscan", "python")
         }
         assert skipped == {"hyperscan": 3, "python": 3}
+
+
+@needs_hyperscan
+@pytest.mark.parametrize(
+    ("pattern", "text"),
+    [
+        (r"Alpha[^\n]{0,20}Omega", "Alpha" + "日本" * 10 + "Omega"),  # 20 characters, 60 bytes
+        (r"peer (?P<peer>\S{1,8}) closed", "peer ноды-7 closed"),
+        (r"x(?:a[^,]{0,3}){1,3}y", "xaééaébaéy"),
+        (r"^Signal: (?P<signal>Segmentation fault) \(11\)$", "[node-ü:12] Signal: Segmentation fault (11)"),
+        (r"rank (?P<rank>\d{1,3}) [^\n]{1,10}?failed", "rank 7 \ufffd\ufffd\ufffd\ufffd\ufffd failed"),
+    ],
+)
+def test_a_bounded_scan_form_flags_what_the_regex_matches_in_any_characters(pattern: str, text: str) -> None:
+    """The scan form keeps the regex's bounds in bytes, widened by what a character may take (four bytes
+    of UTF-8), so a line of non-ASCII text the regex matches is still flagged."""
+    import hyperscan as hs
+
+    from gpu_triage.diagnosis.log_lines import normalise
+    from gpu_triage.diagnosis.rule_regex import scan_pattern
+
+    assert re.search(pattern, normalise(text).text, re.ASCII)
+    db = hs.Database(mode=hs.HS_MODE_BLOCK)
+    db.compile(
+        expressions=[f"(?:{scan_pattern(pattern)})[^\\n]*$".encode()], ids=[0], elements=1, flags=[hs.HS_FLAG_MULTILINE]
+    )
+    found: list[int] = []
+    db.scan(text.encode(), match_event_handler=lambda *a: found.append(a[0]))
+    assert found == [0]
+
+
+@needs_hyperscan
+def test_the_parallel_scan_leaves_no_thread_behind_even_when_the_input_fails() -> None:
+    import threading
+
+    def failing() -> Iterator[bytes]:
+        yield b"[rank3]: RuntimeError: CUDA error: out of memory\n" * 50_000  # past one block: the thread starts
+        raise OSError("the disk went away")
+
+    report = diagnose([(None, [b"[rank3]: RuntimeError: CUDA error: out of memory\n" * 50_000])], parallel=True)
+    assert [f.class_id for f in report.findings] == ["cuda_oom"]
+    with pytest.raises(OSError, match="went away"):
+        diagnose([(None, failing())], parallel=True)
+    assert not [t for t in threading.enumerate() if t.name == "gpu-triage-scan"]

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpu_triage.diagnosis.identity import short_host
+from gpu_triage.diagnosis.log_lines import normalise
 from gpu_triage.exporter.cli.commands import diagnose_files
 from tests.conftest import REPO
 from tests.diagnosis.corpus_jobs import GENERATORS, wrap
@@ -37,10 +39,12 @@ CLASSES = {
     "ring_topology_error", "nccl_lib_mismatch", "rendezvous_store_error", "socket_connect_error",
     "size_mismatch_truncated", "collective_mismatch", "collective_timeout", "watchdog_hang", "remote_peer_closed",
     "nccl_generic_error", "job_failed_unclassified", "process_segfault", "nccl_comm_aborted", "cuda_device_assert",
-    "cuda_kernel_fault", "cuda_no_device",
+    "cuda_kernel_fault", "cuda_no_device", "agent_xid_report", "topology_xml_error", "duplicate_rank",
 }  # fmt: skip
+# Conditions that slow a job without ending it: never findings, named in the report's performance section.
+PERFORMANCE = {"gdr_disabled", "p2p_disabled", "socket_fallback", "host_tuning_warning"}
 KERNEL_CLASS = re.compile(r"s?xid_\d{1,5}")
-KEYS = {"shape", "root", "host", "rank", "local_rank", "gpu", "also", "not", "also_at", "max_findings", "exit", "generated"}  # fmt: skip
+KEYS = {"shape", "root", "host", "rank", "local_rank", "gpu", "also", "not", "also_at", "max_findings", "exit", "generated", "performance"}  # fmt: skip
 PLACE = ("host", "rank", "local_rank", "gpu")
 
 
@@ -117,6 +121,9 @@ def problems(exp: dict[str, Any], rc: int, report: dict[str, Any] | None, stderr
         return [*out, f"no JSON report on stdout (stderr: {stderr.strip()[:300]!r})"]
     findings: list[dict[str, Any]] = report.get("findings", [])
     classes = [f["class"] for f in findings]
+    slow = [f["class"] for f in report.get("performance", [])]
+    if slow != exp.get("performance", []):
+        out.append(f"performance section {slow}, expected {exp.get('performance', [])}")
     if root == "none":
         return out + ([f"findings on a healthy log: {[place_of(f) for f in findings]}"] if findings else [])
     if not findings:
@@ -186,6 +193,7 @@ def test_expected_yaml_matches_the_corpus() -> None:
         assert set(exp) <= KEYS and {"shape", "root"} <= set(exp), (case, sorted(exp))
         named = [exp["root"], *exp.get("also", []), *exp.get("not", []), *(w["class"] for w in exp.get("also_at", []))]
         assert all(known(c) for c in named if c != "none"), (case, named)
+        assert set(exp.get("performance", [])) <= PERFORMANCE, case
         assert exp.get("generated") in (None, *GENERATORS), case
         twin = re.fullmatch(r"(.+)_wrap(\d+)", case)
         if twin:
@@ -198,3 +206,20 @@ def test_expected_yaml_matches_the_corpus() -> None:
     roots = [exp["root"] for exp in EXPECTED.values()]
     assert sum(r != "none" for r in roots) >= 150 and roots.count("none") >= 20
     assert all(roots.count(c) >= 4 for c in CLASSES), sorted(c for c in CLASSES if roots.count(c) < 4)
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED), ids=str)
+def test_the_host_and_rank_the_deciding_line_names_are_the_finding_s(case: str, scratch: Path) -> None:
+    """Whatever launcher or printer put them there (`host:pid:tid [dev]`, srun, pdsh, mpirun, Open MPI's and
+    UCX's `[host:pid]`, `[rankN]:`), the host and rank of a finding's first evidence line are the finding's
+    (one of its ranks when folded). The NCCL version mismatch, which no one line decides, is left out."""
+    _, report, _ = diagnose(case, scratch)
+    for f in (report or {}).get("findings", []):
+        if not f["evidence"] or f["id"].endswith(":versions"):
+            continue
+        line = normalise(f["evidence"][0]["text"])
+        if line.host is not None and line.pod is None:
+            hosts = {m.get("host") for m in f.get("members", [])} | {f["host"]}
+            assert short_host(line.host) in hosts, (f["id"], line.raw[:120])
+        if line.rank is not None:
+            assert line.rank == f["rank"] or line.rank in f["ranks"], (f["id"], line.raw[:120])

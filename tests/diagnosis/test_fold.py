@@ -35,7 +35,7 @@ def test_timeouts_of_many_ranks_are_one_finding_naming_the_straggler_and_the_out
         lines += [TIMEOUT.format(r=r, seq=seq), PROGRESS.format(r=r, seq=seq, done=seq - 1)]
     [group] = _report(lines)
     assert group["ranks"] == list(range(16)) and group["rank"] is None
-    assert "(straggler: rank 12)" in str(group["title"])
+    assert "(straggler: rank 12, last completed SeqNum 6, the others 8)" in str(group["title"])
     details = group["details"]
     assert isinstance(details, dict)
     assert (details["straggler_rank"], details["outliers"]) == (12, "12")
@@ -50,6 +50,25 @@ def test_a_fault_many_ranks_share_keeps_the_place_where_it_happened_first() -> N
     assert "on ranks 1\u20133, 5, 7 (5)" in str(group["title"])
 
 
-def test_few_places_stay_apart() -> None:
-    findings = _report([TIMEOUT.format(r=r, seq=9) for r in range(3)])
-    assert [f["rank"] for f in findings] == [0, 1, 2] and all(f["ranks"] == [] for f in findings)
+def test_even_two_places_are_one_finding_with_their_ranks() -> None:
+    """The README's promise, one finding per shared symptom, holds for a 3-rank job as for a 64-rank one."""
+    [group] = _report([TIMEOUT.format(r=r, seq=9) for r in range(3)])
+    assert (group["ranks"], group["rank"], group["count"]) == ([0, 1, 2], None, 3)
+    members = group["members"]
+    assert isinstance(members, list) and [m["rank"] for m in members] == [0, 1, 2]
+    [single] = _report([TIMEOUT.format(r=5, seq=9)])
+    assert (single["rank"], single["ranks"]) == (5, [])
+
+
+def test_deaths_of_different_exceptions_stay_apart_and_the_same_one_folds() -> None:
+    def death(rank: int, exc: str) -> list[str]:
+        return [
+            f"[rank{rank}]: Traceback (most recent call last):",
+            f'[rank{rank}]:   File "t.py", line 1',
+            f"[rank{rank}]: {exc}",
+        ]
+
+    apart = _report([*death(0, "KeyError: 'input_ids'"), *death(1, "ValueError: bad shape")])
+    assert sorted((f["rank"], f["details"]["cause"]) for f in apart) == [(0, "KeyError"), (1, "ValueError")]
+    [same] = _report([*death(0, "KeyError: 'input_ids'"), *death(1, "KeyError: 'labels'")])
+    assert (same["ranks"], same["details"]["cause"]) == ([0, 1], "KeyError")

@@ -32,7 +32,7 @@ def listing() -> str:
         "## Training-log classes (diagnosis/data/training_rules.yaml), most specific first",
     ]
     for rule in load_rules().rules:
-        symptom = ["symptom"] if rule.symptom else []
+        symptom = ["symptom"] if rule.symptom else ["performance"] if rule.performance else []
         lines.append(row(rule.class_id, rule.severity, rule.action, rule.playbook, *symptom))
     lines += ["", "## XID codes (diagnosis/data/xid_policy.yaml); where we differ, NVIDIA's action"]
     for entry in load_catalog():

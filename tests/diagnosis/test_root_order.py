@@ -49,7 +49,8 @@ def test_a_non_fatal_sxid_leads_the_timeouts_and_names_no_host_of_its_own() -> N
         "[Tue Mar 12 14:11:58 2024] nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 12028, Non-fatal, Link 61 egress "
         "non-posted PRIV error (First)",
     )
-    assert [f.class_id for f in report.findings] == ["sxid_12028", "collective_timeout", "collective_timeout"]
+    assert [f.class_id for f in report.findings] == ["sxid_12028", "collective_timeout"]
+    assert report.findings[1].ranks == [0, 1]
     assert all(f.host is None for f in report.findings)
 
 

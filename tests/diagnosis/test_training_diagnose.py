@@ -38,10 +38,15 @@ def _text(*lines: str) -> Report:
 
 
 def test_every_class_has_a_fixture() -> None:
+    """A class that can end a job is some fixture's root cause; a performance condition is in some
+    fixture's performance section (it is never a root cause)."""
     roots = {e["root"] for e in EXPECTED.values()}
+    slow = {c for e in EXPECTED.values() for c in e.get("performance", [])}
     from gpu_triage.diagnosis.training_rules import load_rules
 
-    assert {r.class_id for r in load_rules().rules} <= roots
+    rules = load_rules().rules
+    assert {r.class_id for r in rules if not r.performance} <= roots
+    assert {r.class_id for r in rules if r.performance} <= slow
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -66,8 +71,9 @@ def test_fixture_root_cause_and_location(name: str) -> None:
         assert report.findings[1].class_id == want["second"]
     if "straggler" in want:
         assert root.details["straggler_rank"] == want["straggler"]
-        assert f"(straggler: rank {want['straggler']})" in root.title
+        assert f"(straggler: rank {want['straggler']}," in root.title
     assert len(report.events) == want.get("events", 0)
+    assert [f.class_id for f in report.performance] == want.get("performance", [])
 
 
 @pytest.mark.parametrize("path", HEALTHY, ids=lambda p: p.name)
@@ -87,7 +93,7 @@ def test_healthy_runs_together_are_still_healthy() -> None:
 def test_json_is_the_design_shape() -> None:
     report = _diagnose_files(_inputs("scenarios/xid79_with_nccl.log"))
     doc = json.loads(json.dumps(report.to_json()))
-    assert set(doc) == {"root_cause", "events", "findings", "summary"}
+    assert set(doc) == {"root_cause", "events", "findings", "performance", "summary"}
     assert doc["root_cause"] == doc["findings"][0]["id"]
     assert doc["events"][0] == {
         "line": 14,
@@ -139,9 +145,9 @@ def test_one_finding_per_rank_and_stable_ids() -> None:
     assert len(ids) == len(set(ids))
     again = _diagnose_files(_inputs("scenarios/oom_rank3"), chunk=7)
     assert [f.id for f in again.findings] == ids
-    closed = [f for f in report.findings if f.class_id == "remote_peer_closed"]
-    assert sorted(f.rank for f in closed if f.rank is not None) == [0, 1, 2]
-    assert all(f.count == 2 for f in closed)
+    [closed] = [f for f in report.findings if f.class_id == "remote_peer_closed"]
+    assert closed.ranks == [0, 1, 2] and closed.count == 6
+    assert [m["count"] for m in closed.members] == [2, 2, 2]
 
 
 def test_evidence_names_its_input_when_there_are_several() -> None:
@@ -159,19 +165,20 @@ def test_straggler_that_timed_out_itself_is_marked_and_first() -> None:
         "[rank1]:[E0501 12:10:40.1 1 ProcessGroupNCCL.cpp:1] [PG 0 Rank 1] Timeout at NCCL work: 9, last enqueued NCCL work: 9, last completed NCCL work: 8.",
         "[rank2]:[E0501 12:10:42.1 1 ProcessGroupNCCL.cpp:1] [PG 0 Rank 2] Timeout at NCCL work: 7, last enqueued NCCL work: 9, last completed NCCL work: 6.",
     )
-    ranks = [f.rank for f in report.findings]
-    assert ranks == [2, 1, 0]
-    straggler = report.findings[0]
-    assert straggler.details["straggler_rank"] == 2
-    assert (straggler.details["last_completed"], straggler.details["others_last_completed"]) == (6, 8)
-    assert all(f.details["straggler_rank"] == 2 for f in report.findings)
+    [timeouts] = report.findings
+    assert timeouts.ranks == [0, 1, 2]
+    assert timeouts.details["straggler_rank"] == 2
+    assert (timeouts.details["last_completed"], timeouts.details["others_last_completed"]) == (6, 8)
+    # The proof, the straggler's own line, leads the evidence: the text report shows it.
+    assert "last completed NCCL work: 6." in timeouts.evidence[0].text
+    assert "last completed SeqNum 6, the others 8" in timeouts.title
 
 
 def test_no_straggler_when_ranks_agree() -> None:
     timeout = "[rank{0}]: [Rank {0}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600100 milliseconds before timing out."
     report = _text(timeout.format(0), timeout.format(1))
-    assert len(report.findings) == 2
-    assert all("straggler_rank" not in f.details for f in report.findings)
+    [timeouts] = report.findings
+    assert timeouts.ranks == [0, 1] and "straggler_rank" not in timeouts.details
 
 
 def test_xid_on_a_node_is_the_root_cause_of_its_ranks_errors() -> None:
@@ -260,6 +267,7 @@ def test_empty_input_and_no_inputs() -> None:
         "root_cause": None,
         "events": [],
         "findings": [],
+        "performance": [],
         "summary": {"sources": 0, "lines_read": 0, "lines_skipped": 0, "events_dropped": 0},
     }
     report = diagnose([("empty", []), ("blank", [b"", b""])])
@@ -469,9 +477,10 @@ def test_a_work_without_a_size_keeps_its_seq_and_op() -> None:
     watchdog's timeout with its SeqNum and OpType, the size unknown rather than a number to compare."""
     unset = 2**64 - 1
     report = _text(COALESCED_TIMEOUT.format(2, "COALESCED", unset), COALESCED_TIMEOUT.format(3, "ALLREDUCE", 4))
-    timeouts = {f.rank: f for f in report.findings if f.class_id == "collective_timeout"}
-    assert (timeouts[2].details["seq"], timeouts[2].details["op"]) == (7, "COALESCED")
-    assert timeouts[2].details["numel_in"] == "unknown"
+    [timeouts] = [f for f in report.findings if f.class_id == "collective_timeout"]
+    assert timeouts.ranks == [2, 3]
+    assert (timeouts.details["seq"], timeouts.details["op"]) == (7, "COALESCED")
+    assert timeouts.details["numel_in"] == "unknown"
     [mismatch] = [f for f in report.findings if f.class_id == "collective_mismatch"]
     assert str(unset) not in mismatch.title
 

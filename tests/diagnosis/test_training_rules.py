@@ -129,7 +129,9 @@ def test_every_signature_has_an_example() -> None:
 
 @pytest.mark.parametrize("line", RULES.near_misses)
 def test_near_misses_match_no_rule(line: str) -> None:
-    assert RULES.match(normalise(line).text) is None
+    """A near miss is no finding: no rule takes it, unless a performance condition (told beside the findings)."""
+    match = RULES.match(normalise(line).text)
+    assert match is None or match.rule.performance
 
 
 def test_context_examples_match_their_context_only() -> None:

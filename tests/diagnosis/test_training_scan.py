@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -198,3 +201,38 @@ def test_unreadable_lines_count_by_the_skip_test_not_by_the_finder(
     readable = [line.lstrip(b"\x00") for line in lines if b"ERRWARN" in line and line not in unreadable]
     assert [c.data for c in got] == readable
     assert scanner.skipped == sum(1 for line in unreadable if any(t in line for t in TRIGGERS))
+
+
+class _Submitting:
+    """A finder that says it can search while the scanner counts (as Hyperscan's does with `parallel`)."""
+
+    def __init__(self, needles: list[bytes]) -> None:
+        self.needles = needles
+        self.calls = 0
+
+    def __call__(self, data: bytes, start: int, end: int) -> dict[int, int]:
+        return trigger_lines(data, start, end, self.needles)
+
+    def submit(
+        self, data: bytes, start: int, end: int
+    ) -> Callable[[], tuple[dict[int, int], dict[int, frozenset[int]]]]:
+        self.calls += 1
+        found = self(data, start, end)
+        return lambda: (found, {})
+
+
+def test_a_finder_that_searches_while_the_scanner_counts_gives_the_same_lines() -> None:
+    """The counted pieces (line_scan._PIECE) and the short count to each candidate number it exactly."""
+    rng = random.Random(7)
+    lines = [
+        "NCCL WARN boom" if rng.random() < 0.002 else "x" * rng.randrange(0, 300) for _ in range(40_000)
+    ]  # about 6 MB: several blocks of several pieces each
+    data = ("\n".join(lines) + "\n").encode()
+    chunks = [data[i : i + 300_001] for i in range(0, len(data), 300_001)]
+    plain = LineScanner([b"NCCL WARN"], block=1 << 20)
+    finder = _Submitting([b"NCCL WARN"])
+    overlapped = LineScanner(finder, block=1 << 20)
+    want = [c for chunk in chunks for c in plain.feed(chunk)] + list(plain.finish())
+    got = [c for chunk in chunks for c in overlapped.feed(chunk)] + list(overlapped.finish())
+    assert finder.calls > 3 and got == want and overlapped.lines == plain.lines == len(lines)
+    assert [c.line for c in want] == [i + 1 for i, text in enumerate(lines) if text == "NCCL WARN boom"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.diagnosis import data_check
+from gpu_triage.diagnosis import data_check, data_files
 from gpu_triage.diagnosis.data_check import check_data
 from gpu_triage.diagnosis.data_files import DataError
 from gpu_triage.diagnosis.playbooks import load_playbook_dir
@@ -25,6 +25,9 @@ def broken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     (pages / "reset-gpu.md").write_text("no front-matter\n", encoding="utf-8")
     (pages / "xid-79.md").write_text("---\nid: xid-79\naction: PANIC\n---\n", encoding="utf-8")
     monkeypatch.setattr(data_check, "load_playbooks", lambda: load_playbook_dir(pages))
+    # Nothing from the knowledge cache either: neither its snapshot nor what this process adopted from it.
+    monkeypatch.setenv("GPU_TRIAGE_CACHE_DIR", "off")
+    monkeypatch.setattr(data_files, "_ADOPTED", {})
     check_data.cache_clear()
     yield
     check_data.cache_clear()

@@ -18,7 +18,7 @@ from gpu_triage.diagnosis import training
 from gpu_triage.exporter.cli.commands import diagnose_files
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.app import create_app
-from gpu_triage.exporter.log_input import CHUNK_BYTES, SCAN_ENV, InputTooLargeError, decoded
+from gpu_triage.exporter.log_input import CHUNK_BYTES, SCAN_ENV, InputTooLargeError, decoded, scan_in_parallel
 from tests.conftest import REPO
 from tests.daemon_proc import GPU_TRIAGE
 
@@ -137,10 +137,10 @@ def test_only_a_few_diagnoses_run_at_once(client: TestClient, monkeypatch: pytes
     release, started = threading.Event(), threading.Semaphore(0)
     real = training.diagnose
 
-    def slow(sources, engine=None, decode=None):  # type: ignore[no-untyped-def]
+    def slow(sources, engine=None, store=None, decode=None):  # type: ignore[no-untyped-def]
         started.release()
         release.wait(10)
-        return real(sources, engine=engine, decode=decode)
+        return real(sources, engine=engine, store=store, decode=decode)
 
     monkeypatch.setattr(training, "diagnose", slow)
     answers: list[int] = []
@@ -169,9 +169,11 @@ def test_gpu_triage_scan_chooses_the_engine_for_the_cli_and_the_api(
     engines: list[str | None] = []
     real = training.diagnose
 
-    def spy(sources: Any, *, engine: str | None = None, decode: Any = None) -> Any:
+    def spy(
+        sources: Any, *, engine: str | None = None, store: Any = None, parallel: bool = False, decode: Any = None
+    ) -> Any:
         engines.append(engine)
-        return real(sources, engine="python", decode=decode)  # whichever wheel this machine has
+        return real(sources, engine="python", store=store, decode=decode)  # whichever wheel this machine has
 
     monkeypatch.setattr(training, "diagnose", spy)
     if asked is None:
@@ -220,3 +222,15 @@ def test_only_ignorable_events_is_a_healthy_job(client: TestClient) -> None:
     assert [f["action"] for f in from_api["findings"]] == ["IGNORE"] and from_api["root_cause"] is not None
     sick = cli("-", stdin=xid43 + b"[rank0]: RuntimeError: CUDA error: out of memory\n")
     assert sick.returncode == 1 and sick.stdout.decode().startswith("Root cause: GPU memory exhausted")
+
+
+@pytest.mark.parametrize(
+    ("cpus", "load", "parallel"), [(1, 0.0, False), (2, 0.3, True), (2, 1.5, False), (16, 9.0, True), (16, 15.5, False)]
+)
+def test_the_scan_takes_a_second_thread_only_where_a_cpu_is_idle(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, load: float, parallel: bool
+) -> None:
+    """On a node whose CPUs are all busy, a second thread waits for its turn: the scan stays on one."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(cpus)), raising=False)
+    monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
+    assert scan_in_parallel() is parallel

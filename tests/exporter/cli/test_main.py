@@ -146,6 +146,19 @@ def test_one_shot_commands_do_not_load_the_web_server(argv: list[str]) -> None:
     assert result.stderr.decode().endswith("CLEAN"), result.stderr.decode()[-500:]
 
 
+def test_a_plain_log_does_not_load_what_dumps_and_archives_need() -> None:
+    """Flight Recorder dumps, archives and multipart bodies bring their own modules; a log alone does without."""
+    heavy = ("tarfile", "zipfile", "email.parser", "subprocess", "gpu_triage.diagnosis.hang_classify")
+    probe = (
+        "import sys; from gpu_triage.exporter.cli.main import main; main(['diagnose', '-']); "
+        f"sys.stderr.write(repr([m for m in {heavy!r} if m in sys.modules]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], input=b"epoch 1 loss 2.0\n", capture_output=True, timeout=60, check=False
+    )
+    assert result.stderr.decode().endswith("[]"), result.stderr.decode()[-500:]
+
+
 def test_check_exit_codes_follow_the_node_verdict(served: str) -> None:
     healthy = run("check", "--url", served)
     assert (healthy.returncode, healthy.stdout) == (0, "OK - 8 GPUs, 8 up; node healthy\n")

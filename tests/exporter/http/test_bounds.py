@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from gpu_triage.exporter.backends.sim import SimBackend
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.app import create_app
+from gpu_triage.exporter.http.diagnosis import CpuBudgetError, within_cpu
+from tests.conftest import FakeClock, settings
 
 
 @pytest.mark.parametrize(
@@ -91,3 +95,38 @@ def test_diagnose_keeps_its_own_limit(daemon: Daemon) -> None:
             headers={"content-type": "text/plain", "content-length": str(daemon.settings.diagnose_max_bytes + 1)},
         )
         assert too_big.status_code == 413 and "--diagnose.max-bytes" in too_big.json()["error"]
+
+
+def test_a_diagnosis_has_a_cpu_time_budget(sim: SimBackend, clock: FakeClock, tmp_path: Path) -> None:
+    """A log that costs more CPU time than --diagnose.max-cpu is refused with 413 saying so, and the next
+    request is served: the slot is free again. The log is what the pure-Python scan finds slowest, lines
+    that hold a signature's literal; a real one is fine under the default budget."""
+    daemon = Daemon(sim, settings(tmp_path, diagnose_max_cpu=0.05), clock, monotonic=clock.monotonic)
+    daemon.start()
+    try:
+        with TestClient(create_app(daemon)) as c:
+            heavy = b"".join(
+                f"rank {i}: RuntimeError: CUDA error: no kernel image {i} is available for execution\n".encode()
+                for i in range(200_000)
+            )  # 16 MB of distinct lines, each one classified
+            refused = c.post("/api/v1/diagnose", content=heavy, headers={"content-type": "text/plain"})
+            assert refused.status_code == 413, refused.text
+            assert "--diagnose.max-cpu" in refused.json()["error"]
+            small = c.post("/api/v1/diagnose", content=b"epoch 3 loss 1.2\n", headers={"content-type": "text/plain"})
+            assert small.status_code == 200 and small.json()["findings"] == []
+    finally:
+        daemon.stop()
+
+
+def test_the_budget_is_the_cpu_time_of_the_thread_that_reads_the_chunks() -> None:
+    def burn() -> Iterator[bytes]:
+        while True:
+            yield b"x" * 10
+
+    seen = 0
+    with pytest.raises(CpuBudgetError):
+        for _ in within_cpu(burn(), 0.02):
+            seen += 1
+            sum(range(10_000))  # the consumer's work is what counts
+    assert seen > 1
+    assert list(within_cpu(iter([b"a", b"b"]), 10.0)) == [b"a", b"b"]
