@@ -6,13 +6,16 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpu_triage.exporter.sources import kmsg
 from gpu_triage.exporter.sources.journal import Cursor
 from gpu_triage.exporter.sources.kmsg import KmsgFollower
+from gpu_triage.exporter.sources.logfile import FileFollower
 from gpu_triage.exporter.sources.records import Record, parse_record
+from tests.daemon_proc import wait_for
 
 
 def test_parse_record() -> None:
@@ -66,6 +69,32 @@ class Collect:
             return list(self.records)
 
 
+class Reads:
+    """Counts the bytes a followed file's reader has read (every chunk it reads passes through
+    FileFollower._lines), so a test waits until what it wrote was read, even a line that must not be
+    delivered yet, instead of sleeping and hoping it was."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.bytes = 0
+        self._read = threading.Condition()
+        real = FileFollower._lines
+
+        def counting(follower: FileFollower, chunk: bytes, line: Any) -> tuple[list[Record], int]:
+            out = real(follower, chunk, line)
+            with self._read:
+                self.bytes += len(chunk)
+                self._read.notify_all()
+            return out
+
+        monkeypatch.setattr(FileFollower, "_lines", counting)
+
+    def wait_until(self, path: Path, timeout: float = 5.0) -> None:
+        """Until as many bytes were read as `path` holds (read from its start)."""
+        size = path.stat().st_size
+        with self._read:
+            assert self._read.wait_for(lambda: self.bytes >= size, timeout), (self.bytes, size)
+
+
 def follow(path: Path, got: Collect | None = None, boot_id: str = "b1") -> tuple[KmsgFollower, Collect]:
     got = got or Collect()
     follower = KmsgFollower(path, got, cursor=got.cursor, boot_id=boot_id, boot_time=1000.0, clock=lambda: 5.0)
@@ -77,9 +106,10 @@ def file_origin(path: Path) -> str:
     return f"file:{path.absolute()}"
 
 
-def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
+def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "kern.log"
     log.write_text("6,10,2000000,-;first record\n[ 12.3] a plain dmesg line\n")
+    reads = Reads(monkeypatch)
     follower, got = follow(log)
     try:
         # Lines are numbered by line; a kmsg record keeps its own time, a plain line is stamped when read.
@@ -90,7 +120,7 @@ def test_follows_a_file_of_kmsg_records_and_plain_lines(tmp_path: Path) -> None:
         with log.open("a") as f:
             f.write("6,11,3000000,-;appended")  # no newline yet: not a whole line
             f.flush()
-            time.sleep(0.1)
+            reads.wait_until(log)  # the unfinished line was read, and held back
             assert len(got.records) == 2
             f.write("\n")
         assert got.wait_for(3)[-1] == Record(3, 1003.0, "appended", kernel=True)
@@ -118,7 +148,7 @@ def test_a_plain_text_file_seen_for_the_first_time_is_followed_from_its_end(tmp_
     log.write_text("Nov 29 03:00:00 node kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, yesterday\n")
     follower, got = follow(log)
     try:
-        time.sleep(0.2)
+        got.wait_cursor(file_origin(log))  # it has noted its place: with nothing read, if it keeps to the end
         assert got.records == []
         with log.open("a") as f:
             f.write("Nov 30 03:00:00 node kernel: NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, now\n")
@@ -154,7 +184,7 @@ def test_a_reboot_does_not_replay_a_file(tmp_path: Path) -> None:
     again, _ = follow(log, got, boot_id="b2")
     try:
         assert [r.text for r in got.wait_for(2)] == ["before the reboot", "after the reboot"]
-        time.sleep(0.1)
+        time.sleep(0.1)  # five looks and no replay: a look that finds nothing leaves no trace to wait on
         assert len(got.records) == 2
     finally:
         again.stop()
@@ -165,8 +195,10 @@ def test_missing_log_is_reported_and_retried(tmp_path: Path, monkeypatch: pytest
     log = tmp_path / "not-yet.log"
     follower, got = follow(log)
     try:
-        time.sleep(0.2)
-        assert not follower.stats.up and "No such file" in (follower.stats.error or "")
+        wait_for(
+            lambda: "No such file" in (follower.stats.error or ""), interval=0.01, what="the missing file reported"
+        )
+        assert not follower.stats.up
         log.write_text("6,1,0,-;there now\n")
         assert got.wait_for(1)[0].text == "there now"
         assert follower.stats.up and follower.stats.error is None
@@ -177,7 +209,11 @@ def test_missing_log_is_reported_and_retried(tmp_path: Path, monkeypatch: pytest
 def test_unreadable_log_names_the_capability(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    tries = 0
+
     def denied(self: KmsgFollower) -> None:  # what reading /dev/kmsg without CAP_SYSLOG gives
+        nonlocal tries
+        tries += 1
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(KmsgFollower, "_follow_file", denied)
@@ -186,7 +222,7 @@ def test_unreadable_log_names_the_capability(
     log.write_text("x\n")
     follower, _ = follow(log)
     try:
-        time.sleep(0.3)
+        wait_for(lambda: tries >= 4, interval=0.01, what="four tries")  # said once, however often it is tried
         assert not follower.stats.up and "not permitted" in (follower.stats.error or "")
     finally:
         follower.stop()
@@ -211,22 +247,51 @@ def test_the_real_dev_kmsg() -> None:
         follower.stop()
 
 
-def test_dev_kmsg_is_counted_per_boot() -> None:
+def _last_seq(device: Path) -> int:
+    """The sequence number of the newest record in the ring buffer now, read as the follower reads it."""
+    fd = os.open(device, os.O_RDONLY | os.O_NONBLOCK)
+    last = -1
+    try:
+        while True:
+            try:
+                raw = os.read(fd, 8192)
+            except BlockingIOError:
+                return last
+            except BrokenPipeError:  # overwritten under us: read on
+                continue
+            record = parse_record(raw.decode("utf-8", errors="replace"), 0.0)
+            last = record.seq if record is not None else last
+    finally:
+        os.close(fd)
+
+
+def test_dev_kmsg_is_counted_per_boot(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ring buffer starts over at each boot: a known boot resumes after its cursor, a new one reads
     from the start."""
     device = Path("/dev/kmsg")
     if not os.access(device, os.R_OK):
         pytest.skip("/dev/kmsg is not readable here")
+    read = [-1]  # the newest record any follower has read, delivered or not
+
+    def reading(raw: str, boot_time: float) -> Record | None:
+        record = parse_record(raw, boot_time)
+        read[0] = max(read[0], record.seq if record is not None else -1)
+        return record
+
+    monkeypatch.setattr(kmsg, "parse_record", reading)
+    end = _last_seq(device)
     first, got = follow(device, boot_id="this-boot")
     try:
-        got.wait_for(1)
-        time.sleep(0.3)  # the whole ring buffer
+        wait_for(lambda: (c := got.cursor("kmsg:this-boot")) and c.seq >= end, interval=0.01, what="the ring buffer")
     finally:
         first.stop()
     counted = got.cursors["kmsg:this-boot"].seq
+    end, read[0] = _last_seq(device), -1
     resumed, again = follow(device, Collect({"kmsg:this-boot": Cursor("kmsg:this-boot", counted)}), boot_id="this-boot")
-    time.sleep(0.3)
-    resumed.stop()
+    try:
+        wait_for(lambda: read[0] >= end, interval=0.01, what="the ring buffer read again")
+    finally:
+        resumed.stop()
     assert all(r.seq > counted for r in again.records), "nothing counted twice"
     fresh, anew = follow(device, Collect({"kmsg:this-boot": Cursor("kmsg:this-boot", counted)}), boot_id="next-boot")
     try:
@@ -261,15 +326,26 @@ def plain(text: str) -> str:
     return f"Nov 30 03:00:00 node kernel: {text}\n"
 
 
-def test_the_file_that_replaces_a_rotated_one_is_read_whole_even_after_a_gap(tmp_path: Path) -> None:
+def test_the_file_that_replaces_a_rotated_one_is_read_whole_even_after_a_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """logrotate renames the file, and a moment later creates the new one: nothing in it is skipped."""
     log = tmp_path / "kern.log"
     log.write_text(plain("old, before the daemon started"))
+    gap = 0
+    real = KmsgFollower._rotating
+
+    def rotating(self: KmsgFollower) -> bool:
+        nonlocal gap
+        gap += 1
+        return real(self)
+
+    monkeypatch.setattr(KmsgFollower, "_rotating", rotating)
     follower, got = follow(log)
     try:
-        time.sleep(0.1)
+        got.wait_cursor(file_origin(log))
         log.rename(tmp_path / "kern.log.1")
-        time.sleep(0.3)  # the follower finds no file for a while
+        wait_for(lambda: gap >= 3, interval=0.01, what="three looks that find no file")
         log.write_text(plain("first in the new file") + plain("second in the new file"))
         assert [r.text.split(": ")[1] for r in got.wait_for(2)] == ["first in the new file", "second in the new file"]
         assert follower.stats.up and follower.stats.error is None, "a rotation is not an outage"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from gpu_triage.exporter.sources.kmsg import KmsgFollower
 from gpu_triage.exporter.sources.logfile import MAX_LINE_BYTES, FileMark
-from tests.exporter.sources.test_kmsg import Collect, file_origin, follow
+from tests.exporter.sources.test_kmsg import Collect, Reads, file_origin, follow
 
 
 def plain(n: int, what: str = "x") -> str:
@@ -25,13 +27,19 @@ def started(log: Path, got: Collect | None = None) -> tuple[KmsgFollower, Collec
     return follower, got
 
 
+def stop(follower: KmsgFollower) -> None:
+    """Stop it and make sure its thread is gone: from then on nothing more can arrive, no need to wait and see."""
+    follower.stop()
+    assert follower._thread is not None and not follower._thread.is_alive()
+
+
 def run_until(log: Path, got: Collect, n: int) -> None:
     """A daemon run: follow until `n` records in all have arrived, then stop."""
     follower, _ = follow(log, got)
     try:
         got.wait_for(n)
     finally:
-        follower.stop()
+        stop(follower)
 
 
 def test_lines_written_while_down_are_read_even_without_a_cursor_before(tmp_path: Path) -> None:
@@ -60,7 +68,6 @@ def test_rotated_while_down_the_old_file_is_finished_then_the_new_one_read(tmp_p
     log.rename(tmp_path / "kern.log.1")
     log.write_text("".join(plain(i, "rotated") for i in range(20)))
     run_until(log, got, 45)
-    time.sleep(0.2)
     assert texts(got) == (
         [f"seen {i}" for i in range(5)] + [f"late {i}" for i in range(20)] + [f"rotated {i}" for i in range(20)]
     )
@@ -76,7 +83,6 @@ def test_copytruncate_while_down_with_longer_new_content_is_read_whole(tmp_path:
     follower.stop()
     log.write_text("".join(plain(i, "new") for i in range(20)))  # same inode, more bytes than were read
     run_until(log, got, 32)
-    time.sleep(0.2)
     assert texts(got)[12:] == [f"new {i}" for i in range(20)]
 
 
@@ -96,7 +102,6 @@ def test_copytruncate_while_down_reads_the_lines_the_copy_took_first(tmp_path: P
     (tmp_path / "kern.log.2.gz").write_bytes(b"\x1f\x8b an older, compressed one")
     log.write_text("".join(plain(i, "after") for i in range(3)))  # same inode, truncated, then written again
     run_until(log, got, 15)
-    time.sleep(0.2)
     assert texts(got) == [f"seen {i}" for i in range(5)] + [f"down {i}" for i in range(7)] + [
         f"after {i}" for i in range(3)
     ]
@@ -120,6 +125,8 @@ def test_copytruncate_while_running_reads_what_the_copy_took_before_the_truncati
             f.seek(0)
             f.writelines(plain(i, "after") for i in range(30))  # past the old size: a plain size check misses it
         got.wait_for(39)
+        # Ten looks of the follower, and none reads a line twice. A look that finds nothing leaves no trace to
+        # wait on, so this one waits for time.
         time.sleep(0.2)
         assert texts(got)[5:] == [f"late {i}" for i in range(4)] + [f"after {i}" for i in range(30)]
     finally:
@@ -154,21 +161,21 @@ def test_restarts_resume_exactly(tmp_path: Path) -> None:
         with log.open("a") as f:
             f.writelines(plain(i, f"run{run}") for i in range(7))
         got.wait_for(7 * (run + 1))
-        follower.stop()
-    time.sleep(0.1)
+        stop(follower)
     assert len(got.records) == 35 and len(set(texts(got))) == 35
 
 
-def test_an_endless_line_is_skipped_without_being_kept(tmp_path: Path) -> None:
+def test_an_endless_line_is_skipped_without_being_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A line with no newline for megabytes (a runaway writer) costs no memory."""
     log = tmp_path / "kern.log"
     log.write_text("")
+    reads = Reads(monkeypatch)
     follower, got = started(log)
     try:
         with log.open("ab") as f:
             f.write(b"x" * (8 * MAX_LINE_BYTES))
             f.flush()
-            time.sleep(0.1)
+            reads.wait_until(log)  # read up to here with no newline: skipping
             f.write(b"x" * (8 * MAX_LINE_BYTES) + b"\n")
             f.write(plain(1, "after").encode())
         got.wait_for(1)
@@ -178,19 +185,22 @@ def test_an_endless_line_is_skipped_without_being_kept(tmp_path: Path) -> None:
         follower.stop()
 
 
-def test_nul_padding_after_a_power_loss_ends_a_line_and_the_next_one_is_read(tmp_path: Path) -> None:
+def test_nul_padding_after_a_power_loss_ends_a_line_and_the_next_one_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """After a power loss a log file holds NULs where its last blocks were never written, after a line cut short,
     and then the first lines written after the reboot, often the XID that explains the crash. However much padding
     there is, what follows it is a line."""
     log = tmp_path / "kern.log"
     log.write_text("")
+    reads = Reads(monkeypatch)
     follower, got = started(log)
     try:
         with log.open("ab") as f:
             f.write(plain(1, "before").encode())
             f.write(b"Dec  1 13:59:59 node1 kernel: [ 1.2] a line cut sh" + b"\0" * (8 * MAX_LINE_BYTES))
             f.flush()
-            time.sleep(0.1)
+            reads.wait_until(log)  # the padding read before the rest is written
             f.write(b"\0" * 4000 + plain(2, "after").encode() + plain(3, "next").encode())
         got.wait_for(3)
         assert texts(got) == ["before 1", "after 2", "next 3"]
