@@ -97,7 +97,8 @@ def test_hung_call_fails_its_collector_within_the_deadline(sim: CountingSim, clo
     assert sim.calls[(2, Collector.POWER)] == 2  # the first poll's read, and the one that hangs
 
     sim.clear_fault(fault.id)
-    time.sleep(0.1)
+    # The hung call returns and its worker, a surplus now, leaves the pool (freeing the GPU's lane first).
+    wait_for(lambda: threading.active_count() <= threads - 1, timeout=5, interval=0.01, what="the hung call back")
     recovered = p.poll(FAST)
     assert recovered.gpus[2].up and recovered.collectors[Collector.POWER].success
     assert threading.active_count() == threads - 1, "the replacement worker leaves once the call returns"
@@ -131,12 +132,14 @@ def test_a_gpu_whose_every_call_hangs_does_not_take_the_others_down(sim: Countin
     """Its reads would fill every worker; lanes keep them to two, and the other GPUs are read in time."""
     p = poller(sim, clock, timeout=0.5)
     p.poll(Collector)
+    threads = threading.active_count()
     fault = sim.inject(FaultSpec(gpu=3, kind="hung_call"))
     snapshot = p.poll(FAST)
     assert [g.identity.index for g in snapshot.gpus if not g.up] == [3]
     assert sum(sim.calls[(3, c)] for c in FAST) - len(FAST) == 2, "two of its reads started (and hang)"
     sim.clear_fault(fault.id)
-    time.sleep(0.2)
+    # Both hung calls return and the workers written off with them leave: the pool is as it was.
+    wait_for(lambda: threading.active_count() <= threads, timeout=5, interval=0.01, what="the hung calls back")
     assert all(g.up for g in p.poll(FAST).gpus)
 
 
