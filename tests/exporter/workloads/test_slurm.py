@@ -9,6 +9,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
 
@@ -202,13 +203,21 @@ def test_a_read_past_the_deadline_is_written_off(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(slurm, "_read", hangs_for_41017)
     changed = threading.Event()
     jobs = ProcessJobs(procfs, wait=0.05, deadline=0.3, on_change=changed.set)
+    back: list[object] = []  # the reads that returned, once what a read's return does is done
+    real_returned = jobs._returned
+
+    def returned(future: Future[tuple[SlurmStep | None, bool]]) -> None:
+        real_returned(future)
+        back.append(future)
+
+    monkeypatch.setattr(jobs, "_returned", returned)
     try:
         assert jobs.jobs({41017}) == {}
-        time.sleep(0.4)
+        time.sleep(0.4)  # past the deadline, which ProcessJobs measures on time.monotonic (there is no clock to pass)
         assert in_thread(lambda: jobs.jobs({41017, 41034}), 5) == {41034: SlurmStep("4242", "batch", 0)}
         assert jobs.status()["hung_reads"] == 1
         release.set()
-        time.sleep(0.2)
+        wait_for(lambda: len(back) == 2, timeout=5, interval=0.01, what="the hung read back")  # 41034's, 41017's
         assert jobs.jobs({41017, 41034}) == {41034: SlurmStep("4242", "batch", 0)}, "written off: no job"
         assert not changed.is_set(), "a written-off read changes nothing when it returns"
     finally:
