@@ -8,7 +8,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -100,15 +99,32 @@ def test_corrupt_file_is_moved_aside_loudly(tmp_path: Path, caplog: pytest.LogCa
     assert any("CORRUPT" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
 
 
+# Three whole batches, then a fourth stopped inside its transaction: its 50 events and totals written, the
+# cursor being moved, no COMMIT yet. The kill lands there for certain, not "most likely".
 _WRITER = """
-import sys, time
+import signal, sqlite3, sys
 from pathlib import Path
 from gpu_triage.exporter.sources.journal import Cursor, Event, Journal
-j = Journal(Path(sys.argv[1]))
 n = 0
-print("ready", flush=True)
+
+def trace(statement):
+    if n == 4 and statement.startswith("INSERT INTO cursor_v3"):
+        print("mid-transaction", flush=True)
+        signal.pause()
+
+connect = sqlite3.connect
+
+def traced(*args, **kwargs):
+    db = connect(*args, **kwargs)
+    db.set_trace_callback(trace)
+    return db
+
+sqlite3.connect = traced
+j = Journal(Path(sys.argv[1]))
 while True:
     n += 1
+    if n > 4:
+        sys.exit("the fourth batch never reached its cursor")
     j.record([Event(ts=float(n), boot_id="b1", sources="kmsg", kind="xid", code=31, text="x" * 200, uuid="GPU-a")] * 50,
              cursor=Cursor("kmsg:b1", n))
 """
@@ -117,16 +133,15 @@ while True:
 def test_a_killed_writer_leaves_a_consistent_journal(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
-    assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
-    time.sleep(0.5)
-    os.kill(writer.pid, signal.SIGKILL)  # mid-transaction, most likely
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "mid-transaction"
+    os.kill(writer.pid, signal.SIGKILL)
     writer.wait()
     writer.stdout.close()
     j = Journal(path)
     assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     events = j.events(limit=10**9)
     cursor = j.cursor("kmsg:b1")
-    assert events and cursor is not None
+    assert cursor is not None and cursor.seq == 3, "the fourth batch is not there, its cursor neither"
     # Every committed batch is whole: 50 events per cursor step, totals agree with the rows.
     assert len(events) == 50 * cursor.seq
     assert sum(t.count for t in j.totals()) == len(events)
