@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import yaml
 
 from gpu_triage.diagnosis.flight_recorder import rank_of
 from tests.conftest import REPO, require_tool
+from tests.daemon_proc import wait_for
 from tests.kubernetes.manifests import KUBERNETES_VERSIONS, validate
 
 EXAMPLE = REPO / "kubernetes" / "examples" / "flight-recorder-job.yaml"
@@ -41,18 +41,30 @@ def test_the_trainer_writes_where_the_sidecar_reads() -> None:
     assert {m["mountPath"] for m in sidecar["volumeMounts"]} == {m["mountPath"] for m in trainer["volumeMounts"]}
 
 
+def _children(pid: int, command: str) -> list[int]:
+    """The processes running `command` whose parent is `pid` (from /proc/PID/stat: pid (comm) state ppid ...)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        comm, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if comm == command and int(rest[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def test_the_sidecar_reports_the_hang_when_it_is_stopped(tmp_path: Path) -> None:
     (sidecar,) = _job()["spec"]["template"]["spec"]["initContainers"]
     script = sidecar["args"][0].replace("/fr", str(tmp_path / "fr")).replace("/tmp/report.txt", str(tmp_path / "r.txt"))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.Popen(["/bin/sh", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
-    while not (tmp_path / "fr" / "dumps").is_dir() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # Its `sleep` child runs once the folders are made and the trap is set: a TERM now is the kubelet's.
+    wait_for(lambda: _children(proc.pid, "sleep"), timeout=10, interval=0.01, what="the sidecar waiting")
     for f in (FR / "never_joined" / "pickle").iterdir():  # what the trainer's ranks wrote on the timeout
         shutil.copy(f, tmp_path / "fr" / "dumps")
     shutil.copytree(FR / "never_joined" / "logs", tmp_path / "fr" / "logs", dirs_exist_ok=True)
-    time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)  # what the kubelet sends once the trainer has exited
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0
