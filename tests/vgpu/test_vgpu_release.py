@@ -43,8 +43,8 @@ def test_the_backend_lets_go_of_nvml_and_takes_it_back(
     # NVML itself is shut down: this process holds no GPU, which is what lets nvidia-smi -r work.
     assert nvml.error("nvmlDeviceGetCount") == UNINITIALIZED
     (tmp_path / REQUEST).unlink()  # gpu-triage release --resume
-    nvml.run("import time; time.sleep(1.1)")  # the request file is looked at once a second
-    assert attempt(nvml, "H['b'].wait_xids(0.05)") == "ok"
+    # The request file is looked at once a second: until then the event thread keeps refusing.
+    wait_for(lambda: attempt(nvml, "H['b'].wait_xids(0.05)") == "ok", timeout=10, interval=0.05, what="resumed")
     assert not (tmp_path / ANSWER).exists()
     assert attempt(nvml, "H['b'].read(H['gpus'][3], Collector.POWER)") == "ok"
     assert nvml.call("nvmlDeviceGetCount") == 8
@@ -58,8 +58,7 @@ def test_a_hold_ends_by_itself_and_cannot_be_asked_for_longer_than_the_bound(
     now = time.time()
     write_json(tmp_path / REQUEST, {"until": now + 10**9, "requested_at": now - 899, "by": "test"})
     assert "let go of" in attempt(nvml, "H['b'].wait_xids(0.05)")  # 900 s at most: one second of it left
-    nvml.run("import time; time.sleep(2.1)")
-    assert attempt(nvml, "H['b'].wait_xids(0.05)") == "ok"
+    wait_for(lambda: attempt(nvml, "H['b'].wait_xids(0.05)") == "ok", timeout=10, interval=0.05, what="the hold over")
     assert attempt(nvml, "H['b'].read(H['gpus'][0], Collector.POWER)") == "ok"
 
 
