@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -168,14 +167,51 @@ def test_transition_time_moves_only_with_the_status(tmp_path: Path, api: FakeNod
     assert api.condition()["lastTransitionTime"] != "2020-01-01T00:00:00Z"
 
 
+class CountingProxy:
+    """Between the sidecar and the daemon: forwards its GETs and counts them, so a test can wait for looks."""
+
+    def __init__(self, upstream: str) -> None:
+        self.looks = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                answer = httpx.get(upstream + self.path, timeout=5)
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+                proxy.looks += 1  # counted once answered: the sidecar then decides whether to write
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def proxy(daemon: Daemon) -> Iterator[CountingProxy]:
+    counting = CountingProxy(daemon.url)
+    thread = threading.Thread(target=counting.server.serve_forever, daemon=True)
+    thread.start()
+    yield counting
+    counting.server.shutdown()
+    counting.server.server_close()
+
+
 def test_it_writes_on_change_not_on_every_look_and_stops_on_sigterm(
-    tmp_path: Path, api: FakeNodeStatus, daemon: Daemon
+    tmp_path: Path, api: FakeNodeStatus, daemon: Daemon, proxy: CountingProxy
 ) -> None:
-    cmd = command(tmp_path, api, daemon.url, "--interval=0.2", "--heartbeat=3600")
+    cmd = command(tmp_path, api, proxy.url, "--interval=0.2", "--heartbeat=3600")
     with subprocess.Popen(cmd, stderr=subprocess.DEVNULL) as sidecar:
         try:
             wait_for(api.patches, what="the first write")
-            time.sleep(1.5)  # seven more looks, nothing changed
+            seen = proxy.looks
+            # Seven more looks, nothing changed: no write. (The eighth look's answer is in hand only once the
+            # seventh's decision is made, so each counted look but the last has had its say.)
+            wait_for(lambda: proxy.looks >= seen + 8, timeout=30, interval=0.05, what="eight more looks")
             assert len(api.patches()) == 1
             inject_xid79(daemon)
             wait_for(lambda: len(api.patches()) == 2, what="the write for the change")
