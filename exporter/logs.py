@@ -81,7 +81,5 @@ def setup_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
-    # The scheduler logs every job run at info; only its problems matter here.
-    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, _LEVELS[level]))
     for name in _UVICORN:
         logging.getLogger(name).addFilter(_from_uvicorn)  # once: addFilter ignores a filter it has
