@@ -185,7 +185,8 @@ class PerformanceEngine:
                     if w.mig:
                         continue  # the whole GPU's figures say nothing of the instance each workload holds
                     if (ev := CHECKS[cid](total, spec)) is not None:
-                        found.setdefault(uuid, []).append(PerfFinding(cid, spec, w.index, uuid, ev, seconds, w.workloads))
+                        finding = PerfFinding(cid, spec, w.index, uuid, ev, seconds, w.workloads)
+                        found.setdefault(uuid, []).append(finding)
             elif cid == "straggler_gpu":
                 self._stragglers(spec, covered, seconds, found)
             elif cid == "mig_policy":
@@ -219,7 +220,7 @@ def _by_workload(
 ) -> tuple[tuple[Workload, tuple[int, ...], tuple[PerfFinding, ...]], ...]:
     out = []
     for workload, ws in workloads_of(windows).items():
-        ws = sorted(ws, key=lambda w: w.index)
-        findings = tuple(f for w in ws for f in by_gpu.get(w.uuid, ()) if workload in f.workloads)
-        out.append((workload, tuple(w.index for w in ws), findings))
+        ordered = sorted(ws, key=lambda w: w.index)
+        findings = tuple(f for w in ordered for f in by_gpu.get(w.uuid, ()) if workload in f.workloads)
+        out.append((workload, tuple(w.index for w in ordered), findings))
     return tuple(out)

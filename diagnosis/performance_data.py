@@ -143,14 +143,14 @@ def parse_performance(doc: object, problems: Problems | None = None) -> Performa
         p.fail(f"{_FILE}: buckets_per_window", f"must be a whole number from 1 to 60, got {buckets!r}")
     lanes: dict[int, float] = {}
     raw_lanes = body.get("pcie_lane_bytes_per_second")
-    for gen, rate in (raw_lanes.items() if isinstance(raw_lanes, dict) else ()):
+    for gen, rate in raw_lanes.items() if isinstance(raw_lanes, dict) else ():
         if (v := _number(p, f"{_FILE}: pcie_lane_bytes_per_second: {gen}", rate, 1e6, 1e12)) is not None:
             lanes[int(gen) if isinstance(gen, int) else -1] = v
     if not lanes:
         p.fail(f"{_FILE}: pcie_lane_bytes_per_second", "must map PCIe generations to bytes per second per lane")
     links: list[tuple[str, float]] = []
     raw_links = body.get("nvlink_link_bytes_per_second")
-    for model, rate in (raw_links.items() if isinstance(raw_links, dict) else ()):
+    for model, rate in raw_links.items() if isinstance(raw_links, dict) else ():
         if (v := _number(p, f"{_FILE}: nvlink_link_bytes_per_second: {model}", rate, 1e6, 1e12)) is not None:
             links.append((str(model), v))
     if not any(m == "default" for m, _ in links):

@@ -40,11 +40,10 @@ def input_bound(total: list[float], spec: ClassSpec) -> Evidence | None:
     if act is None or act >= spec.value("activity_below"):
         return None
     rx, tx = mean(total, "rx", "pcie_n"), mean(total, "tx", "pcie_n")
-    no_nvlink = total[IX["link_n"]] == 0
-    if rx is not None and tx is not None and rx >= spec.value("h2d_share"):
-        # Both ways near capacity on a GPU without NVLink is peer traffic: communication_bound says that.
-        if not (no_nvlink and tx >= spec.value("h2d_share")):
-            return {"activity": act, "h2d_share": rx, "d2h_share": tx}
+    # Both ways near capacity on a GPU without NVLink is peer traffic: communication_bound says that.
+    peers = total[IX["link_n"]] == 0 and tx is not None and tx >= spec.value("h2d_share")
+    if rx is not None and tx is not None and rx >= spec.value("h2d_share") and not peers:
+        return {"activity": act, "h2d_share": rx, "d2h_share": tx}
     low, high = spec.pair("burst_idle_share")
     idle = total[IX["idle"]] / total[IX["act_n"]] if total[IX["act_n"]] else 0.0
     if total[IX["bursts"]] >= spec.value("bursts") and low <= idle <= high:
@@ -83,7 +82,9 @@ def throttled(total: list[float], spec: ClassSpec) -> Evidence | None:
 
 def memory_bound(total: list[float], spec: ClassSpec) -> Evidence | None:
     dram, occ = mean(total, "dram", "dram_n"), mean(total, "occ", "occ_n")
-    if dram is not None and occ is not None and dram >= spec.value("dram_above") and occ < spec.value("occupancy_below"):
+    if dram is None or occ is None:
+        return None
+    if dram >= spec.value("dram_above") and occ < spec.value("occupancy_below"):
         return {"dram_active": dram, "sm_occupancy": occ}
     return None
 

@@ -91,7 +91,7 @@ class Thresholds:
 class GpuWindow:
     """One GPU's buckets, the open one last, and what the last sample was (for time deltas and counters)."""
 
-    __slots__ = ("buckets", "last", "last_time", "open", "was_idle", "workloads", "model", "index", "uuid", "mig")
+    __slots__ = ("buckets", "index", "last", "last_time", "mig", "open", "uuid", "was_idle", "workloads")
 
     def __init__(self, keep: int) -> None:
         self.buckets: deque[list[float]] = deque(maxlen=keep)
@@ -100,7 +100,6 @@ class GpuWindow:
         self.last_time: float | None = None
         self.was_idle: bool | None = None
         self.workloads: tuple[Workload, ...] = ()
-        self.model: str | None = None
         self.index = -1
         self.uuid = ""
         self.mig: bool | None = None
@@ -113,7 +112,7 @@ class GpuWindow:
         """Add `s`, taken at `now`; returns the seconds it stands for (0: the first, or after a gap)."""
         before, since = self.last, self.last_time
         self.last, self.last_time = s, now
-        self.workloads, self.model, self.index, self.uuid, self.mig = s.workloads, s.model, s.index, s.uuid, s.mig_enabled
+        self.workloads, self.index, self.uuid, self.mig = s.workloads, s.index, s.uuid, s.mig_enabled
         if since is None or before is None:
             return 0.0
         dt = now - since
