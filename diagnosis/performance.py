@@ -168,6 +168,7 @@ class PerformanceEngine:
     def _judge(self, now: float) -> None:
         per_bucket = self.data.buckets_per_window
         found: dict[str, list[PerfFinding]] = {}
+        judged = False
         totals: dict[int, dict[str, list[float]]] = {}  # windows -> uuid -> sums, each computed once
         for cid in CLASSES:
             spec = self.data.classes[cid]
@@ -177,7 +178,9 @@ class PerformanceEngine:
             for uuid, w in self._gpus.items():
                 if uuid not in by_uuid:
                     by_uuid[uuid] = w.total(n)
-            covered = {u: t for u, t in by_uuid.items() if t[0] >= need}
+            # Watched the whole window (the first bucket may be partial) and seen most of it (polls may stall).
+            covered = {u: t for u, t in by_uuid.items() if len(self._gpus[u].buckets) >= n and t[0] >= need}
+            judged = judged or bool(covered)
             seconds = spec.windows * self.window
             if cid in CHECKS:
                 for uuid, total in covered.items():
@@ -192,7 +195,8 @@ class PerformanceEngine:
             elif cid == "mig_policy":
                 self._mig_policy(spec, seconds, found)
         by_gpu = {u: tuple(f) for u, f in found.items()}
-        self.report = PerformanceReport(now, MappingProxyType(by_gpu), _by_workload(self._gpus.values(), by_gpu))
+        when = now if judged or self.report.judged_at is not None else None
+        self.report = PerformanceReport(when, MappingProxyType(by_gpu), _by_workload(self._gpus.values(), by_gpu))
 
     def _stragglers(
         self, spec: ClassSpec, covered: Mapping[str, list[float]], seconds: float, found: dict[str, list[PerfFinding]]
