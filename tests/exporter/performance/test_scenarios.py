@@ -31,8 +31,8 @@ def test_each_scenario_shows_its_class_on_its_gpus_and_workload(scenario: str) -
     gpus, cls, who = EXPECTED[scenario]
     seen: dict[int, set[str]] = {}
     perf, _, _ = drive(scenario, 20 * 60, seen=seen)
-    assert classes(perf) == dict.fromkeys(gpus, {cls})
-    assert seen == dict.fromkeys(gpus, {cls}), "no other class on the way (warm-up included)"
+    assert classes(perf) == {key: {cls} for key in gpus}
+    assert seen == {key: {cls} for key in gpus}, "no other class on the way (warm-up included)"
     shown = {w.short(): {f.cls for f in found} for w, _, found in perf.report.by_workload}
     assert shown[who] == {cls}
 
