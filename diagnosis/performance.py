@@ -118,7 +118,7 @@ class PerformanceEngine:
         bucket = math.floor(now / self.bucket_seconds)
         if self._bucket is not None and bucket > self._bucket:
             for w in self._gpus.values():
-                w.close()  # an empty bucket for each one skipped over is not kept: coverage counts what was seen
+                w.close(bucket - self._bucket - 1)  # coverage counts what was seen, the buckets how long
             self._judge(now)
         self._bucket = bucket if self._bucket is None else max(bucket, self._bucket)
         present = set()

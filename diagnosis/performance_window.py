@@ -104,8 +104,11 @@ class GpuWindow:
         self.uuid = ""
         self.mig: bool | None = None
 
-    def close(self) -> None:
+    def close(self, skipped: int = 0) -> None:
+        """Close the open bucket, and `skipped` empty ones after it (no poll fell in them): the buckets keep time."""
         self.buckets.append(self.open)
+        for _ in range(min(skipped, self.buckets.maxlen or 0)):
+            self.buckets.append([0.0] * len(FIELDS))
         self.open = [0.0] * len(FIELDS)
 
     def add(self, now: float, s: GpuSample, t: Thresholds) -> float:

@@ -1,7 +1,8 @@
 """Why a job is slow and what it costs, on /metrics.
 
-`nvidia_gpu_performance_finding{class}`: one series per GPU and class, 1 while the finding holds, 0 otherwise,
-so that the series stay put whatever the GPU does; absent for a GPU the daemon cannot read now. The workload
+`nvidia_gpu_performance_finding{class}`: one series per GPU and class, 1 while the finding holds, 0 otherwise
+(also while the first window fills), so that the series stay put whatever the GPU does; absent for a GPU the
+daemon cannot read now. The workload
 on the GPU joins on `nvidia_gpu_pod_info` / `nvidia_gpu_job_info`.
 
 Per workload and GPU, counters that start at 0 when the daemon first sees the workload on the GPU and end
@@ -58,14 +59,13 @@ def performance_families(
         "0 otherwise; never a health verdict. Classes: " + ", ".join(CLASSES) + ".",
         labels=["gpu", "uuid", "class"],
     )
-    if report.judged_at is not None:
-        for state in snapshot.gpus:
-            if not state.up:
-                continue
-            g = state.identity
-            holding = {f.cls for f in report.by_gpu.get(g.uuid, ())}
-            for cls in CLASSES:
-                finding.add_metric([str(g.index), g.uuid, cls], 1.0 if cls in holding else 0.0)
+    for state in snapshot.gpus:
+        if not state.up:
+            continue
+        g = state.identity
+        holding = {f.cls for f in report.by_gpu.get(g.uuid, ())}
+        for cls in CLASSES:
+            finding.add_metric([str(g.index), g.uuid, cls], 1.0 if cls in holding else 0.0)
     yield finding
     for name, doc, unit, attr in _COUNTERS:
         family = CounterMetricFamily(name, doc, labels=_LABELS, unit=unit)

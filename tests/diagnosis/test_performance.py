@@ -263,3 +263,9 @@ def test_a_bad_thresholds_file_fails_with_every_problem_named(edit: Callable[[di
     edit(doc)
     with pytest.raises(DataError, match=message):
         parse_performance(doc)
+
+
+def test_polls_slower_than_a_bucket_still_judge_the_window_on_time() -> None:
+    # A minute between polls, 30 s buckets: the 15-minute idle window is judged after 15 minutes, not 30 polls.
+    engine, _ = run(lambda g, t: replace(IDLE, workloads=(POD,)), 16 * 60, every=60.0)
+    assert now(engine) == {0: {"gpu_idle_allocated"}}
