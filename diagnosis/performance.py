@@ -202,7 +202,11 @@ class PerformanceEngine:
         self, spec: ClassSpec, covered: Mapping[str, list[float]], seconds: float, found: dict[str, list[PerfFinding]]
     ) -> None:
         for workload, windows in workloads_of(self._gpus.values()).items():
-            on = {w.index: (uuid, covered[uuid]) for uuid, w in self._gpus.items() if w in windows and uuid in covered}
+            on = {
+                w.index: (uuid, covered[uuid])
+                for uuid, w in self._gpus.items()
+                if w in windows and uuid in covered and not w.mig  # a MIG GPU's figures are its instances' sum
+            }
             for gpu, ev in stragglers({g: t for g, (_, t) in on.items()}, spec).items():
                 uuid = on[gpu][0]
                 # An idle GPU lags by definition; its own finding says more than "straggler".
