@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from gpu_triage.diagnosis.actions import GpuStatus
 from gpu_triage.diagnosis.performance_data import load_performance
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.base import Collector, GpuLostError
 from gpu_triage.exporter.backends.readings import Reading
 from gpu_triage.exporter.backends.sim.backend import SimBackend
 from gpu_triage.exporter.backends.sim.scenario import load_scenario
@@ -51,10 +52,21 @@ def drive(
         collectors = [c for c in Collector if not c.slow or t >= next_slow]
         if t >= next_slow:
             next_slow += slow
+        lost: set[int] = set()
         for g in gpus:
             for c in collectors:
-                readings[g.index][c] = backend.read(g, c).reading
-        states = tuple(GpuState(g, MappingProxyType(dict(readings[g.index]))) for g in gpus)
+                try:
+                    readings[g.index][c] = backend.read(g, c).reading
+                except GpuLostError:
+                    lost.add(g.index)  # as the poller does: no readings, the GPU marked lost
+                    readings[g.index].clear()
+                    break
+        states = tuple(
+            GpuState(g, MappingProxyType({}), MappingProxyType({Collector.POWER: GpuStatus.LOST}))
+            if g.index in lost
+            else GpuState(g, MappingProxyType(dict(readings[g.index])))
+            for g in gpus
+        )
         snapshot = Snapshot(clock.now, "sim", states, taken_monotonic=t + 1000.0)
         perf.observe(snapshot, by_gpu)
         if seen is not None:

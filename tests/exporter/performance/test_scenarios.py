@@ -42,14 +42,13 @@ def test_the_straggler_is_shown_within_two_windows() -> None:
     assert classes(perf) == {5: {"straggler_gpu"}}
 
 
-# Scenarios whose faults hold clocks down: a thermal slowdown is `throttled` as well as a health condition.
-FAULTS = {"l40s-inference": {2: {"throttled"}}, "h100-faults": None}
+# Scenarios whose faults hold clocks down: a thermal slowdown is `throttled` as well as a health condition (GPU 2
+# of both runs hot); the others of h100-faults (ECC, XIDs, a link down, GPU 3 lost) are no performance finding.
+FAULTS = {"l40s-inference": {2: {"throttled"}}, "h100-faults": {2: {"throttled"}}}
 
 
 @pytest.mark.parametrize("scenario", sorted(s.name for s in builtin_scenarios() if s.name not in EXPECTED))
 def test_healthy_scenarios_show_nothing_at_any_time(scenario: str) -> None:
-    if scenario in FAULTS and FAULTS[scenario] is None:
-        pytest.skip("a fault scenario: its GPUs are lost and hung by design")
     seen: dict[int, set[str]] = {}
     drive(scenario, 3600, seen=seen)  # perf-healthy: noisy warm-up, 2-minute checkpoint stalls, 4 cycles
     assert seen == FAULTS.get(scenario, {})
