@@ -18,6 +18,7 @@ from gpu_triage.diagnosis.actions import Action
 from gpu_triage.diagnosis.conditions import Condition, load_conditions
 from gpu_triage.diagnosis.data_files import DataError, Problems, adopted
 from gpu_triage.diagnosis.hang_specs import load_hang_specs
+from gpu_triage.diagnosis.performance_data import load_performance
 from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, action_playbook, load_playbooks
 from gpu_triage.diagnosis.rule_model import RuleSet
 from gpu_triage.diagnosis.training_kernel import SXID_PLAYBOOK
@@ -55,6 +56,8 @@ def references(catalog: XidCatalog, conditions: Mapping[str, Condition], rules: 
     add(SXID_PLAYBOOK, "NVSwitch SXid findings of diagnose", "sxid")
     for hang in load_hang_specs().values():
         add(hang.playbook, f"hang class {hang.class_id}", hang.class_id)
+    for spec in load_performance().classes.values():
+        add(spec.playbook, f"performance class {spec.id}", None)
     return refs
 
 

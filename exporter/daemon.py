@@ -6,8 +6,8 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,17 @@ from prometheus_client.registry import CollectorRegistry
 from gpu_triage.diagnosis import knowledge
 from gpu_triage.diagnosis.findings import Workload
 from gpu_triage.diagnosis.node_verdict import Blind, NodeVerdict
+from gpu_triage.diagnosis.performance import PerformanceReport
+from gpu_triage.diagnosis.performance_data import load_performance
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.cache_store import store_from_env
 from gpu_triage.exporter.metrics.exposition import MetricsCache
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
+from gpu_triage.exporter.metrics.performance import performance_families
 from gpu_triage.exporter.metrics.verdicts import verdict_families
 from gpu_triage.exporter.metrics.workloads import workload_families
 from gpu_triage.exporter.metrics.xid import journal_families, source_families, xid_families
+from gpu_triage.exporter.performance import Performance, performance_json
 from gpu_triage.exporter.polling.poller import Poller
 from gpu_triage.exporter.polling.snapshot import Snapshot
 from gpu_triage.exporter.settings import DEV_KMSG, Settings
@@ -51,6 +55,7 @@ class Frame:
     snapshot: Snapshot
     node: NodeVerdict
     workloads: ByGpu
+    performance: PerformanceReport = field(default_factory=PerformanceReport)  # beside the verdict, never in it
 
 
 class Families:
@@ -65,6 +70,12 @@ class Families:
 
 def _workloads(by_gpu: ByGpu) -> dict[str, tuple[Workload, ...]]:
     return {uuid: tuple(a.workload for a in found) for uuid, found in by_gpu.items()}
+
+
+def _declared(backend: GpuBackend) -> Callable[[], Mapping[int, tuple[Workload, ...]]] | None:
+    """The simulator's own pods and jobs (its scenario names them), by GPU index; None for a real backend."""
+    found = getattr(backend, "declared_workloads", None)
+    return found if callable(found) else None
 
 
 def kernel_log(settings: Settings, backend: str) -> Path:
@@ -140,13 +151,16 @@ class Daemon:
             )
         self._sources_moved = threading.Event()  # a source started or stopped working
         # Who uses each GPU (Kubernetes pods, Slurm jobs); a new pod mapping is on /metrics at once.
-        self.workloads = Workloads(settings, on_change=self.refresh, clock=clock)
+        self.workloads = Workloads(settings, on_change=self.refresh, clock=clock, declared=_declared(backend))
+        # Why jobs are slow and what they cost: a bad thresholds file fails here, at start-up.
+        self.performance = Performance(load_performance(), settings.performance_window, settings.performance_node_role)
         # Everything /metrics shows, in page order; a new producer of families registers here.
         self.registry = CollectorRegistry(auto_describe=False)
         self._frame = Frame(self.snapshot, self.verdicts.node, {})
         for build in (
             lambda: gpu_families(self._frame.snapshot),
             lambda: workload_families(self._frame.snapshot, self._frame.workloads, self.workloads),
+            lambda: performance_families(self._frame.snapshot, self._frame.performance, self.performance.accounts),
             lambda: xid_families(self.xid_totals()),
             lambda: verdict_families(self._frame.snapshot, self._frame.node),
             lambda: daemon_families(self._frame.snapshot),
@@ -280,7 +294,9 @@ class Daemon:
 
     def diagnosis(self) -> dict[str, Any]:
         frame = self._frame  # one render's snapshot and verdict: the API and /metrics never disagree
-        return diagnosis_json(frame.snapshot, frame.node, self.boot_id, self.clock(), _workloads(frame.workloads))
+        body = diagnosis_json(frame.snapshot, frame.node, self.boot_id, self.clock(), _workloads(frame.workloads))
+        body["performance"] = performance_json(frame.performance, self.settings.performance_window)
+        return body
 
     def status_line(self) -> str:
         frame = self._frame
@@ -303,7 +319,8 @@ class Daemon:
             node = self.verdicts.update(
                 snapshot, now, by_bus, settled=self.workloads.settled, incomplete=self.incomplete()
             )
-            self._frame = Frame(snapshot, node, by_gpu)
+            self.performance.observe(snapshot, by_gpu)
+            self._frame = Frame(snapshot, node, by_gpu, self.performance.report)
             self.metrics.update(list(self.registry.collect()))
             self.verdicts.node = node
 

@@ -108,6 +108,8 @@ class Settings(BaseSettings):
     diagnose_max_cpu: Duration = 20.0
     kubernetes_pod_resources_socket: str = "auto"
     path_procfs: Path = Path("/proc")
+    performance_window: Duration = 300.0
+    performance_node_role: Literal["", "training", "inference"] = ""
     log_level: LogLevel = "info"
     log_format: LogFormat = "logfmt"
 
@@ -373,6 +375,20 @@ OPTIONS = (
         "path_procfs",
         "where /proc is, to name the Slurm job of each GPU process from its cgroup (default /proc)",
         "DIR",
+    ),
+    Option(
+        "performance.window",
+        "performance_window",
+        "the base window of the performance findings; each class judges a multiple of it (idle GPUs three) "
+        "(default 5m)",
+        "DURATION",
+    ),
+    Option(
+        "performance.node-role",
+        "performance_node_role",
+        "training or inference: what MIG mode the node's GPUs should be in (mig_policy finding); empty: not "
+        "judged (default empty)",
+        "ROLE",
     ),
     Option("log.level", "log_level", "debug, info, warn or error (default info)", "LEVEL"),
     Option("log.format", "log_format", "logfmt or json (default logfmt)", "FORMAT"),

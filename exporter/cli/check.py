@@ -9,6 +9,9 @@ does not answer). `--gpus 0,3` narrows the verdict, the output and the exit stat
     reason  one line for a drain reason or a refused job: "REBOOT_NODE: GPU 3 Xid 79 job 4242, GPU 5 lost"; a
             verdict that could not see everything starts "INCOMPLETE"
 
+`--performance` adds to the text the performance findings (why a job is slow, which GPUs are held idle), one
+line each, after the verdict's. They never change the exit status, and never go into a drain reason.
+
 A daemon that cannot read a source its verdict depends on (the kernel log, the driver's events, its
 journal) answers an incomplete verdict: `unknown` unless something it did see is worse, exit 3, and the
 line names the source and what to do.
@@ -179,8 +182,34 @@ def no_verdict(message: str) -> dict[str, Any]:
     }
 
 
-def check(daemon: DaemonClient, fmt: str = "text", gpus: str | None = None, out: TextIO = sys.stdout) -> int:
-    """Print the verdict in `fmt` and return the exit status for it."""
+def performance_lines(body: dict[str, Any], base: str) -> list[str]:
+    """The performance section as text lines (the GPUs `select` kept, when --gpus narrowed the verdict)."""
+    perf = body.get("performance")
+    if not isinstance(perf, dict):
+        return ["performance: not reported by this daemon"]
+    if not perf.get("judged"):
+        return ["performance: judging (the first window is not over)"]
+    kept = {g.get("gpu") for g in body["gpus"]}
+    lines = []
+    for gpu in perf.get("gpus", []):
+        if gpu.get("gpu") not in kept:
+            continue
+        for f in gpu.get("findings", []):
+            who = ", ".join(_describe(w) for w in f.get("workloads", []))
+            line = f"  GPU {gpu['gpu']}: {f['class']} [{f['severity']}] {f['summary']}"
+            lines.append(line + (f"; used by {who}" if who else "") + f" (runbook: {base}/runbooks/{f['playbook']})")
+    return ["performance:" + ("" if lines else " no finding"), *lines]
+
+
+def check(
+    daemon: DaemonClient,
+    fmt: str = "text",
+    gpus: str | None = None,
+    out: TextIO = sys.stdout,
+    *,
+    performance: bool = False,
+) -> int:
+    """Print the verdict in `fmt` and return the exit status for it (`performance` adds lines, never changes it)."""
     wanted = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else []
     try:
         body = daemon.diagnosis()
@@ -200,4 +229,6 @@ def check(daemon: DaemonClient, fmt: str = "text", gpus: str | None = None, out:
         out.write(safe(reason(body)) + "\n")
     else:
         out.write(_text(body, daemon.base))
+        if performance:
+            out.write("".join(safe(line) + "\n" for line in performance_lines(body, daemon.base)))
     return EXIT_CODES[health]

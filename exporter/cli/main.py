@@ -143,6 +143,12 @@ def _parser(serve_flags: bool = True) -> argparse.ArgumentParser:
         metavar="LIST",
         help="only these GPUs, by NVML index or UUID, comma-separated (0,3): their verdict and exit status",
     )
+    check.add_argument(
+        "--performance",
+        action="store_true",
+        help="text: also why jobs are slow and which GPUs are held idle (the performance findings); the exit "
+        "status stays the health verdict's",
+    )
     _node_condition_parser(sub)
     diagnose = sub.add_parser(
         "diagnose",
@@ -318,7 +324,7 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     if args.command == "check":
         from gpu_triage.exporter.cli.check import check
 
-        return check(_daemon(args), "json" if args.json else args.format, args.gpus)
+        return check(_daemon(args), "json" if args.json else args.format, args.gpus, performance=args.performance)
     if args.command == "node-condition":
         return _node_condition(args)
     if args.command == "diagnose":

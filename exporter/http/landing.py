@@ -1,5 +1,6 @@
 """GET /: the node at a glance, for the person paged about it: the verdict on top, then every GPU with its
-health, the one action it needs, what was found (each with its runbook) and its last XID.
+health, the one action it needs, what was found (each with its runbook), its last XID, and why a job on it is
+slow (the performance findings, beside the health and never part of it).
 
 Rendered per request from what the daemon already holds (the published verdict, the snapshot, the XID
 totals): no driver call, one small journal query.
@@ -17,6 +18,7 @@ from gpu_triage.diagnosis.actions import Action, Health
 from gpu_triage.diagnosis.findings import Finding
 from gpu_triage.diagnosis.health import GpuVerdict
 from gpu_triage.diagnosis.node_verdict import NodeVerdict
+from gpu_triage.diagnosis.performance import PerformanceReport
 from gpu_triage.exporter.daemon import Daemon, Frame
 from gpu_triage.exporter.http.page import badge, document, esc, utc
 from gpu_triage.exporter.http.runbooks import gpu_name, used_by
@@ -84,8 +86,27 @@ def _blind_box(node: NodeVerdict) -> str:
     return f'<div class="incomplete">{head}<ul>{items}</ul></div>'
 
 
+def _why_slow(report: PerformanceReport, uuid: str) -> str:
+    """The GPU's performance findings, one line each: beside its health, never part of it."""
+    if report.judged_at is None:
+        return '<span class="muted">judging (the first window is not over)</span>'
+    items = [
+        f"<li>{badge(f.spec.severity)} <b>{esc(f.cls)}</b>: {esc(f.summary())}"
+        + "".join(f" ({esc(w.short())})" for w in f.workloads)
+        + f' — runbook <a href="/runbooks/{esc(f.spec.playbook)}">{esc(f.spec.playbook)}</a></li>'
+        for f in report.by_gpu.get(uuid, ())
+    ]
+    return f'<ul class="findings">{"".join(items)}</ul>' if items else '<span class="muted">none</span>'
+
+
 def _row(
-    label: str, status: str, verdict: GpuVerdict | None, last: Total | None, ids: str, indexes: Mapping[str, int]
+    label: str,
+    status: str,
+    verdict: GpuVerdict | None,
+    last: Total | None,
+    ids: str,
+    indexes: Mapping[str, int],
+    slow: str,
 ) -> str:
     health = verdict.health if verdict else Health.UNKNOWN
     action = '<span class="muted">none</span>'
@@ -94,7 +115,7 @@ def _row(
     return (
         f'<tr class="gpu-{esc(health.value)}"><td><b>{esc(label)}</b></td><td>{badge(health)}</td>'
         f"<td>{action}</td><td>{_findings(verdict.findings if verdict else (), indexes)}</td>"
-        f"<td>{_last_xid(last)}</td><td>{esc(status)}</td><td>{ids}</td></tr>"
+        f"<td>{_last_xid(last)}</td><td>{slow}</td><td>{esc(status)}</td><td>{ids}</td></tr>"
     )
 
 
@@ -106,10 +127,11 @@ def _gpu_table(frame: Frame, totals: list[Total], indexes: Mapping[str, int]) ->
         g = state.identity
         ids = f"<code>{esc(g.pci_bus_id)}</code><br><code class=muted>{esc(g.uuid)}</code>"
         xid = last.get(g.uuid) or last.get(g.pci_bus_id)
-        rows.append(_row(f"GPU {g.index}", state.status, by_bus.pop(g.pci_bus_id, None), xid, ids, indexes))
+        slow = _why_slow(frame.performance, g.uuid)
+        rows.append(_row(f"GPU {g.index}", state.status, by_bus.pop(g.pci_bus_id, None), xid, ids, indexes, slow))
     return (
         '<table id="gpus"><tr><th>GPU</th><th>Health</th><th>Action</th><th>Findings</th><th>Last XID</th>'
-        "<th>Status</th><th>PCI bus id, UUID</th></tr>\n" + "\n".join(rows) + "</table>"
+        "<th>Why slow</th><th>Status</th><th>PCI bus id, UUID</th></tr>\n" + "\n".join(rows) + "</table>"
     )
 
 

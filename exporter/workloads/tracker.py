@@ -26,7 +26,11 @@ ByGpu = Mapping[str, tuple[Assignment, ...]]  # GPU uuid -> who uses it
 
 class Workloads:
     def __init__(
-        self, settings: Settings, on_change: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+        declared: Callable[[], Mapping[int, tuple[Workload, ...]]] | None = None,
     ) -> None:
         setting = settings.kubernetes_pod_resources_socket
         self.pods: PodSource | None = None
@@ -36,6 +40,7 @@ class Workloads:
             )
         self.jobs = ProcessJobs(settings.path_procfs, deadline=settings.read_timeout, on_change=on_change)
         self.users = UserNames()
+        self.declared = declared  # the simulator's scenario's pods and jobs, by GPU index
         self._last_jobs: dict[str, tuple[Assignment, ...]] = {}
         self.pod_map = PodMap()
         # The answer and the devices pod_map was made from: the same answer (the same object: comparing
@@ -65,10 +70,12 @@ class Workloads:
             self.pod_map = assign(answer, index) if answer is not None else PodMap()
             self._placed = (answer, devices)
         jobs = self._slurm_jobs(snapshot)
+        declared = self.declared() if self.declared is not None else {}
         out: dict[str, tuple[Assignment, ...]] = {}
         for state in snapshot.gpus:
             uuid = state.identity.uuid
             found = self.pod_map.assignments.get(uuid, ()) + jobs.get(uuid, ())
+            found += tuple(Assignment(w) for w in declared.get(state.identity.index, ()))
             if found:
                 out[uuid] = found
         return out

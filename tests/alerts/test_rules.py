@@ -17,7 +17,8 @@ SEVERITIES = {"critical", "warning", "info"}
 # condition playbook.
 # (kernel-log-unreadable and journal-unwritable are playbooks of the verdict's conditions too.)
 EXPORTER_RUNBOOKS = {"gpu-triage-down", "gpu-triage-collection"}
-USAGE_RUNBOOKS = {"gpu-allocated-idle", "mig-on-training-node"}
+# (gpu-allocated-idle, mig-on-training-node and job-slow are the performance classes' playbooks, named by their data.)
+USAGE_RUNBOOKS: set[str] = set()
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:

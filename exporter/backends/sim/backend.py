@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 
+from gpu_triage.diagnosis.findings import Workload
 from gpu_triage.diagnosis.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity, GpuLostError, Result
 from gpu_triage.exporter.backends.mig_instance import MigInstance
@@ -53,6 +54,7 @@ class SimBackend:
         self._pending_times = [start + f.at_seconds for f in self._pending]
         self._gpus = [self._identity(i) for i in range(scenario.node.gpus.count)]
         shape = scenario.node.gpus
+        self._declared = self._declare()
         self._instances = [
             instances(scenario.seed, i, shape.mig_instances.get(i, []), shape.spec) for i in range(shape.count)
         ]
@@ -100,6 +102,18 @@ class SimBackend:
 
     def close(self) -> None:
         self._book.clear()  # releases any simulated hung call
+
+    def declared_workloads(self) -> dict[int, tuple[Workload, ...]]:
+        """The scenario's pods and jobs by GPU index: who the kubelet or the cgroups would say runs there."""
+        return self._declared
+
+    def _declare(self) -> dict[int, tuple[Workload, ...]]:
+        out: dict[int, tuple[Workload, ...]] = {}
+        for w in self.scenario.workloads:
+            workload = Workload(w.kind, w.name, namespace=w.namespace, user=w.user, step="0" if w.kind != "pod" else "")
+            for gpu in w.gpus:
+                out[gpu] = (*out.get(gpu, ()), workload)
+        return out
 
     reports_xids = True
 

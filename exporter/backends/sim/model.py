@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from gpu_triage.exporter.backends.sim.activity import link_rate, pcie
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultKind, FaultSpec
-from gpu_triage.exporter.backends.sim.scenario import Phase, Scenario
+from gpu_triage.exporter.backends.sim.scenario import Load, Phase, Scenario
 
 # Catching up longer than this after a pause is pointless: the thermal state has long settled.
 _MAX_CATCH_UP_TICKS = 900
@@ -46,6 +46,40 @@ def noise(seed: int, gpu: int, tick: int, channel: int = 0) -> float:
 def hash_pair(seed: int, n: int) -> int:
     """A deterministic 64-bit value for (seed, n): the simulated GPUs' serials and UUIDs."""
     return mix64(seed, n, 0, 99)
+
+
+@dataclass(frozen=True, slots=True)
+class Effective:
+    """The shape of a GPU's work in one tick (the scenario's Load with the simulator's usual values filled in)."""
+
+    sm_share: float = 0.9
+    occupancy_share: float = 0.42
+    dram_scale: float = 1.0
+    pcie_scale: float = 1.0
+    nvlink_share: float = 0.45
+    clock_ratio: float = 1.0
+    power_cap: bool = False
+    hold_memory: bool = False
+    burst_seconds: int | None = None
+    temperature_offset_celsius: float = 0.0
+
+
+USUAL = Effective()
+_LOAD_FIELDS = tuple(Load.model_fields)
+
+
+def effective(phase: Phase, gpu: int) -> tuple[float, Effective]:
+    """GPU `gpu`'s utilization and load shape in `phase`: the phase's, with the GPU's own where it has them."""
+    own = phase.gpus.get(gpu)
+    values = {}
+    for name in _LOAD_FIELDS:
+        value = getattr(own, name) if own is not None else None
+        if value is None:
+            value = getattr(phase, name)
+        if value is not None:
+            values[name] = value
+    utilization = own.utilization if own is not None and own.utilization is not None else phase.utilization
+    return utilization, (Effective(**values) if values else USUAL)
 
 
 @dataclass
@@ -76,6 +110,7 @@ class GpuState:
     nvlink_tx_bytes: list[float] = field(default_factory=list)
     nvlink_rx_bytes: list[float] = field(default_factory=list)
     reason_seconds: dict[str, float] = field(default_factory=dict)  # clock-event reason -> time it held
+    load: Effective = USUAL  # the shape of the work this tick
 
 
 class NodeModel:
@@ -131,19 +166,24 @@ class NodeModel:
             k = state.tick
             phase = self.phase_at(k)
             kinds = {f.spec.kind for f in faults if f.active_at(self.time_of(k))}
-            busy = phase.utilization if gpu not in phase.idle_gpus else 0.0
+            busy, load = effective(phase, gpu)
+            if gpu in phase.idle_gpus or (load.burst_seconds and (k // load.burst_seconds) % 2):
+                busy = 0.0
             util = min(1.0, max(0.0, busy + phase.jitter * noise(self.scenario.seed, gpu, k))) if busy else 0.0
             power = shape.idle_power_watts + (shape.power_limit_watts * 0.96 - shape.idle_power_watts) * util
             power *= 1.0 + 0.01 * noise(self.scenario.seed, gpu, k, 1)
+            if load.power_cap:
+                power = min(power, shape.power_limit_watts)  # at the cap: the clocks give way instead
             if FaultKind.THERMAL_SLOWDOWN in kinds:
                 power *= 0.75  # the clocks are down, so is the draw
             if FaultKind.POWER_SLOWDOWN in kinds:
                 power = min(power, shape.power_limit_watts * 0.55)
-            heat = shape.ambient_celsius + power * shape.celsius_per_watt
+            heat = shape.ambient_celsius + power * shape.celsius_per_watt + load.temperature_offset_celsius
             if FaultKind.THERMAL_SLOWDOWN in kinds:
                 heat += 32.0  # a cooling failure: the same draw runs much hotter
             state.utilization = util
-            state.memory_used_ratio = phase.memory_used_ratio if busy else 0.0
+            state.load = load
+            state.memory_used_ratio = phase.memory_used_ratio if busy or load.hold_memory else 0.0
             state.power_watts = power
             state.energy_joules += power
             state.temperature_celsius += (heat - state.temperature_celsius) * alpha
@@ -152,16 +192,16 @@ class NodeModel:
 
     def _accumulate(self, gpu: int, state: GpuState, kinds: set[FaultKind], faults: list[ActiveFault], k: int) -> None:
         """One second's worth of the counters: bytes moved, time held down by each reason."""
-        tx, rx = pcie(state.utilization, lambda channel: noise(self.scenario.seed, gpu, k, channel))
+        tx, rx = pcie(state.utilization, lambda channel: noise(self.scenario.seed, gpu, k, channel), state.load)
         state.pcie_tx_bytes += tx
         state.pcie_rx_bytes += rx
         down = {f.spec.link for f in faults if f.spec.kind is FaultKind.NVLINK_DOWN and f.active_at(self.time_of(k))}
-        rate = link_rate(state.utilization, self.scenario.node.gpus.spec.nvlink.speed_mbps)
+        rate = link_rate(state.utilization, self.scenario.node.gpus.spec.nvlink.speed_mbps, state.load.nvlink_share)
         for link in range(len(state.nvlink_tx_bytes)):
             if link not in down:
                 state.nvlink_tx_bytes[link] += rate
                 state.nvlink_rx_bytes[link] += rate
-        for reason in clock_reasons(state.utilization, kinds):
+        for reason in clock_reasons(state.utilization, kinds, state.load):
             state.reason_seconds[reason] = state.reason_seconds.get(reason, 0.0) + 1.0
 
     def time_of(self, tick: int) -> float:
@@ -200,9 +240,11 @@ HW_THERMAL_SLOWDOWN = "hw_thermal_slowdown"
 HW_POWER_BRAKE_SLOWDOWN = "hw_power_brake_slowdown"
 
 
-def clock_reasons(utilization: float, kinds: set[FaultKind]) -> frozenset[str]:
+def clock_reasons(utilization: float, kinds: set[FaultKind], load: Effective = USUAL) -> frozenset[str]:
     """The clock-event reasons a GPU in this condition reports."""
     reasons = {GPU_IDLE} if utilization < 0.01 else set()
+    if load.power_cap and utilization >= 0.01:
+        reasons.add(SW_POWER_CAP)
     if FaultKind.THERMAL_SLOWDOWN in kinds:
         reasons |= {HW_THERMAL_SLOWDOWN, SW_THERMAL_SLOWDOWN, HW_SLOWDOWN}
     if FaultKind.POWER_SLOWDOWN in kinds:

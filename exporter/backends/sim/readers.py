@@ -69,7 +69,7 @@ def _inventory(v: View) -> Inventory:
 def _utilization(v: View) -> Utilization:
     if v.mig:  # as NVML: "not supported" on a MIG-enabled GPU; profiling has each instance's activity
         return Utilization(None, None, None, None)
-    mem_ratio = memory_controller(v.state.utilization, v.noise)
+    mem_ratio = memory_controller(v.state.utilization, v.noise, v.state.load.dram_scale)
     return Utilization(round(v.state.utilization, 2), round(mem_ratio, 2), 0.0, 0.0)
 
 
@@ -111,7 +111,7 @@ def _clocks(v: View) -> Clocks:
 
 
 def _pcie(v: View) -> Pcie:
-    tx, rx = pcie(v.state.utilization, v.noise)
+    tx, rx = pcie(v.state.utilization, v.noise, v.state.load)
     return Pcie(
         link_generation=v.shape.pcie_generation,
         max_link_generation=v.shape.pcie_generation,
@@ -129,7 +129,7 @@ def _pcie(v: View) -> Pcie:
 def _nvlink(v: View) -> NvLink:
     down, s = v.links_down, v.state
     nvlink5 = v.spec.nvlink.version >= 5
-    rate = link_rate(s.utilization, v.spec.nvlink.speed_mbps)
+    rate = link_rate(s.utilization, v.spec.nvlink.speed_mbps, s.load.nvlink_share)
 
     def link(i: int) -> LinkReading:
         failed = s.nvlink_failed_recoveries[i]
@@ -154,7 +154,7 @@ def _nvlink(v: View) -> NvLink:
 
 def _processes(v: View) -> Processes:
     migs = tuple(i.mig for i in v.instances)
-    if not v.busy:
+    if not v.held:
         return Processes((), migs)
     if v.mig:  # one server per MIG instance
         return Processes(
@@ -196,7 +196,7 @@ def _profiling(v: View) -> Profiling:
             sum(v.instance_utilization(i) * inst.slices for i, inst in enumerate(v.instances)) / COMPUTE_SLICES
         )
     links, speed = v.shape.nvlink_links, v.spec.nvlink.speed_mbps
-    whole = activity(utilization, v.noise, links=links, link_speed_mbps=speed, down=v.links_down)
+    whole = activity(utilization, v.noise, links=links, link_speed_mbps=speed, down=v.links_down, load=v.state.load)
     return Profiling(source="sim", status="simulated", gpu=_as_reading(whole), instances=parts)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -108,10 +108,30 @@ class NodeShape(BaseModel):
     gpus: GpuShape = GpuShape()
 
 
-class Phase(BaseModel):
-    """A stretch of the workload: every GPU near `utilization`, give or take `jitter`."""
+class Load(BaseModel):
+    """How a job's work looks on the GPU, beyond how busy it is: each unset value keeps the simulator's usual
+    shape (model.py's Effective), a phase sets it for every GPU and `gpus` for one."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sm_share: float | None = Field(default=None, ge=0, le=1)  # SM activity as a share of utilization
+    occupancy_share: float | None = Field(default=None, ge=0, le=1)  # warps resident, as a share of SM activity
+    dram_scale: float | None = Field(default=None, ge=0, le=5)  # DRAM activity against the usual
+    pcie_scale: float | None = Field(default=None, ge=0, le=50)  # PCIe traffic against the usual
+    nvlink_share: float | None = Field(default=None, ge=0, le=1)  # each link's share of its speed at full load
+    clock_ratio: float | None = Field(default=None, gt=0, le=1)  # SM clock against its maximum, no reason given
+    power_cap: bool | None = None  # the job draws more than the cap: clocks down, sw_power_cap
+    hold_memory: bool | None = None  # memory stays allocated (and the process there) while idle
+    burst_seconds: int | None = Field(default=None, ge=1)  # work and idle alternate this often (a starved loader)
+    temperature_offset_celsius: float | None = Field(default=None, ge=-20, le=60)  # a hot slot
+
+
+class GpuLoad(Load):
+    utilization: float | None = Field(default=None, ge=0, le=1)
+
+
+class Phase(Load):
+    """A stretch of the workload: every GPU near `utilization`, give or take `jitter`."""
 
     name: str | None = None
     duration_seconds: float = Field(gt=0)
@@ -119,6 +139,19 @@ class Phase(BaseModel):
     memory_used_ratio: float = Field(default=0.0, ge=0, le=1)
     jitter: float = Field(default=0.02, ge=0, le=0.5)
     idle_gpus: list[int] = Field(default_factory=list, description="GPUs that sit idle in this phase")
+    gpus: dict[int, GpuLoad] = Field(default_factory=dict, description="one GPU's load, where it differs")
+
+
+class SimWorkload(BaseModel):
+    """A pod or Slurm job the simulated node runs, on these GPUs: what the kubelet or the cgroups would say."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["pod", "slurm_job"]
+    name: str = Field(min_length=1, max_length=253)
+    namespace: str = ""  # a pod's
+    user: str = ""  # a job's
+    gpus: list[int] = Field(min_length=1)
 
 
 class Scenario(BaseModel):
@@ -131,11 +164,18 @@ class Scenario(BaseModel):
     workload: list[Phase] = Field(min_length=1)
     repeat: bool = True  # loop the workload; otherwise hold the last phase
     faults: list[ScheduledFault] = Field(default_factory=list)
+    workloads: list[SimWorkload] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _faults_fit_node(self) -> Self:
         gpus = self.node.gpus
         problems = []
+        for i, w in enumerate(self.workloads):
+            if bad := [g for g in w.gpus if not 0 <= g < gpus.count]:
+                problems.append(f"workloads[{i}]: GPUs {bad} do not exist ({gpus.count} GPUs)")
+        for i, phase in enumerate(self.workload):
+            if bad := [g for g in phase.gpus if not 0 <= g < gpus.count]:
+                problems.append(f"workload[{i}].gpus: GPUs {bad} do not exist ({gpus.count} GPUs)")
         for i, fault in enumerate(self.faults):
             if fault.gpu >= gpus.count:
                 problems.append(f"faults[{i}]: gpu {fault.gpu} does not exist ({gpus.count} GPUs)")

@@ -98,7 +98,7 @@ def _identity(gpu: Gpu, v: View) -> None:
     _support(gpu, Query.UTILIZATION, not v.mig)
     _support(gpu, Query.ENCODER_DECODER, not v.mig)
     gpu.utilization_gpu = _percent(v.state.utilization)
-    gpu.utilization_memory = _percent(memory_controller(v.state.utilization, v.noise))
+    gpu.utilization_memory = _percent(memory_controller(v.state.utilization, v.noise, v.state.load.dram_scale))
     gpu.utilization_encoder = gpu.utilization_decoder = 0
     gpu.fabric = Fabric(state=FABRIC_COMPLETED, status=0, health_summary=1) if spec.fabric else None
 
@@ -171,7 +171,7 @@ def _clocks(gpu: Gpu, v: View) -> None:
 
 
 def _buses(gpu: Gpu, v: View) -> None:
-    tx, rx = pcie(v.state.utilization, v.noise)
+    tx, rx = pcie(v.state.utilization, v.noise, v.state.load)
     gpu.pcie_tx_kbs, gpu.pcie_rx_kbs = round(tx / KB), round(rx / KB)
     gpu.pcie_tx_bytes, gpu.pcie_rx_bytes = int(v.state.pcie_tx_bytes), int(v.state.pcie_rx_bytes)
     gpu.pcie_link_gen = gpu.pcie_link_gen_max = v.shape.pcie_generation
@@ -217,7 +217,7 @@ def _health(gpu: Gpu, v: View) -> None:
 
 
 def _processes(v: View) -> list[Process]:
-    if not v.busy:
+    if not v.held:
         return []
     if not v.mig:
         return [Process(pid=v.process_pid(), used_memory=v.memory_used_bytes())]
@@ -245,7 +245,14 @@ def _gpm(v: View) -> dict[int, float]:
     util = v.state.utilization
     if v.mig:  # the whole GPU: its instances' activity, weighted by their share of the SMs
         util = sum(v.instance_utilization(i) * inst.slices for i, inst in enumerate(v.instances)) / 7
-    a = activity(util, v.noise, links=v.shape.nvlink_links, link_speed_mbps=v.spec.nvlink.speed_mbps, down=v.links_down)
+    a = activity(
+        util,
+        v.noise,
+        links=v.shape.nvlink_links,
+        link_speed_mbps=v.spec.nvlink.speed_mbps,
+        down=v.links_down,
+        load=v.state.load,
+    )
     out = {metric: getattr(a, name) * 100 for metric, name in _GPM_PERCENT.items()}
     if a.pcie_tx_bytes_per_second is not None and a.pcie_rx_bytes_per_second is not None:
         out[_GPM_PCIE_TX], out[_GPM_PCIE_RX] = a.pcie_tx_bytes_per_second / MIB, a.pcie_rx_bytes_per_second / MIB

@@ -17,6 +17,7 @@ from gpu_triage.exporter.backends.sim.scenario import GpuShape, NodeShape
 
 # Slowdowns scale the SM clock: a thermal one to 60 %, a power one to 75 %.
 _THERMAL_CLOCK, _POWER_CLOCK = 0.6, 0.75
+_CAPPED_CLOCK = 0.8  # a job drawing more than the power cap runs at about this share of its clock
 IDLE_VIDEO_MHZ = 765.0
 
 
@@ -49,6 +50,11 @@ class View:
         return self.state.utilization >= 0.01
 
     @property
+    def held(self) -> bool:
+        """A process holds the GPU: it works, or keeps its memory while it waits."""
+        return self.busy or self.state.load.hold_memory
+
+    @property
     def noise(self) -> Callable[[int], float]:
         return lambda channel: noise(self.seed, self.gpu, self.state.tick, channel)
 
@@ -63,7 +69,7 @@ class View:
     @property
     def reasons(self) -> frozenset[str]:
         """The clock-event reasons holding the clocks now, by name (model.py)."""
-        return clock_reasons(self.state.utilization, self.kinds)
+        return clock_reasons(self.state.utilization, self.kinds, self.state.load)
 
     @property
     def links_down(self) -> frozenset[int]:
@@ -76,11 +82,11 @@ class View:
         if self.mig:
             return sum(self.instance_used_bytes(i) for i in range(len(self.instances)))
         usable = self.shape.memory_bytes - self.shape.reserved_memory_bytes
-        return int(usable * self.state.memory_used_ratio) if self.busy else 0
+        return int(usable * self.state.memory_used_ratio) if self.held else 0
 
     def instance_used_bytes(self, i: int) -> int:
         inst = self.instances[i]
-        return int(inst.memory_bytes * self.state.memory_used_ratio) if self.busy else 0
+        return int(inst.memory_bytes * self.state.memory_used_ratio) if self.held else 0
 
     def clocks_mhz(self) -> dict[str, float]:
         """Current clocks by domain (graphics, sm, memory, video), MHz."""
@@ -90,6 +96,8 @@ class View:
             slow *= _THERMAL_CLOCK
         if FaultKind.POWER_SLOWDOWN in self.kinds:
             slow *= _POWER_CLOCK
+        if self.busy:
+            slow *= self.state.load.clock_ratio * (_CAPPED_CLOCK if self.state.load.power_cap else 1.0)
         sm = round((shape.max_sm_clock_mhz if self.busy else shape.idle_sm_clock_mhz) * slow)
         video = shape.max_video_clock_mhz if self.busy else IDLE_VIDEO_MHZ
         return {"graphics": sm, "sm": sm, "memory": shape.max_memory_clock_mhz, "video": video}
