@@ -51,6 +51,12 @@ def rss_kib():
     return 0
 
 def measure():
+    try:
+        window()
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+def window():
     time.sleep(5)  # past start-up: imports, discovery, the first full poll, the settling of the sources
     for p in profiles:
         p.clear()  # start-up is not steady state
@@ -62,9 +68,11 @@ def measure():
     result = {"wall": w1 - w0, "cpu": (t1.user - t0.user) + (t1.system - t0.system), "rss_kib": rss_kib(),
               "threads": threading.active_count(), "modules": len(sys.modules)}
     if mode == "cpu":
-        stats = pstats.Stats(profiles[0])
-        for p in profiles[1:]:
-            stats.add(p)
+        stats = None
+        for p in list(profiles):
+            p.create_stats()
+            if p.stats:  # a thread that ran nothing in the window has none
+                stats = pstats.Stats(p) if stats is None else stats.add(p)
         rows = []
         for (path, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():
             where = name if path == "~" else f"{Path(path).name}:{line}({name})"
@@ -81,7 +89,6 @@ def measure():
         result["heap"] = sorted(by_module.items(), key=lambda kv: -kv[1])
         result["heap_total"] = sum(by_module.values())
     Path(out).write_text(json.dumps(result))
-    os.kill(os.getpid(), signal.SIGTERM)
 
 from pathlib import Path
 threading.Thread(target=measure, name="bench-measure", daemon=True).start()
