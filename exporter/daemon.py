@@ -304,8 +304,14 @@ class Daemon:
                 snapshot, now, by_bus, settled=self.workloads.settled, incomplete=self.incomplete()
             )
             self._frame = Frame(snapshot, node, by_gpu)
-            self.metrics.update(list(self.registry.collect()))
+            self.metrics.update(self._build_page)  # built when a scrape asks, from the frame current then
             self.verdicts.node = node
+
+    def _build_page(self) -> list[Metric]:
+        """Every family of /metrics, from the last frame; under the render lock, so that the journal is not closed
+        while its totals are read."""
+        with self._render_lock:
+            return list(self.registry.collect())
 
     def incomplete(self) -> list[Blind]:
         """The sources the verdict depends on that cannot be read now: while one is down, the daemon would miss

@@ -1,19 +1,21 @@
-"""Rendering metric families once per change into cached bytes, and serving those bytes.
+"""Rendering metric families on demand into cached bytes, and serving those bytes.
 
 A scrape picks a cached body by its Accept header (classic text or OpenMetrics) and, when the
-client takes gzip, a compressed copy made once per render. It never builds metrics itself. The
-families are built at each change; their bytes are encoded by the first scrape that needs them
-(once per change, whatever the number of scrapes): the daemon renders at every poll (every 5 s by
-default) and every XID batch, while Prometheus scrapes every 15 s to 1 min, so encoding each render
-would be mostly for nobody.
+client takes gzip, a compressed copy made once per render. The daemon says at each change (every
+poll, every XID batch) how to build the families; they are built, and their bytes encoded, by the
+first scrape that needs them, once per change whatever the number of scrapes: the daemon changes
+every 1-5 s while Prometheus scrapes every 15 s to 1 min, so building at each change would be mostly
+for nobody. Building reads only what the daemon holds (the last snapshot, the journal), never the
+driver.
 """
 
 from __future__ import annotations
 
 import gzip
+import logging
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -21,6 +23,9 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 from prometheus_client.utils import floatToGoString
+
+log = logging.getLogger(__name__)
+Build = Callable[[], list[Metric]]
 
 # Text and OpenMetrics differ only in their metadata lines for the families we expose (gauges,
 # counters, info, statesets; no timestamps, exemplars or _created samples), so each sample line is
@@ -99,22 +104,49 @@ def _openmetrics(parts: list[_Part]) -> bytes:
 
 
 class _Render:
-    """One change's families, encoded in each format on first demand, at most once."""
+    """One change's families, built on first demand and encoded in each format, each at most once.
 
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
+    A build that fails (a bug) is logged and the last render that built serves instead: a scrape gets the
+    page as it was rather than an error, and the next change tries again."""
+
+    def __init__(self, build: Build, previous: _Render | None) -> None:
+        self._build: Build | None = build
+        # Until this one has built: the last render that did, to serve should this one fail. Never an unbuilt one,
+        # so that a daemon nobody scrapes for a month holds two renders, not a chain of them.
+        self._previous: _Render | None = previous if previous is None or previous.built else previous._previous
         self._parts: list[_Part] | None = None
         self._bodies: dict[bool, _Body] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+
+    @property
+    def built(self) -> bool:
+        return self._parts is not None
+
+    def ready(self, openmetrics: bool) -> _Body | None:
+        return self._bodies.get(openmetrics)
+
+    def parts(self) -> list[_Part] | None:
+        """Built on the first call; None only when this render failed and none before it built."""
+        with self._lock:
+            if self._build is not None:
+                build, self._build = self._build, None
+                try:
+                    families = build()
+                    _check_types(families)
+                    self._parts = _parts(families)
+                except Exception:
+                    log.exception("building the metrics page failed; serving the last one built")
+                    self._parts = self._previous.parts() if self._previous is not None else None
+                self._previous = None
+            return self._parts
 
     def body(self, openmetrics: bool) -> _Body:
         body = self._bodies.get(openmetrics)
         if body is None:
             with self._lock:
                 if (body := self._bodies.get(openmetrics)) is None:
-                    if self._parts is None:
-                        self._parts = _parts(self._families)
-                    body = _Body((_openmetrics if openmetrics else _text)(self._parts))
+                    parts = self.parts() or []
+                    body = _Body((_openmetrics if openmetrics else _text)(parts))
                     self._bodies[openmetrics] = body
         return body
 
@@ -124,6 +156,9 @@ class _Body:
     data: bytes
     _gzipped: bytes | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ready_gzipped(self) -> bytes | None:
+        return self._gzipped
 
     def gzipped(self) -> bytes:
         # Made on the first scrape that asks for it, once per render.
@@ -149,18 +184,34 @@ class Scrape:
 
 class MetricsCache:
     def __init__(self) -> None:
-        self._render = _Render([])
+        self._render = _Render(list, None)
 
-    def update(self, families: list[Metric]) -> None:
-        """Swap in `families`; a bad family fails here, in the render, never in a scrape."""
-        _check_types(families)
-        self._render = _Render(families)  # one reference assignment: a scrape sees the old or the new
+    def update(self, families: Build | list[Metric]) -> None:
+        """Swap in the families of a change, or how to build them when a scrape asks."""
+        build: Build = families if callable(families) else lambda: families
+        # One reference assignment: a scrape sees the old render or the new. The old one stays reachable only
+        # until the new one has built.
+        self._render = _Render(build, self._render)
+
+    def _pick(self, accept: str | None) -> tuple[bool, str]:
+        if accept and _openmetrics_wanted(accept):
+            return True, OPENMETRICS_CONTENT_TYPE
+        return False, CONTENT_TYPE_PLAIN_0_0_4
+
+    def cached(self, accept: str | None, accept_encoding: str | None) -> Scrape | None:
+        """The scrape's answer if it is made already (no building, no encoding), else None."""
+        openmetrics, content_type = self._pick(accept)
+        body = self._render.ready(openmetrics)
+        if body is None:
+            return None
+        if accept_encoding and "gzip" in accept_encoding:
+            gzipped = body.ready_gzipped()
+            return None if gzipped is None else Scrape(gzipped, content_type, True)
+        return Scrape(body.data, content_type, False)
 
     def get(self, accept: str | None, accept_encoding: str | None) -> Scrape:
-        if accept and _openmetrics_wanted(accept):
-            body, content_type = self._render.body(True), OPENMETRICS_CONTENT_TYPE
-        else:
-            body, content_type = self._render.body(False), CONTENT_TYPE_PLAIN_0_0_4
+        openmetrics, content_type = self._pick(accept)
+        body = self._render.body(openmetrics)
         if accept_encoding and "gzip" in accept_encoding:
             return Scrape(body.gzipped(), content_type, True)
         return Scrape(body.data, content_type, False)
