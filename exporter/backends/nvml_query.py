@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -129,15 +131,15 @@ class Query:
 
     def fields(self, handle: Any, ids: Sequence[tuple[int, int]], names: Sequence[str]) -> list[float | None]:
         """Batched field values (one driver call); each field's own return code gets the policy."""
-        values = self("field_values", pynvml.nvmlDeviceGetFieldValues, handle, list(ids))
+        values = self("field_values", _field_values(), handle, ids)
         if values is None:
             return [None] * len(ids)
         out: list[float | None] = []
         for name, fv in zip(names, values, strict=True):
-            if fv.nvmlReturn != pynvml.NVML_SUCCESS:
+            code = fv.nvmlReturn
+            if code != _SUCCESS:
                 # A field's own INVALID_ARGUMENT: a field or link this GPU does not have.
-                absent = fv.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
-                self._fail(name, pynvml.NVMLError(fv.nvmlReturn), absent=absent)
+                self._fail(name, _error(code), absent=code == _INVALID_ARGUMENT)
                 out.append(None)
             else:
                 out.append(field_value(fv))
@@ -209,3 +211,47 @@ def text(value: Any) -> str | None:
     if value is None:
         return None
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+_SUCCESS, _INVALID_ARGUMENT = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+@functools.cache
+def _error(code: int) -> pynvml.NVMLError:
+    """The error of a field's return code, made once per code: a GPU without NVLink answers a dozen fields
+    INVALID_ARGUMENT at every poll, and only the first is logged."""
+    return pynvml.NVMLError(code)
+
+
+class _FieldValue(ctypes.Structure):
+    """nvmlFieldValue_t as pynvml declares it, without the attribute hooks of pynvml's own structure (which
+    turn every member read into several Python calls: the per-field cost of a poll)."""
+
+    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
+_REAL_FIELD_VALUES = pynvml.nvmlDeviceGetFieldValues
+
+
+def _field_values() -> Callable[[Any, Sequence[tuple[int, int]]], Any]:
+    """nvmlDeviceGetFieldValues; through plain structures unless pynvml's function has been substituted."""
+    return _plain_field_values if pynvml.nvmlDeviceGetFieldValues is _REAL_FIELD_VALUES else _through_pynvml
+
+
+def _through_pynvml(handle: Any, ids: Sequence[tuple[int, int]]) -> Any:
+    return pynvml.nvmlDeviceGetFieldValues(handle, list(ids))
+
+
+@functools.lru_cache(maxsize=256)
+def _request(ids: tuple[tuple[int, int], ...]) -> tuple[type[ctypes.Array[_FieldValue]], bytes]:
+    """The array type and the request's bytes (field and scope ids, the rest zero) for `ids`, made once."""
+    array = _FieldValue * len(ids)
+    return array, bytes(array(*(_FieldValue(field, scope) for field, scope in ids)))
+
+
+def _plain_field_values(handle: Any, ids: Sequence[tuple[int, int]]) -> Any:
+    array, request = _request(tuple(ids))
+    values = array.from_buffer_copy(request)
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(ids)), ctypes.byref(values)))
+    return values
