@@ -84,6 +84,10 @@ class FieldLog:
     def __init__(self) -> None:
         self._seen: set[tuple[int, str, str]] = set()
         self._lock = threading.Lock()
+        # (GPU, field, return code) a batched field answered before, that the policy took as absent: answered
+        # the same again, it is absent again, with nothing to log. A GPU without some NVLink counters answers
+        # dozens of them so at every poll.
+        self.absent: set[tuple[int, str, int]] = set()
 
     def first(self, gpu: int, field: str, error: str) -> bool:
         key = (gpu, field, error)
@@ -135,12 +139,18 @@ class Query:
         if values is None:
             return [None] * len(ids)
         out: list[float | None] = []
+        absent = self._log.absent
         for name, fv in zip(names, values, strict=True):
             code = fv.nvmlReturn
             if code != _SUCCESS:
+                out.append(None)
+                if (self.gpu, name, code) in absent:
+                    continue
+                failed = len(self.failed)
                 # A field's own INVALID_ARGUMENT: a field or link this GPU does not have.
                 self._fail(name, _error(code), absent=code == _INVALID_ARGUMENT)
-                out.append(None)
+                if len(self.failed) == failed:  # neither raised nor failed: absent
+                    absent.add((self.gpu, name, code))
             else:
                 out.append(field_value(fv))
         return out
