@@ -238,6 +238,9 @@ class LinkState(IntEnum):
     ACTIVE_TRAFFIC_DISABLED = 3
 
 
+_INACTIVE = int(LinkState.INACTIVE)  # a plain int: an enum member looked up on its class at every link costs
+
+
 @dataclass(frozen=True, slots=True)
 class LinkReading:
     link: int
@@ -259,7 +262,7 @@ class LinkReading:
     @property
     def up(self) -> bool:
         """Trained: anything but inactive (and not unknown)."""
-        return self.state is not None and self.state != LinkState.INACTIVE
+        return self.state is not None and self.state != _INACTIVE
 
 
 @dataclass(frozen=True, slots=True)

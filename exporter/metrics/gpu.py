@@ -46,9 +46,10 @@ def gpu_families(snapshot: Snapshot) -> list[Metric]:
         info.add_metric([*labels, g.pci_bus_id, *(d or "" for d in described or ("",) * 5)], {})
         up.add_metric(labels, 1.0 if state.up else 0.0)
         samples = [s for reading in state.readings.values() for s in reading.samples() if s.value is not None]
-        preferred = {(s.family, s.labels, s.extra) for s in samples if s.preferred}
+        # By family name: hashing a Family hashes every field of it, for every sample of the page.
+        preferred = {(s.family.name, s.labels, s.extra) for s in samples if s.preferred}
         for s in samples:
-            if not s.preferred and (s.family, s.labels, s.extra) in preferred:
+            if preferred and not s.preferred and (s.family.name, s.labels, s.extra) in preferred:
                 continue  # a more precise source gave this series
             family = families[s.family.name]
             if not s.extra:
