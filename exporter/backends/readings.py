@@ -18,9 +18,9 @@ series: its XIDs, ECC errors and health are the parent's, and join on them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields
 from enum import IntEnum, StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from gpu_triage.exporter.backends import families as f
 from gpu_triage.exporter.backends.base import Collector
@@ -29,8 +29,7 @@ from gpu_triage.exporter.backends.mig_instance import MigInstance
 Value = float | int | bool | None
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(NamedTuple):  # a tuple, not a frozen dataclass: a page makes some 300 of them per GPU
     family: f.Family
     labels: tuple[str, ...]  # values of family.labels
     value: Value
@@ -436,7 +435,7 @@ class Profiling(Reading, collector=Collector.PROFILING):
             yield from self.gpu.samples()
         for part in self.instances:
             for s in part.activity.samples():
-                yield replace(s, extra=part.instance.labels + s.extra)
+                yield s._replace(extra=part.instance.labels + s.extra)
 
 
 @dataclass(frozen=True, slots=True)
