@@ -22,6 +22,7 @@ from functools import lru_cache
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
@@ -41,24 +42,59 @@ def _label_value(value: str) -> str:
     return value
 
 
+def format_value(v: float) -> str:
+    """A sample's value as prometheus_client writes it."""
+    # Most of a page is 0s and 1s (state sets, link states): skip the general formatter for them.
+    # -0.0 == 0.0, but prometheus_client writes it with its sign.
+    if v == 1.0:
+        return "1.0"
+    if v == 0.0 and math.copysign(1.0, v) > 0:
+        return "0.0"
+    return floatToGoString(v)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def series_head(name: str, labels: Iterable[tuple[str, str]]) -> str:
+    """What comes before a sample's value: its name and its labels, sorted and escaped, then a space."""
+    pairs = sorted(labels)
+    if not pairs:
+        return f"{name} "
+    return name + "{" + ",".join([f'{k}="{_label_value(v)}"' for k, v in pairs]) + "} "
+
+
 def _sample_lines(metric: Metric) -> str:
-    lines = []
-    for s in metric.samples:
-        v = s.value
-        # Most of a page is 0s and 1s (state sets, link states): skip the general formatter for them.
-        # -0.0 == 0.0, but prometheus_client writes it with its sign.
-        if v == 1.0:
-            value = "1.0"
-        elif v == 0.0 and math.copysign(1.0, v) > 0:
-            value = "0.0"
-        else:
-            value = floatToGoString(v)  # type: ignore[no-untyped-call]
-        if s.labels:
-            labels = ",".join([f'{k}="{_label_value(v)}"' for k, v in sorted(s.labels.items())])
-            lines.append(f"{s.name}{{{labels}}} {value}\n")
-        else:
-            lines.append(f"{s.name} {value}\n")
-    return "".join(lines)
+    if isinstance(metric, Preformatted | _Plain):
+        return metric.text
+    return "".join([f"{series_head(s.name, s.labels.items())}{format_value(s.value)}\n" for s in metric.samples])
+
+
+class Preformatted(Metric):
+    """A family whose sample lines are written already (series_head + format_value + newline, each), for the
+    families with thousands of series on a big node. Its `samples` are read back from those lines, for what
+    wants them as values (tests, prometheus_client's own encoders)."""
+
+    def __init__(self, like: Metric, lines: list[str]) -> None:
+        super().__init__(like.name, like.documentation, like.type, like.unit)
+        self.text = "".join(lines)
+
+    @property
+    def samples(self) -> list[Sample]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        (part,) = _parts([_Plain(self)])
+        page = _text([part])
+        return [s for family in text_string_to_metric_families(page.decode()) for s in family.samples]
+
+    @samples.setter
+    def samples(self, _: list[Sample]) -> None:
+        pass  # Metric.__init__ sets it to []: the lines are the samples
+
+
+class _Plain(Metric):
+    """A Preformatted family's name, help and type, with its lines, for writing them out as a page."""
+
+    def __init__(self, family: Preformatted) -> None:
+        super().__init__(family.name, family.documentation, family.type, family.unit)
+        self.text = family.text
 
 
 def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
