@@ -50,6 +50,10 @@ def format_value(v: float) -> str:
         return "1.0"
     if v == 0.0 and math.copysign(1.0, v) > 0:
         return "0.0"
+    # floatToGoString is repr() but for infinities, NaN and Go's exponent from 1e7 on (a "." past the 7th place).
+    text = repr(v)
+    if 0 < text.find(".") <= 6:
+        return text
     return floatToGoString(v)  # type: ignore[no-untyped-call,no-any-return]
 
 
