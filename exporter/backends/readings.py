@@ -64,7 +64,7 @@ class Reading:
             plain = tuple((f.name, *f.metadata["series"]) for f in fields(self) if "series" in f.metadata)
             cls._plain = plain
         for name, family, labels, preferred in plain:
-            yield Sample(family, labels, getattr(self, name), preferred=preferred)
+            yield Sample(family, labels, getattr(self, name), (), preferred)
         yield from self.more_samples()
 
     def more_samples(self) -> Iterator[Sample]:

@@ -67,12 +67,12 @@ def gpu_families(snapshot: Snapshot) -> list[Metric]:
         samples = [s for reading in state.readings.values() for s in reading.samples() if s.value is not None]
         # By family name: hashing a Family hashes every field of it, for every sample of the page.
         preferred = {(s.family.name, s.labels, s.extra) for s in samples if s.preferred}
-        for s in samples:
-            name = s.family.name
-            if preferred and not s.preferred and (name, s.labels, s.extra) in preferred:
+        overridden = {name for name, _, _ in preferred}  # the families to look in `preferred` for
+        for family, labels, value, extra, better in samples:
+            name = family.name
+            if name in overridden and not better and (name, labels, extra) in preferred:
                 continue  # a more precise source gave this series
-            head = _head(name, gpu, g.uuid, s.labels, s.extra)
-            lines[name].append(f"{head}{format_value(float(s.value))}\n")  # type: ignore[arg-type]
+            lines[name].append(f"{_head(name, gpu, g.uuid, labels, extra)}{format_value(float(value))}\n")  # type: ignore[arg-type]
     return [Preformatted(_INFO, info), *(Preformatted(_METRICS[name], rows) for name, rows in lines.items())]
 
 
