@@ -8,9 +8,10 @@ build/vgpu/libnvidia-ml.so.1 with h100-training scaled to N GPUs, as bench/bench
 collecting every second with no scraper, run in-process in a child so that every thread it starts is
 profiled on its own CPU clock (cProfile with time.thread_time: waiting costs nothing, as it costs the
 node nothing). A second child runs under tracemalloc from its first import and reports the Python heap
-by package and by module, with the RSS. The first lines printed name the top three costs, by own CPU
-time of a function, over all GPU counts; the time inside the virtual NVML library is the ctypes call
-that enters it (`<built-in method ...>`).
+by package (charged to the newest frame outside the import machinery: the importer, for what an import
+made), with the RSS; then the resident memory each of the daemon's imports adds, step by step. The
+first lines printed name the top three costs, by own CPU time of a function, over all GPU counts; the
+time inside the virtual NVML library is the ctypes call that enters it (`<built-in method ...>`).
 """
 
 from __future__ import annotations
@@ -83,9 +84,11 @@ def window():
         import tracemalloc
         snapshot = tracemalloc.take_snapshot()
         by_module = {}
-        for stat in snapshot.statistics("filename"):
-            name = stat.traceback[0].filename
-            by_module[name] = by_module.get(name, 0) + stat.size
+        for trace in snapshot.traces:
+            # The newest frame that is not the import machinery: for what a module's import made, the importer.
+            frames = [f.filename for f in reversed(trace.traceback) if not f.filename.startswith("<")]
+            name = frames[0] if frames else "<import machinery>"
+            by_module[name] = by_module.get(name, 0) + trace.size
         result["heap"] = sorted(by_module.items(), key=lambda kv: -kv[1])
         result["heap_total"] = sum(by_module.values())
     Path(out).write_text(json.dumps(result))
@@ -109,9 +112,34 @@ def run_child(mode: str, seconds: float, env: dict[str, str], home: Path, port: 
     out = home / f"{mode}.json"
     serve = ["serve", "--backend", "nvml", "--collector.interval", "1s", "--log.level", "warn"]
     serve += [*state_args(home / mode), f"--web.listen-address=127.0.0.1:{port}"]
-    cmd = [sys.executable, *(["-X", "tracemalloc=1"] if mode == "heap" else []), "-c", _CHILD]
+    cmd = [sys.executable, *(["-X", "tracemalloc=32"] if mode == "heap" else []), "-c", _CHILD]
     subprocess.run([*cmd, mode, str(seconds), str(out), *serve], check=True, env=env, cwd=REPO, timeout=seconds + 120)
     return dict(json.loads(out.read_text()))
+
+
+# What the serving daemon imports, in steps, each on top of the ones before: the resident memory each adds.
+_IMPORTS = (
+    ("the interpreter", "pass"),
+    ("fastapi (starlette, pydantic, anyio; asyncio and ssl)", "import fastapi.applications"),
+    ("uvicorn", "import uvicorn"),
+    ("prometheus_client", "import prometheus_client"),
+    ("pydantic_settings", "import pydantic_settings"),
+    ("yaml", "import yaml"),
+    ("pynvml", "import pynvml"),
+    ("sqlite3, bcrypt", "import sqlite3, bcrypt"),
+    ("gpu-triage's serving modules", "import gpu_triage.exporter.http.server"),
+)
+
+
+def import_steps() -> list[tuple[str, float]]:
+    out, code, before = [], "", 0.0
+    for name, statement in _IMPORTS:
+        code += statement + "\n"
+        probe = code + "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS')))"
+        kib = int(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
+        out.append((name, kib / 1024 - before))
+        before = kib / 1024
+    return out
 
 
 def package(path: str) -> str:
@@ -169,6 +197,8 @@ def main() -> None:
             )
             for name, size in sorted(by_package.items(), key=lambda kv: -kv[1])[:15]:
                 report.append(f"{size / 2**20:>9.2f} MiB  {name}")
+    report.append("\nresident memory each import adds (MiB; cumulative, in the serving daemon's order):")
+    report.extend(f"{mib:>9.1f}  {name}" for name, mib in import_steps())
     ranked = sorted(top.items(), key=lambda kv: -kv[1])[:3]
     print("top three costs by own CPU time (ms per second of steady state, summed over the GPU counts):")
     for i, (where, ms) in enumerate(ranked, 1):
