@@ -57,8 +57,20 @@ def measure():
     finally:
         os.kill(os.getpid(), signal.SIGTERM)
 
+def serving(port):
+    import socket
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit("the daemon did not start serving")
+
 def window():
-    time.sleep(5)  # past start-up: imports, discovery, the first full poll, the settling of the sources
+    serving(int(argv[-1].rsplit(":", 1)[1]))
+    time.sleep(3)  # past start-up: the first full poll, the settling of the sources
     for p in profiles:
         p.clear()  # start-up is not steady state
     t0, w0 = os.times(), time.monotonic()
@@ -79,7 +91,7 @@ def window():
             where = name if path == "~" else f"{Path(path).name}:{line}({name})"
             rows.append((tottime, cumtime, calls, where))
         rows.sort(reverse=True)
-        result["functions"] = rows[:40]
+        result["functions"] = rows[:80]
     else:
         import tracemalloc
         snapshot = tracemalloc.take_snapshot()
@@ -113,7 +125,10 @@ def run_child(mode: str, seconds: float, env: dict[str, str], home: Path, port: 
     serve = ["serve", "--backend", "nvml", "--collector.interval", "1s", "--log.level", "warn"]
     serve += [*state_args(home / mode), f"--web.listen-address=127.0.0.1:{port}"]
     cmd = [sys.executable, *(["-X", "tracemalloc=32"] if mode == "heap" else []), "-c", _CHILD]
-    subprocess.run([*cmd, mode, str(seconds), str(out), *serve], check=True, env=env, cwd=REPO, timeout=seconds + 120)
+    run = [*cmd, mode, str(seconds), str(out), *serve]
+    subprocess.run(run, check=False, env=env, cwd=REPO, timeout=seconds + 400)  # it ends itself with SIGTERM
+    if not out.exists():
+        raise SystemExit(f"the {mode} run measured nothing (its output is above)")
     return dict(json.loads(out.read_text()))
 
 
@@ -183,7 +198,7 @@ def main() -> None:
                 f" {cpu['modules']} modules loaded"
             )
             report.append(f"{'own ms/s':>9}{'cum ms/s':>10}{'calls/s':>10}  function")
-            for tottime, cumtime, calls, where in functions[:25]:
+            for tottime, cumtime, calls, where in functions[:30]:
                 own = 1000 * float(tottime) / wall
                 top[str(where)] = top.get(str(where), 0.0) + own
                 report.append(f"{own:>9.3f}{1000 * float(cumtime) / wall:>10.3f}{int(calls) / wall:>10.1f}  {where}")
