@@ -187,6 +187,9 @@ uint64_t vgpu_state_seq(void)
                                 memory_order_acquire);
 }
 
+/* The seq a copy was taken under, for a validator to see (this thread's last seq_read). */
+static _Thread_local uint64_t t_copy_seq;
+
 static nvmlReturn_t seq_read(const struct region *regions, size_t count)
 {
     const unsigned char *base = atomic_load(&g_base);
@@ -202,6 +205,7 @@ static nvmlReturn_t seq_read(const struct region *regions, size_t count)
             atomic_thread_fence(memory_order_acquire);
             uint64_t s2 = atomic_load_explicit(seq, memory_order_relaxed);
             int ok = s1 == s2;
+            t_copy_seq = s1;
             for (size_t i = 0; ok && i < count; i++)
                 ok = regions[i].valid(regions[i].dst);
             if (ok)
@@ -223,11 +227,27 @@ static int header_valid(const void *copy)
     return h->crc == vgpu_crc32((const unsigned char *)h + from, sizeof *h - from) && h->gpu_count <= VGPU_MAX_GPUS;
 }
 
+/* Per thread, per GPU: the seq (plus one; 0: none yet) under which a copy of the record last passed its CRC,
+ * and that CRC. A copy taken under the same seq, with the same CRC, is the same record: the writer moves seq on
+ * every write. So a call checks a record's 21 KiB once per write, not once per call; a real driver does
+ * nothing of the kind, and the check would otherwise be most of what a call costs its caller. */
+static _Thread_local struct {
+    uint64_t seq_plus_one;
+    uint32_t crc;
+} t_verified[VGPU_MAX_GPUS];
+static _Thread_local unsigned int t_index;
+
 static int gpu_valid(const void *copy)
 {
     const struct vgpu_gpu *g = copy;
-    return g->crc == vgpu_crc32((const unsigned char *)g + sizeof g->crc, sizeof *g - sizeof g->crc) &&
-           g->nvlink_count <= VGPU_MAX_LINKS && g->mig_count <= VGPU_MAX_MIG && g->mig_max <= VGPU_MAX_MIG &&
+    int same = t_verified[t_index].seq_plus_one == t_copy_seq + 1 && t_verified[t_index].crc == g->crc;
+    if (!same) {
+        if (g->crc != vgpu_crc32((const unsigned char *)g + sizeof g->crc, sizeof *g - sizeof g->crc))
+            return 0;
+        t_verified[t_index].seq_plus_one = t_copy_seq + 1;
+        t_verified[t_index].crc = g->crc;
+    }
+    return g->nvlink_count <= VGPU_MAX_LINKS && g->mig_count <= VGPU_MAX_MIG && g->mig_max <= VGPU_MAX_MIG &&
            g->proc_count <= VGPU_MAX_PROCS && g->override_count <= VGPU_MAX_OVERRIDES &&
            g->retired_count[0] <= VGPU_MAX_RETIRED && g->retired_count[1] <= VGPU_MAX_RETIRED;
 }
@@ -250,6 +270,7 @@ nvmlReturn_t vgpu_read_gpu(unsigned int index, struct vgpu_gpu *out)
 {
     if (index >= VGPU_MAX_GPUS)
         return NVML_ERROR_INVALID_ARGUMENT;
+    t_index = index;
     struct region r = {offsetof(struct vgpu_image, gpus) + index * sizeof(struct vgpu_gpu), out, sizeof *out, gpu_valid};
     return seq_read(&r, 1);
 }
