@@ -287,7 +287,8 @@ class Daemon:
         return summary(frame.snapshot, frame.node)
 
     def refresh(self) -> None:
-        """Render /metrics again: a new snapshot or a new event changed what it says."""
+        """A new snapshot or a new event changed what /metrics says: make the verdict now, and let the next scrape
+        build the page from it."""
         with self._render_lock:
             if self._stopped:
                 return
