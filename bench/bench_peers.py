@@ -7,7 +7,8 @@ The GPUs are the virtual ones (vgpu/): `gpu-triage vgpu` drives build/vgpu/libnv
 h100-training scaled to N GPUs, and every tool loads that library through its own NVML binding.
 - gpu-triage (`serve --backend nvml`) and nvitop-exporter (PyPI) each collect every second. With no
   scraper: CPU per collection (the process's CPU over the window, per second of it) and RSS. Then
-  /metrics latency p50/p99 under 1 and 32 concurrent clients (wrk).
+  /metrics latency p50/p99 under 1 and 32 concurrent clients (wrk). Below each table, what a render of one
+  snapshot costs gpu-triage (the first scrape after a change pays it; bench/bench_metrics.py measures it).
 - gpustat (PyPI) has no daemon: `gpustat --json` is run in a loop, and its CPU and peak RSS are per
   run, start-up included, as a cron job or a health check pays them.
 Ratios are to gpu-triage (above 1: the peer costs more). The peers go into a throwaway virtual
@@ -33,7 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_metrics import wrk
+from bench.bench_metrics import render_cost, wrk
 from gpu_triage.exporter.backends.sim import load_scenario
 from tests.daemon_proc import GPU_TRIAGE, free_port, running, state_args
 
@@ -119,7 +120,7 @@ def gpustat(bin_dir: Path, env: dict[str, str], runs: int) -> dict[str, float]:
 COLUMNS = ("cpu_ms", "rss", "p50_1", "p99_1", "p50_32", "p99_32")
 
 
-def table(gpus: int, rows: dict[str, dict[str, float]]) -> None:
+def table(gpus: int, rows: dict[str, dict[str, float]], render_ms: float) -> None:
     print(f"\n{gpus} virtual GPUs")
     head = ("CPU ms/collection", "RSS MiB", "p50 1c ms", "p99 1c ms", "p50 32c ms", "p99 32c ms")
     print(f"{'':>22}" + "".join(f"{h:>18}" for h in head))
@@ -129,6 +130,10 @@ def table(gpus: int, rows: dict[str, dict[str, float]]) -> None:
     for name, r in rows.items():
         if name != "gpu-triage":
             print(f"{name + ' / ours':>22}" + "".join(f"{r[c] / ours[c]:>18.2f}" for c in COLUMNS))
+    print(
+        f"gpu-triage render of one snapshot ({gpus} GPUs, families and both encodings, as bench_metrics.py): "
+        f"{render_ms:.1f} ms"
+    )
 
 
 def main() -> None:
@@ -153,7 +158,7 @@ def main() -> None:
                     name: exporter(name, bin_dir, home, env, args.seconds) for name in ("gpu-triage", "nvitop-exporter")
                 }
                 rows["gpustat --json"] = gpustat(bin_dir, env, args.runs)
-            table(gpus, rows)
+            table(gpus, rows, render_cost(gpus, 20)[0])
 
 
 if __name__ == "__main__":

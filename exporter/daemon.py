@@ -303,7 +303,8 @@ class Daemon:
         return summary(frame.snapshot, frame.node)
 
     def refresh(self) -> None:
-        """Render /metrics again: a new snapshot or a new event changed what it says."""
+        """A new snapshot or a new event changed what /metrics says: make the verdict now, and let the next scrape
+        build the page from it."""
         with self._render_lock:
             if self._stopped:
                 return
@@ -321,8 +322,14 @@ class Daemon:
             )
             self.performance.observe(snapshot, by_gpu)
             self._frame = Frame(snapshot, node, by_gpu, self.performance.report)
-            self.metrics.update(list(self.registry.collect()))
+            self.metrics.update(self._build_page)  # built when a scrape asks, from the frame current then
             self.verdicts.node = node
+
+    def _build_page(self) -> list[Metric]:
+        """Every family of /metrics, from the last frame; under the render lock, so that the journal is not closed
+        while its totals are read."""
+        with self._render_lock:
+            return list(self.registry.collect())
 
     def incomplete(self) -> list[Blind]:
         """The sources the verdict depends on that cannot be read now: while one is down, the daemon would miss

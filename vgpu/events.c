@@ -2,8 +2,8 @@
  * Event sets. The writer appends events (XIDs above all) to the state file's ring; a set
  * remembers how far it has read and, per GPU, which types were registered and from which
  * event on, so that what happened before registration is not delivered (as the header says).
- * nvmlEventSetWait_v2 polls the ring in small steps until its timeout: no event is later than
- * one step.
+ * nvmlEventSetWait_v2 sleeps until the state file changes (the writer wakes it, as the kernel wakes
+ * a real driver's waiter) or its timeout passes; where no wake comes, it looks again every WAIT_US.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -12,7 +12,7 @@
 
 #include "internal.h"
 
-#define POLL_US 2000
+#define WAIT_US 100000
 
 struct nvmlEventSet_st {
     pthread_mutex_t lock;
@@ -156,9 +156,8 @@ static nvmlReturn_t next_event(struct nvmlEventSet_st *s, nvmlEventData_t *data)
     return NVML_ERROR_NOT_FOUND;
 }
 
-/* Whether a registered GPU is lost. Worked out again only when the state file has changed: a wait
- * looks every 2 ms, and reading every registered GPU's record each time would cost more CPU than
- * everything else the caller does. */
+/* Whether a registered GPU is lost. Worked out again only when the state file has changed: reading
+ * every registered GPU's record at each look would cost more CPU than everything else the caller does. */
 static int registered_gpu_lost(struct nvmlEventSet_st *s)
 {
     uint64_t seq = vgpu_state_seq();
@@ -185,6 +184,7 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t
         return NVML_ERROR_INVALID_ARGUMENT;
     uint64_t deadline = vgpu_now_ns() + (uint64_t)timeoutms * 1000000ull;
     for (;;) {
+        uint64_t seen = vgpu_state_seq(); /* before looking: a write after it ends the sleep below at once */
         pthread_mutex_lock(&s->lock);
         nvmlReturn_t ret = next_event(s, data);
         int lost = ret == NVML_ERROR_NOT_FOUND && registered_gpu_lost(s);
@@ -197,7 +197,7 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t
         if (now >= deadline)
             return NVML_ERROR_TIMEOUT;
         uint64_t left_us = (deadline - now) / 1000;
-        vgpu_sleep_us(left_us < POLL_US ? (unsigned int)left_us + 1 : POLL_US);
+        vgpu_wait_change_us(seen, left_us < WAIT_US ? (unsigned int)left_us + 1 : WAIT_US);
     }
 }
 

@@ -17,7 +17,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import struct
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -82,6 +86,10 @@ class FieldLog:
     def __init__(self) -> None:
         self._seen: set[tuple[int, str, str]] = set()
         self._lock = threading.Lock()
+        # (GPU, field, return code) a batched field answered before, that the policy took as absent: answered
+        # the same again, it is absent again, with nothing to log. A GPU without some NVLink counters answers
+        # dozens of them so at every poll.
+        self.absent: set[tuple[int, str, int]] = set()
 
     def first(self, gpu: int, field: str, error: str) -> bool:
         key = (gpu, field, error)
@@ -129,18 +137,23 @@ class Query:
 
     def fields(self, handle: Any, ids: Sequence[tuple[int, int]], names: Sequence[str]) -> list[float | None]:
         """Batched field values (one driver call); each field's own return code gets the policy."""
-        values = self("field_values", pynvml.nvmlDeviceGetFieldValues, handle, list(ids))
+        values = self("field_values", _field_values(), handle, ids)
         if values is None:
             return [None] * len(ids)
         out: list[float | None] = []
-        for name, fv in zip(names, values, strict=True):
-            if fv.nvmlReturn != pynvml.NVML_SUCCESS:
-                # A field's own INVALID_ARGUMENT: a field or link this GPU does not have.
-                absent = fv.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
-                self._fail(name, pynvml.NVMLError(fv.nvmlReturn), absent=absent)
+        absent = self._log.absent
+        for name, (code, value) in zip(names, values, strict=True):
+            if code != _SUCCESS:
                 out.append(None)
+                if (self.gpu, name, code) in absent:
+                    continue
+                failed = len(self.failed)
+                # A field's own INVALID_ARGUMENT: a field or link this GPU does not have.
+                self._fail(name, _error(code), absent=code == _INVALID_ARGUMENT)
+                if len(self.failed) == failed:  # neither raised nor failed: absent
+                    absent.add((self.gpu, name, code))
             else:
-                out.append(field_value(fv))
+                out.append(value)
         return out
 
     def _handle_answers(self) -> bool:
@@ -209,3 +222,89 @@ def text(value: Any) -> str | None:
     if value is None:
         return None
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+_SUCCESS, _INVALID_ARGUMENT = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+@functools.cache
+def _error(code: int) -> pynvml.NVMLError:
+    """The error of a field's return code, made once per code: a GPU without NVLink answers a dozen fields
+    INVALID_ARGUMENT at every poll, and only the first is logged."""
+    return pynvml.NVMLError(code)
+
+
+class _FieldValue(ctypes.Structure):
+    """nvmlFieldValue_t as pynvml declares it, without the attribute hooks of pynvml's own structure (which
+    turn every member read into several Python calls: the per-field cost of a poll)."""
+
+    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
+_REAL_FIELD_VALUES = pynvml.nvmlDeviceGetFieldValues
+
+
+FieldValues = Callable[[Any, Sequence[tuple[int, int]]], list[tuple[int, float | None]]]
+
+
+def _field_values() -> FieldValues:
+    """nvmlDeviceGetFieldValues as (return code, value or None) per field; through plain structures, decoded in
+    bulk, unless pynvml's function has been substituted."""
+    plain = _DECODABLE and pynvml.nvmlDeviceGetFieldValues is _REAL_FIELD_VALUES
+    return _plain_field_values if plain else _through_pynvml
+
+
+def _through_pynvml(handle: Any, ids: Sequence[tuple[int, int]]) -> list[tuple[int, float | None]]:
+    values = pynvml.nvmlDeviceGetFieldValues(handle, list(ids))
+    return [(fv.nvmlReturn, field_value(fv) if fv.nvmlReturn == _SUCCESS else None) for fv in values]
+
+
+@functools.lru_cache(maxsize=256)
+def _request(ids: tuple[tuple[int, int], ...]) -> tuple[type[ctypes.Array[_FieldValue]], bytes]:
+    """The array type and the request's bytes (field and scope ids, the rest zero) for `ids`, made once."""
+    array = _FieldValue * len(ids)
+    return array, bytes(array(*(_FieldValue(field, scope) for field, scope in ids)))
+
+
+def _plain_field_values(handle: Any, ids: Sequence[tuple[int, int]]) -> list[tuple[int, float | None]]:
+    array, request = _request(tuple(ids))
+    values = array.from_buffer_copy(request)
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(ids)), ctypes.byref(values)))
+    return decode(bytes(values))
+
+
+# A field value's record, read twice in C: (valueType, nvmlReturn, the value's 8 bytes as an unsigned integer),
+# then the same 8 bytes as a double. Native byte order and standard sizes, no padding: the layout of
+# nvmlFieldValue_t (checked at import below), as the library wrote it.
+_AS_INTEGER = struct.Struct("=24xIIQ")
+_AS_DOUBLE = struct.Struct("=32xd")
+_DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
+_SIGNED_64, _SIGNED_32 = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_SIGNED_INT
+# The unsigned types by their width (c_ulong is pynvml's ulVal: 8 bytes where it runs); any other type is read
+# as ullVal, as field_value reads it.
+_UNSIGNED_MASK = {
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: 0xFFFFFFFF,
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: 0xFFFF,
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: (1 << 8 * ctypes.sizeof(ctypes.c_ulong)) - 1,
+}
+# Read so only where the bytes are as this reads them; elsewhere every field goes through pynvml's structures.
+_DECODABLE = sys.byteorder == "little" and ctypes.sizeof(_FieldValue) == _AS_INTEGER.size == _AS_DOUBLE.size
+
+
+def decode(raw: bytes) -> list[tuple[int, float | None]]:
+    """(return code, value or None) of each nvmlFieldValue_t in `raw`: what field_value reads, field by field."""
+    out: list[tuple[int, float | None]] = []
+    for (kind, code, bits), (double,) in zip(_AS_INTEGER.iter_unpack(raw), _AS_DOUBLE.iter_unpack(raw), strict=True):
+        if code != _SUCCESS:
+            out.append((code, None))
+        elif kind == _DOUBLE:
+            out.append((code, double))
+        elif kind == _SIGNED_64:
+            out.append((code, float(bits - (1 << 64) if bits >> 63 else bits)))
+        elif kind == _SIGNED_32:
+            low = bits & 0xFFFFFFFF
+            out.append((code, float(low - (1 << 32) if low >> 31 else low)))
+        else:
+            out.append((code, float(bits & _UNSIGNED_MASK.get(kind, 0xFFFFFFFFFFFFFFFF))))
+    return out

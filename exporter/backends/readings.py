@@ -18,9 +18,9 @@ series: its XIDs, ECC errors and health are the parent's, and join on them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields
 from enum import IntEnum, StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from gpu_triage.exporter.backends import families as f
 from gpu_triage.exporter.backends.base import Collector
@@ -29,8 +29,7 @@ from gpu_triage.exporter.backends.mig_instance import MigInstance
 Value = float | int | bool | None
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(NamedTuple):  # a tuple, not a frozen dataclass: a page makes some 300 of them per GPU
     family: f.Family
     labels: tuple[str, ...]  # values of family.labels
     value: Value
@@ -65,7 +64,7 @@ class Reading:
             plain = tuple((f.name, *f.metadata["series"]) for f in fields(self) if "series" in f.metadata)
             cls._plain = plain
         for name, family, labels, preferred in plain:
-            yield Sample(family, labels, getattr(self, name), preferred=preferred)
+            yield Sample(family, labels, getattr(self, name), (), preferred)
         yield from self.more_samples()
 
     def more_samples(self) -> Iterator[Sample]:
@@ -238,6 +237,9 @@ class LinkState(IntEnum):
     ACTIVE_TRAFFIC_DISABLED = 3
 
 
+_INACTIVE = int(LinkState.INACTIVE)  # a plain int: an enum member looked up on its class at every link costs
+
+
 @dataclass(frozen=True, slots=True)
 class LinkReading:
     link: int
@@ -259,7 +261,7 @@ class LinkReading:
     @property
     def up(self) -> bool:
         """Trained: anything but inactive (and not unknown)."""
-        return self.state is not None and self.state != LinkState.INACTIVE
+        return self.state is not None and self.state != _INACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +435,7 @@ class Profiling(Reading, collector=Collector.PROFILING):
             yield from self.gpu.samples()
         for part in self.instances:
             for s in part.activity.samples():
-                yield replace(s, extra=part.instance.labels + s.extra)
+                yield s._replace(extra=part.instance.labels + s.extra)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from typing import cast
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -56,7 +57,11 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
 
     @app.get(telemetry_path, include_in_schema=False)
     async def metrics(request: Request) -> Response:
-        scrape = daemon.metrics.get(request.headers.get("accept"), request.headers.get("accept-encoding"))
+        accept, encoding = request.headers.get("accept"), request.headers.get("accept-encoding")
+        # The first scrape of a change builds the page: in the thread pool, so the event loop keeps answering.
+        scrape = daemon.metrics.cached(accept, encoding)
+        if scrape is None:
+            scrape = await run_in_threadpool(daemon.metrics.get, accept, encoding)
         headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if scrape.gzipped else None
         return Response(scrape.body, media_type=scrape.content_type, headers=headers)
 

@@ -7,13 +7,14 @@ live findings are rendered per request, and everything in them comes from log li
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from markdown_it import MarkdownIt
 
 from gpu_triage.diagnosis.conditions import load_conditions
 from gpu_triage.diagnosis.data_check import playbook_references
@@ -24,7 +25,14 @@ from gpu_triage.exporter.http.page import badge, document, esc, utc
 
 log = logging.getLogger(__name__)
 
-_md = MarkdownIt("commonmark", {"html": False}).enable("table")  # our pages carry no raw HTML
+
+@functools.cache
+def _markdown() -> Callable[[str], str]:
+    """The Markdown renderer, loaded with the first runbook page asked for: a daemon nobody browses never needs
+    it, and it is some sixty modules."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False}).enable("table").render  # our pages carry no raw HTML
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +45,7 @@ def _render(playbook: Playbook, referrers: list[str]) -> _Page:
     toc = " · ".join(f'<a href="#{name.lower()}">{name}</a>' for name, _ in playbook.sections)
     parts = [f"<nav>{toc}</nav>"]
     for name, text in playbook.sections:
-        parts.append(f'<h2 id="{name.lower()}">{name}</h2>\n{_md.render(text)}')
+        parts.append(f'<h2 id="{name.lower()}">{name}</h2>\n{_markdown()(text)}')
     if referrers:
         parts.append(f'<p class="muted">Used for: {esc(_used_for(referrers))}.</p>')
     return _Page(playbook, "\n".join(parts))
@@ -134,7 +142,7 @@ def _conditions_table() -> str:
 
 
 def _index(
-    pages: Mapping[str, _Page],
+    playbooks: Mapping[str, Playbook],
     live: dict[str, list[Finding]],
     note: str,
     conditions: str,
@@ -146,21 +154,21 @@ def _index(
         "Training-log classes": [],
         "Monitoring and other": [],
     }
-    for pid in sorted(pages, key=lambda pid: _order(pages[pid].playbook)):
+    for pid in sorted(playbooks, key=lambda pid: _order(playbooks[pid])):
         groups[_group(pid)].append(pid)
     parts = ["<h1>gpu-triage runbooks</h1>", note]
     if live:
         items = "".join(
-            f'<li><a href="{esc(pid)}">{esc(pages[pid].playbook.title)}</a> on '
+            f'<li><a href="{esc(pid)}">{esc(playbooks[pid].title)}</a> on '
             f"<b>{esc(', '.join(sorted({_where(f, indexes) for f in found})))}</b></li>"
             for pid, found in sorted(live.items())
-            if pid in pages
+            if pid in playbooks
         )
         parts.append(f'<section class="live"><h2>Live on this node now</h2><ul>{items}</ul></section>')
     for name, ids in groups.items():
         if not ids:
             continue
-        rows = "\n".join(_index_row(pages[pid].playbook, len(live.get(pid, []))) for pid in ids)
+        rows = "\n".join(_index_row(playbooks[pid], len(live.get(pid, []))) for pid in ids)
         parts.append(
             f"<h2>{name}</h2><table><tr><th>Runbook</th><th>Severity</th><th>Action</th><th>Live</th></tr>\n"
             f"{rows}</table>"
@@ -184,9 +192,17 @@ def runbooks_router(
     `gpu_indexes` the NVML index of each PCI bus id, to name the GPUs they are on."""
     playbooks = load_playbooks()  # checked with the rest of the data when the daemon started
     refs = playbook_references()
-    pages = {pid: _render(p, refs.get(pid, [])) for pid, p in playbooks.items()}
+    rendered: dict[str, _Page] = {}  # each page on its first request, then kept: the text is fixed
+    lock = threading.Lock()
+
+    def page_of(pid: str) -> _Page | None:
+        if (page := rendered.get(pid)) is None and (playbook := playbooks.get(pid)) is not None:
+            with lock:
+                page = rendered.setdefault(pid, _render(playbook, refs.get(pid, [])))
+        return page
+
     conditions = _conditions_table()
-    valid = sorted(pages)
+    valid = sorted(playbooks)
     router = APIRouter(prefix="/runbooks", tags=["runbooks"])
 
     def not_found(pid: str) -> JSONResponse:
@@ -207,19 +223,19 @@ def runbooks_router(
     @router.get("/", response_class=HTMLResponse, summary="Every runbook, and which have live findings")
     def index() -> HTMLResponse:
         by_playbook, note = live()
-        return _index(pages, by_playbook, note, conditions, gpu_indexes())
+        return _index(playbooks, by_playbook, note, conditions, gpu_indexes())
 
     # Registered before /{pid}, which would otherwise take "xid-79.md" as an id.
     @router.get("/{pid}.md", summary="A runbook's Markdown source", response_model=None)
     def source(pid: str) -> Response:
-        page = pages.get(pid)
-        if page is None:
+        playbook = playbooks.get(pid)
+        if playbook is None:
             return not_found(pid)
-        return Response(page.playbook.source, media_type="text/markdown; charset=utf-8")
+        return Response(playbook.source, media_type="text/markdown; charset=utf-8")
 
     @router.get("/{pid}", response_class=HTMLResponse, summary="A runbook, with its live findings on top")
     def runbook(pid: str) -> Response:
-        page = pages.get(pid)
+        page = page_of(pid)
         if page is None:
             return not_found(pid)
         p = page.playbook

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import faulthandler
+import gc
 import logging
 import signal
 import socket
@@ -184,6 +185,11 @@ def _serve(settings: Settings) -> None:
         )
 
         def serving() -> None:
+            # What start-up loaded (modules, the app, the checked data) lives as long as the process: out of the
+            # collector's sight, so that its full collections, which a render's garbage sets off, walk only what
+            # came since.
+            gc.collect()
+            gc.freeze()
             notifier.ready(_status_line(daemon))
             watchdog.start()
 

@@ -1,26 +1,32 @@
-"""Rendering metric families once per change into cached bytes, and serving those bytes.
+"""Rendering metric families on demand into cached bytes, and serving those bytes.
 
 A scrape picks a cached body by its Accept header (classic text or OpenMetrics) and, when the
-client takes gzip, a compressed copy made once per render. It never builds metrics itself. The
-families are built at each change; their bytes are encoded by the first scrape that needs them
-(once per change, whatever the number of scrapes): the daemon renders at every poll (every 5 s by
-default) and every XID batch, while Prometheus scrapes every 15 s to 1 min, so encoding each render
-would be mostly for nobody.
+client takes gzip, a compressed copy made once per render. The daemon says at each change (every
+poll, every XID batch) how to build the families; they are built, and their bytes encoded, by the
+first scrape that needs them, once per change whatever the number of scrapes: the daemon changes
+every 1-5 s while Prometheus scrapes every 15 s to 1 min, so building at each change would be mostly
+for nobody. Building reads only what the daemon holds (the last snapshot, the journal), never the
+driver.
 """
 
 from __future__ import annotations
 
 import gzip
+import logging
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
+
+log = logging.getLogger(__name__)
+Build = Callable[[], list[Metric]]
 
 # Text and OpenMetrics differ only in their metadata lines for the families we expose (gauges,
 # counters, info, statesets; no timestamps, exemplars or _created samples), so each sample line is
@@ -36,24 +42,63 @@ def _label_value(value: str) -> str:
     return value
 
 
+def format_value(v: float) -> str:
+    """A sample's value as prometheus_client writes it."""
+    # Most of a page is 0s and 1s (state sets, link states): skip the general formatter for them.
+    # -0.0 == 0.0, but prometheus_client writes it with its sign.
+    if v == 1.0:
+        return "1.0"
+    if v == 0.0 and math.copysign(1.0, v) > 0:
+        return "0.0"
+    # floatToGoString is repr() but for infinities, NaN and Go's exponent from 1e7 on (a "." past the 7th place).
+    text = repr(v)
+    if 0 < text.find(".") <= 6:
+        return text
+    return floatToGoString(v)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def series_head(name: str, labels: Iterable[tuple[str, str]]) -> str:
+    """What comes before a sample's value: its name and its labels, sorted and escaped, then a space."""
+    pairs = sorted(labels)
+    if not pairs:
+        return f"{name} "
+    return name + "{" + ",".join([f'{k}="{_label_value(v)}"' for k, v in pairs]) + "} "
+
+
 def _sample_lines(metric: Metric) -> str:
-    lines = []
-    for s in metric.samples:
-        v = s.value
-        # Most of a page is 0s and 1s (state sets, link states): skip the general formatter for them.
-        # -0.0 == 0.0, but prometheus_client writes it with its sign.
-        if v == 1.0:
-            value = "1.0"
-        elif v == 0.0 and math.copysign(1.0, v) > 0:
-            value = "0.0"
-        else:
-            value = floatToGoString(v)  # type: ignore[no-untyped-call]
-        if s.labels:
-            labels = ",".join([f'{k}="{_label_value(v)}"' for k, v in sorted(s.labels.items())])
-            lines.append(f"{s.name}{{{labels}}} {value}\n")
-        else:
-            lines.append(f"{s.name} {value}\n")
-    return "".join(lines)
+    if isinstance(metric, Preformatted | _Plain):
+        return metric.text
+    return "".join([f"{series_head(s.name, s.labels.items())}{format_value(s.value)}\n" for s in metric.samples])
+
+
+class Preformatted(Metric):
+    """A family whose sample lines are written already (series_head + format_value + newline, each), for the
+    families with thousands of series on a big node. Its `samples` are read back from those lines, for what
+    wants them as values (tests, prometheus_client's own encoders)."""
+
+    def __init__(self, like: Metric, lines: list[str]) -> None:
+        super().__init__(like.name, like.documentation, like.type, like.unit)
+        self.text = "".join(lines)
+
+    @property
+    def samples(self) -> list[Sample]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        (part,) = _parts([_Plain(self)])
+        page = _text([part])
+        return [s for family in text_string_to_metric_families(page.decode()) for s in family.samples]
+
+    @samples.setter
+    def samples(self, _: list[Sample]) -> None:
+        pass  # Metric.__init__ sets it to []: the lines are the samples
+
+
+class _Plain(Metric):
+    """A Preformatted family's name, help and type, with its lines, for writing them out as a page."""
+
+    def __init__(self, family: Preformatted) -> None:
+        super().__init__(family.name, family.documentation, family.type, family.unit)
+        self.text = family.text
 
 
 def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
@@ -99,22 +144,49 @@ def _openmetrics(parts: list[_Part]) -> bytes:
 
 
 class _Render:
-    """One change's families, encoded in each format on first demand, at most once."""
+    """One change's families, built on first demand and encoded in each format, each at most once.
 
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
+    A build that fails (a bug) is logged and the last render that built serves instead: a scrape gets the
+    page as it was rather than an error, and the next change tries again."""
+
+    def __init__(self, build: Build, previous: _Render | None) -> None:
+        self._build: Build | None = build
+        # Until this one has built: the last render that did, to serve should this one fail. Never an unbuilt one,
+        # so that a daemon nobody scrapes for a month holds two renders, not a chain of them.
+        self._previous: _Render | None = previous if previous is None or previous.built else previous._previous
         self._parts: list[_Part] | None = None
         self._bodies: dict[bool, _Body] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+
+    @property
+    def built(self) -> bool:
+        return self._parts is not None
+
+    def ready(self, openmetrics: bool) -> _Body | None:
+        return self._bodies.get(openmetrics)
+
+    def parts(self) -> list[_Part] | None:
+        """Built on the first call; None only when this render failed and none before it built."""
+        with self._lock:
+            if self._build is not None:
+                build, self._build = self._build, None
+                try:
+                    families = build()
+                    _check_types(families)
+                    self._parts = _parts(families)
+                except Exception:
+                    log.exception("building the metrics page failed; serving the last one built")
+                    self._parts = self._previous.parts() if self._previous is not None else None
+                self._previous = None
+            return self._parts
 
     def body(self, openmetrics: bool) -> _Body:
         body = self._bodies.get(openmetrics)
         if body is None:
             with self._lock:
                 if (body := self._bodies.get(openmetrics)) is None:
-                    if self._parts is None:
-                        self._parts = _parts(self._families)
-                    body = _Body((_openmetrics if openmetrics else _text)(self._parts))
+                    parts = self.parts() or []
+                    body = _Body((_openmetrics if openmetrics else _text)(parts))
                     self._bodies[openmetrics] = body
         return body
 
@@ -124,6 +196,9 @@ class _Body:
     data: bytes
     _gzipped: bytes | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ready_gzipped(self) -> bytes | None:
+        return self._gzipped
 
     def gzipped(self) -> bytes:
         # Made on the first scrape that asks for it, once per render.
@@ -149,18 +224,34 @@ class Scrape:
 
 class MetricsCache:
     def __init__(self) -> None:
-        self._render = _Render([])
+        self._render = _Render(list, None)
 
-    def update(self, families: list[Metric]) -> None:
-        """Swap in `families`; a bad family fails here, in the render, never in a scrape."""
-        _check_types(families)
-        self._render = _Render(families)  # one reference assignment: a scrape sees the old or the new
+    def update(self, families: Build | list[Metric]) -> None:
+        """Swap in the families of a change, or how to build them when a scrape asks."""
+        build: Build = families if callable(families) else lambda: families
+        # One reference assignment: a scrape sees the old render or the new. The old one stays reachable only
+        # until the new one has built.
+        self._render = _Render(build, self._render)
+
+    def _pick(self, accept: str | None) -> tuple[bool, str]:
+        if accept and _openmetrics_wanted(accept):
+            return True, OPENMETRICS_CONTENT_TYPE
+        return False, CONTENT_TYPE_PLAIN_0_0_4
+
+    def cached(self, accept: str | None, accept_encoding: str | None) -> Scrape | None:
+        """The scrape's answer if it is made already (no building, no encoding), else None."""
+        openmetrics, content_type = self._pick(accept)
+        body = self._render.ready(openmetrics)
+        if body is None:
+            return None
+        if accept_encoding and "gzip" in accept_encoding:
+            gzipped = body.ready_gzipped()
+            return None if gzipped is None else Scrape(gzipped, content_type, True)
+        return Scrape(body.data, content_type, False)
 
     def get(self, accept: str | None, accept_encoding: str | None) -> Scrape:
-        if accept and _openmetrics_wanted(accept):
-            body, content_type = self._render.body(True), OPENMETRICS_CONTENT_TYPE
-        else:
-            body, content_type = self._render.body(False), CONTENT_TYPE_PLAIN_0_0_4
+        openmetrics, content_type = self._pick(accept)
+        body = self._render.body(openmetrics)
         if accept_encoding and "gzip" in accept_encoding:
             return Scrape(body.gzipped(), content_type, True)
         return Scrape(body.data, content_type, False)

@@ -22,6 +22,7 @@ ends a line: what follows it is read as a line, however much padding there was.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from gpu_triage.diagnosis.kernel_log import MAX_LINE_CHARS
+from gpu_triage.exporter.sources.file_changes import POLL_SECONDS, FileChanges
 from gpu_triage.exporter.sources.journal import Cursor
 from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_journal_json, parse_record
 
@@ -38,7 +40,6 @@ MAX_LINE_BYTES = MAX_LINE_CHARS  # the kernel-log parser's own limit: a longer l
 _HEAD_BYTES = 4096
 _TAIL_BYTES = 256
 _CHUNK_BYTES = 1 << 18  # a read, and so a batch journaled at once: a burst's lines alive together stay few MiB
-_POLL_SECONDS = 0.02  # how soon a line appended to a followed file is seen
 _PACKED = (".gz", ".xz", ".bz2", ".zst", ".lz4")  # rotated copies compressed: what we had not read is lost
 
 
@@ -146,7 +147,9 @@ class FileFollower:
     def follow(self) -> None:
         """Open the file at the path, catch up with it, and follow it until it is replaced."""
         at_start, self.at_start = self.at_start, False
-        with self.path.open("rb") as f:
+        # Watched before it is read: what is appended after the last read wakes the wait.
+        changes = FileChanges(self.path, self._stop)
+        with contextlib.closing(changes), self.path.open("rb") as f:
             self.opened = True
             self._on_open()
             st = os.fstat(f.fileno())
@@ -165,7 +168,7 @@ class FileFollower:
                 offset = self._first_sight(f, st)
             else:
                 offset = 0  # first met while we watched the path: all of it is new
-            self._read(f, st, offset, until_replaced=True)
+            self._read(f, st, offset, until_replaced=True, changes=changes)
 
     def _first_sight(self, f: BinaryIO, st: os.stat_result) -> int:
         legacy = self._cursor(legacy_origin(st))
@@ -209,7 +212,9 @@ class FileFollower:
                 self._read(old, os.fstat(old.fileno()), mark.offset, until_replaced=False)
         return True
 
-    def _read(self, f: BinaryIO, st: os.stat_result, offset: int, *, until_replaced: bool) -> None:
+    def _read(
+        self, f: BinaryIO, st: os.stat_result, offset: int, *, until_replaced: bool, changes: FileChanges | None = None
+    ) -> None:
         """Deliver the whole lines from `offset`; then, if `until_replaced`, follow the file while it is the one at
         the path, else stop at its end."""
         fd = f.fileno()
@@ -229,7 +234,10 @@ class FileFollower:
             if not chunk:
                 if not until_replaced or self._replaced(st):
                     return
-                self._stop.wait(_POLL_SECONDS)
+                if changes is not None:
+                    changes.wait()
+                else:
+                    self._stop.wait(POLL_SECONDS)
                 continue
             position += len(chunk)
             read_tail = chunk[-_TAIL_BYTES:] if len(chunk) >= _TAIL_BYTES else (read_tail + chunk)[-_TAIL_BYTES:]

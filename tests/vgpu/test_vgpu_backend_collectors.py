@@ -100,3 +100,22 @@ def test_init_errors_tell_the_user_what_to_do(
     (tmp_path / "garbage").write_bytes(b"GTVGPUST" + bytes(vs.FILE_SIZE))
     nvml = worker(state_of(tmp_path))
     assert message in nvml.run("result = ops.open_error()")
+
+
+def test_field_values_read_through_plain_structures_are_what_pynvml_reads(nvml: Worker, state: vs.StateWriter) -> None:
+    node = vs.h100_node()
+    node[0].field_overrides = [vs.FieldOverride(field_id=230, nvml_return=3)]  # RECOVERY_ACTION: NOT_SUPPORTED
+    state.write(node)
+    nvml.init()
+    # Power, memory temperature, ECC, remapping, NVLink link count and one link's counters, recovery action, and
+    # ids no GPU has: every value type and several return codes.
+    ids = [(186, 0), (82, 0), (3, 0), (4, 0), (142, 0), (144, 0), (91, 0), (138, 0), (139, 3), (230, 0), (99999, 0)]
+    code = f"""
+from gpu_triage.exporter.backends import nvml_query as q
+result = [q._plain_field_values(H["0"], {ids!r}), q._through_pynvml(H["0"], {ids!r}),
+          q._field_values() is q._plain_field_values]
+"""
+    plain, through_pynvml, fast = nvml.run(code)
+    assert plain == through_pynvml
+    assert {code for code, _ in plain} >= {0, 3}, "answered and not-supported fields both compared"
+    assert fast, "pynvml's function is not substituted here: the plain structures are used"

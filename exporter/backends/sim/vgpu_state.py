@@ -17,9 +17,11 @@ layout puts it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import mmap
 import os
+import platform
 import struct
 import sys
 import tempfile
@@ -145,6 +147,36 @@ def _is_state_file(path: Path) -> bool:
     return size >= FILE_SIZE and head[: _HEADER_FIXED.size - 8] == _fixed_header()[: _HEADER_FIXED.size - 8]
 
 
+# futex(2): its syscall number by machine, and FUTEX_WAKE (not the private kind: the waiters are other processes).
+_SYS_FUTEX: Final = {"x86_64": 202, "aarch64": 98}
+_FUTEX_WAKE: Final = 1
+
+
+class _Waker:
+    """Wakes the library's nvmlEventSetWait_v2 sleepers after a write: they wait on seq's low word, as a real
+    driver's waiter sleeps in the kernel. Where futex(2) cannot be reached they look again on their own."""
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        self._word: ctypes.c_uint32 | None = None
+        self._syscall = None
+        number = _SYS_FUTEX.get(platform.machine()) if sys.platform == "linux" else None
+        if number is None:
+            return
+        try:
+            self._syscall = ctypes.CDLL(None, use_errno=True).syscall
+        except (OSError, AttributeError):
+            return
+        self._number = number
+        self._word = ctypes.c_uint32.from_buffer(mapping, _SEQ_OFFSET)
+
+    def wake(self) -> None:
+        if self._word is not None and self._syscall is not None:
+            self._syscall(self._number, ctypes.byref(self._word), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+    def release(self) -> None:
+        self._word = None  # the mapping cannot be closed while a ctypes view of it lives
+
+
 class StateWriter:
     """The one writer of a state file. Holds an exclusive lock on it while open.
 
@@ -184,6 +216,7 @@ class StateWriter:
         # One aligned 8-byte store per update of seq: struct.pack_into writes byte by byte, and a
         # reader could catch seq half-written.
         self._words = memoryview(self._map).cast("Q")
+        self._waker = _Waker(self._map)
         total, count = struct.unpack_from("<QI", self._map, _BODY_OFFSET)
         self._event_total: int = total
         self._gpu_count = int(count)
@@ -216,6 +249,7 @@ class StateWriter:
 
     def _end(self, odd: int) -> None:
         self._words[_SEQ_OFFSET // 8] = odd + 1
+        self._waker.wake()
 
     def write(self, gpus: Sequence[Gpu | bytes]) -> None:
         """Publish the GPUs' state: readers see all of it or, until it is done, all of the previous one.
@@ -269,6 +303,7 @@ class StateWriter:
         if self._map.closed:
             return
         self._words.release()
+        self._waker.release()
         self._map.close()
         os.close(self._fd)
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from gpu_triage.exporter.backends import nvml_query
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuLostError
 from gpu_triage.exporter.backends.nvml import NvmlBackend
+from gpu_triage.exporter.backends.nvml_query import field_value
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from tests.conftest import FakeClock
@@ -198,3 +200,33 @@ def test_a_link_state_and_a_link_error_come_through_per_link(fake: FakeNvml, nvm
     assert [k.state for k in links[2:5]] == [1, 0, 1]
     assert result.failed_fields == (f"nvlink_9_{pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY}",)
     assert links[9].replay_errors is None and links[8].replay_errors == 0
+
+
+@pytest.mark.parametrize(
+    ("value_type", "member", "value"),
+    [
+        (pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", -1234.5625),
+        (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 0xFFFFFFFF),
+        (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, "ulVal", 2**40 + 7),
+        (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", 2**64 - 1),
+        (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -(2**63)),
+        (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "siVal", -5),
+        (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "usVal", 0xFFFF),
+        (99, "ullVal", 2**53),  # a type newer than this code: read as ullVal, as field_value reads it
+    ],
+)
+def test_field_values_decoded_in_bulk_are_what_pynvml_structures_hold(
+    value_type: int, member: str, value: float
+) -> None:
+    values = (pynvml.c_nvmlFieldValue_t * 3)()
+    for fv in values:
+        fv.valueType, fv.nvmlReturn = value_type, pynvml.NVML_SUCCESS
+        fv.value.ullVal = 0xA5A5A5A5A5A5A5A5  # bytes the narrower members do not cover must not leak in
+        setattr(fv.value, member, value)
+    values[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    decoded = nvml_query.decode(bytes(values))
+    assert decoded == [
+        (pynvml.NVML_SUCCESS, field_value(values[0])),
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, None),
+        (pynvml.NVML_SUCCESS, field_value(values[2])),
+    ]
