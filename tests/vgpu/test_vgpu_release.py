@@ -77,8 +77,15 @@ def test_gpu_triage_release_with_the_daemon(tmp_path: Path, vgpu_lib: Path) -> N
         )
         assert asked.returncode == 0, asked.stderr
         assert "nvidia-smi -r -i" in asked.stdout and "gpu-triage release --resume" in asked.stdout
-        wait_for(lambda: gauge(page(daemon), "gpu_triage_backend_up", backend="nvml") == 0.0, what="the hold")
-        assert gauge(page(daemon), "nvidia_gpu_power_watts", gpu="0") is None  # nothing read, nothing shown
+
+        # A poll that read before the hold began may still publish after it (a reading true when it was taken);
+        # from the next poll on, nothing read, nothing shown, on the same page as the backend going down.
+        def held(text: str) -> bool:
+            down = gauge(text, "gpu_triage_backend_up", backend="nvml") == 0.0
+            return down and gauge(text, "nvidia_gpu_power_watts", gpu="0") is None
+
+        wait_for(lambda: held(page(daemon)), what="the hold, with no readings shown")
+        assert held(page(daemon))
         back = subprocess.run(
             [GPU_TRIAGE, "release", "--state.dir", str(home), "--resume"], capture_output=True, text=True, check=False
         )
