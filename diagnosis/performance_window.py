@@ -19,9 +19,10 @@ from gpu_triage.diagnosis.findings import Workload
 SLOWDOWN_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
                     "hw_power_brake_slowdown")  # fmt: skip
 SLOWDOWN_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
-# Reasons that explain low clocks without anything being wrong: idle, an application-clock setting, sync boost,
-# display or board limits. Low clocks with none of these and none of the slowdowns are "without a reason".
-EXPLAINED_BITS = 0x1 | 0x2 | 0x10 | 0x100
+# Reasons that explain low clocks without anything being wrong: idle (0x1), an application-clock setting (0x2),
+# sync boost (0x10), the display clock (0x100), the board's own limit (0x200) and reliability (0x400), the last two
+# as nvidia-ml-py names them. Low clocks with none of these and none of the slowdowns are "without a reason".
+EXPLAINED_BITS = 0x1 | 0x2 | 0x10 | 0x100 | 0x200 | 0x400
 MAX_GAP_SECONDS = 120.0  # longer between two polls (the daemon was stopped or stalled): not counted as seen
 
 

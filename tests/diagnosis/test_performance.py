@@ -159,6 +159,12 @@ def test_throttled_from_the_duration_counters_not_the_bits_of_the_moment() -> No
     assert engine.report.by_gpu["GPU-0"][0].evidence["slowdown_share"] == pytest.approx(0.6, abs=0.02)
 
 
+@pytest.mark.parametrize("reason", [0x200, 0x400])  # nvmlClocksThrottleReasonBoardLimit, ...Reliability
+def test_low_clocks_the_driver_explains_by_the_board_are_not_throttled(reason: int) -> None:
+    _, seen = run(lambda g, t: replace(BUSY, sm_clock_hz=1.4e9, reasons=reason), 400)
+    assert seen == {}
+
+
 def test_an_idle_gpu_at_low_clocks_is_not_throttled() -> None:
     _, seen = run(lambda g, t: replace(IDLE, workloads=(), processes=0, memory_used_bytes=0, sm_clock_hz=3.45e8), 900)
     assert seen == {}
@@ -269,3 +275,14 @@ def test_polls_slower_than_a_bucket_still_judge_the_window_on_time() -> None:
     # A minute between polls, 30 s buckets: the 15-minute idle window is judged after 15 minutes, not 30 polls.
     engine, _ = run(lambda g, t: replace(IDLE, workloads=(POD,)), 16 * 60, every=60.0)
     assert now(engine) == {0: {"gpu_idle_allocated"}}
+
+
+def test_the_reason_bits_are_nvmls_as_the_backends_read_them() -> None:
+    """diagnosis/ restates the clocks-event bits (it imports nothing from the exporter): held to the backends' table,
+    every bit NVML defines is either a slowdown or an explained reason, never both."""
+    from gpu_triage.diagnosis.performance_window import EXPLAINED_BITS, SLOWDOWN_BITS, SLOWDOWN_REASONS
+    from gpu_triage.exporter.backends.readings import ClockEventReason
+
+    assert sum(ClockEventReason(r).bit for r in SLOWDOWN_REASONS) == SLOWDOWN_BITS
+    assert SLOWDOWN_BITS & EXPLAINED_BITS == 0
+    assert sum(r.bit for r in ClockEventReason) == SLOWDOWN_BITS | EXPLAINED_BITS
