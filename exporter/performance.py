@@ -50,8 +50,8 @@ def gpu_sample(state: GpuState, workloads: tuple[Workload, ...], data: Performan
     links, procs, prof, inv = state.get(NvLink), state.get(Processes), state.get(Profiling), state.get(Inventory)
     act = prof.gpu if prof is not None else None
     model = inv.name if inv is not None else None
-    rx = act.pcie_rx_bytes_per_second if act and act.pcie_rx_bytes_per_second is not None else None
-    tx = act.pcie_tx_bytes_per_second if act and act.pcie_tx_bytes_per_second is not None else None
+    rx = act.pcie_rx_bytes_per_second if act is not None else None
+    tx = act.pcie_tx_bytes_per_second if act is not None else None
     if pcie is not None:
         rx = pcie.rx_bytes_per_second if rx is None else rx
         tx = pcie.tx_bytes_per_second if tx is None else tx
@@ -97,7 +97,6 @@ class Performance:
     """The engine, fed once per snapshot. Called under the daemon's render lock."""
 
     def __init__(self, data: PerformanceData, window_seconds: float, node_role: str = "") -> None:
-        self.data = data
         self.engine = PerformanceEngine(data, window_seconds, node_role)
         self._fed: float | None = None  # monotonic time of the snapshot last fed
 
@@ -110,7 +109,7 @@ class Performance:
             if not state.up:
                 continue  # a lost or hung GPU has no telemetry to judge; its window ends
             keys = tuple(dict.fromkeys(workload_key(a.workload) for a in by_gpu.get(state.identity.uuid, ())))
-            samples.append(gpu_sample(state, keys, self.data))
+            samples.append(gpu_sample(state, keys, self.engine.data))
         self.engine.observe(snapshot.taken_monotonic, samples)
 
     @property

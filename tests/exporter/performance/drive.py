@@ -14,16 +14,9 @@ from gpu_triage.exporter.backends.sim.scenario import load_scenario
 from gpu_triage.exporter.performance import Performance
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.workloads.placement import Assignment
+from tests.conftest import FakeClock
 
 START = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def drive(
@@ -37,7 +30,7 @@ def drive(
     seen: dict[int, set[str]] | None = None,
 ) -> tuple[Performance, SimBackend, Snapshot]:
     """Run `scenario` for `seconds`; `seen` collects every class found on each GPU at any time on the way."""
-    clock = Clock()
+    clock = FakeClock(START)
     backend = SimBackend(load_scenario(scenario), clock=clock)
     gpus = backend.discover()
     perf = Performance(load_performance(), window, role)
