@@ -86,9 +86,12 @@ def restore(blob: bytes, name: str) -> bool:
 def load(store: BlobStore | None) -> None:
     """The knowledge checked (`check_data`), from `store`'s snapshot of this version when it has one,
     built and put there otherwise. Raises DataError, as check_data does, when the data is not sound."""
-    name = key()
-    if store is not None and (blob := store.get(name)) is not None and restore(blob, name):
+    if store is None:  # nothing to keep: check the data and pickle nothing
+        from gpu_triage.diagnosis.data_check import check_data
+
+        check_data()
         return
-    blob = snapshot(name)
-    if store is not None:
-        store.put(name, blob)
+    name = key()
+    if (blob := store.get(name)) is not None and restore(blob, name):
+        return
+    store.put(name, snapshot(name))

@@ -50,7 +50,10 @@ class FileStore:
 
     def get(self, key: str) -> bytes | None:
         try:
-            with self._path(key).open("rb") as f:
+            # Non-blocking and not through a link: a FIFO or a device planted under the key's name must not
+            # hold start-up in open(); _trusted then refuses anything but the owner's plain file.
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as f:
                 if not _trusted(os.fstat(f.fileno())):
                     return None
                 data = f.read(MAX_BYTES + len(_MAGIC) + 33)

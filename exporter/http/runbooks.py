@@ -197,8 +197,9 @@ def runbooks_router(
 
     def page_of(pid: str) -> _Page | None:
         if (page := rendered.get(pid)) is None and (playbook := playbooks.get(pid)) is not None:
-            with lock:
-                page = rendered.setdefault(pid, _render(playbook, refs.get(pid, [])))
+            with lock:  # another request may have rendered it while this one waited
+                if (page := rendered.get(pid)) is None:
+                    page = rendered[pid] = _render(playbook, refs.get(pid, []))
         return page
 
     conditions = _conditions_table()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,16 @@ def test_a_file_others_can_write_is_not_trusted(tmp_path: Path) -> None:
     assert store.get(KEY) is None
     path.chmod(0o644)
     assert store.get(KEY) == b"payload"
+
+
+def test_a_fifo_under_the_keys_name_does_not_hold_the_reader(tmp_path: Path) -> None:
+    """Nobody writes to it: a blocking open() would wait for a writer for ever, and start-up with it."""
+    os.mkfifo(tmp_path / f"{KEY}.bin")
+    worker = threading.Thread(target=FileStore(tmp_path).get, args=(KEY,), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert FileStore(tmp_path).get(KEY) is None
 
 
 def test_a_file_in_the_right_format_but_not_sealed_by_its_digest_is_refused(tmp_path: Path) -> None:
