@@ -66,7 +66,7 @@ def series_head(name: str, labels: Iterable[tuple[str, str]]) -> str:
 
 
 def _sample_lines(metric: Metric) -> str:
-    if isinstance(metric, Preformatted | _Plain):
+    if isinstance(metric, Preformatted):
         return metric.text
     return "".join([f"{series_head(s.name, s.labels.items())}{format_value(s.value)}\n" for s in metric.samples])
 
@@ -84,21 +84,13 @@ class Preformatted(Metric):
     def samples(self) -> list[Sample]:
         from prometheus_client.parser import text_string_to_metric_families
 
-        (part,) = _parts([_Plain(self)])
+        (part,) = _parts([self])
         page = _text([part])
         return [s for family in text_string_to_metric_families(page.decode()) for s in family.samples]
 
     @samples.setter
     def samples(self, _: list[Sample]) -> None:
         pass  # Metric.__init__ sets it to []: the lines are the samples
-
-
-class _Plain(Metric):
-    """A Preformatted family's name, help and type, with its lines, for writing them out as a page."""
-
-    def __init__(self, family: Preformatted) -> None:
-        super().__init__(family.name, family.documentation, family.type, family.unit)
-        self.text = family.text
 
 
 def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
