@@ -66,6 +66,7 @@ def peers_venv(where: Path) -> Path:
 @contextmanager
 def virtual_gpus(home: Path, gpus: int) -> Iterator[dict[str, str]]:
     """`gpu-triage vgpu` on h100-training with `gpus` GPUs; yields the environment that reaches them."""
+    subprocess.run(["make", "--no-print-directory", "-s", "vgpu"], cwd=REPO, check=True)  # the library they load
     scenario = load_scenario("h100-training")
     shape = scenario.node.gpus.model_copy(update={"count": gpus})
     scenario = scenario.model_copy(update={"node": scenario.node.model_copy(update={"gpus": shape})})
@@ -144,7 +145,6 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
-    subprocess.run(["make", "--no-print-directory", "-s", "vgpu"], cwd=REPO, check=True)
     resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-triage-peers-")))

@@ -175,7 +175,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="the CPU profile's window")
     parser.add_argument("--heap-seconds", type=float, default=10.0, help="the tracemalloc run's window")
     args = parser.parse_args()
-    subprocess.run(["make", "--no-print-directory", "-s", "vgpu"], cwd=REPO, check=True)
     from tests.daemon_proc import free_port
 
     report: list[str] = []
