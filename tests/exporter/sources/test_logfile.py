@@ -30,7 +30,7 @@ def started(log: Path, got: Collect | None = None) -> tuple[KmsgFollower, Collec
 def stop(follower: KmsgFollower) -> None:
     """Stop it and make sure its thread is gone: from then on nothing more can arrive, no need to wait and see."""
     follower.stop()
-    assert follower._thread is not None and not follower._thread.is_alive()
+    assert not follower.running
 
 
 def run_until(log: Path, got: Collect, n: int) -> None:

@@ -266,4 +266,4 @@ def test_the_background_thread_reads_and_tells_then_stops(kubelet: PodResourcesS
     finally:
         src.stop()
     # stop() joins the thread: gone, it asks nothing more, so there is nothing to wait and see.
-    assert src._thread is not None and not src._thread.is_alive(), "stopped"
+    assert not src.running, "stopped"
