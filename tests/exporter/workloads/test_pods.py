@@ -185,7 +185,7 @@ def test_decoding_is_within_the_deadline_too(kubelet: PodResourcesServer, monkey
     real = podresources._devices
 
     def slow(buf: bytes) -> podresources.Devices:
-        time.sleep(0.001)
+        time.sleep(0.001)  # the behaviour under test: decoding that really takes time, against a real deadline
         return real(buf)
 
     monkeypatch.setattr(podresources, "_devices", slow)

@@ -7,7 +7,6 @@ import os
 import pwd
 import shutil
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from gpu_triage.exporter.workloads import slurm
 from gpu_triage.exporter.workloads.slurm import ProcessJobs, SlurmStep, real_uid, step_of
 from gpu_triage.exporter.workloads.user_names import UserNames
-from tests.conftest import REPO
+from tests.conftest import REPO, FakeClock
 from tests.daemon_proc import wait_for
 
 PROCFS = REPO / "tests/fixtures/procfs"
@@ -202,7 +201,8 @@ def test_a_read_past_the_deadline_is_written_off(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(slurm, "_read", hangs_for_41017)
     changed = threading.Event()
-    jobs = ProcessJobs(procfs, wait=0.05, deadline=0.3, on_change=changed.set)
+    clock = FakeClock()
+    jobs = ProcessJobs(procfs, wait=0.05, deadline=0.3, on_change=changed.set, monotonic=clock.monotonic)
     back: list[object] = []  # the reads that returned, once what a read's return does is done
     real_returned = jobs._returned
 
@@ -213,7 +213,7 @@ def test_a_read_past_the_deadline_is_written_off(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(jobs, "_returned", returned)
     try:
         assert jobs.jobs({41017}) == {}
-        time.sleep(0.4)  # past the deadline, which ProcessJobs measures on time.monotonic (there is no clock to pass)
+        clock.advance(0.4)  # past the deadline
         assert in_thread(lambda: jobs.jobs({41017, 41034}), 5) == {41034: SlurmStep("4242", "batch", 0)}
         assert jobs.status()["hung_reads"] == 1
         release.set()
