@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -339,15 +340,19 @@ def test_a_journal_that_refuses_writes_holds_the_batch_until_it_goes_in(
 def test_stopping_gives_up_a_batch_the_journal_keeps_refusing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline_module, "_RETRY_SECONDS", (0.01,))
     p, _ = pipeline(tmp_path)
+    refused = threading.Semaphore(0)
 
     def full_disk(*args: Any, **kwargs: Any) -> list[Event]:
+        refused.release()
         with p.journal._transaction(None):
             raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(p.journal, "record", full_disk)
     p.start()
     commit = p.from_kernel("kmsg:b1", [Record(1, 10.0, XID79_GPU1)])
-    assert not commit.wait(0.2), "held while the journal refuses it"
+    for _ in range(3):
+        assert refused.acquire(timeout=5), "the journal is tried again"
+    assert not commit.wait(0), "held while the journal refuses it, three tries in"
     assert not p.journal.stats.up and "disk is full" in (p.journal.stats.error or "")
     p.stop()
     assert commit.wait(5.0) and not commit.stored
