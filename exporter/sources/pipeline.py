@@ -195,6 +195,8 @@ class EventPipeline:
                 items.append(self._queue.get_nowait())
             except queue.Empty:
                 break
+        if None in items:  # stop()'s sentinel: this turn, which journals everything queued before it, is the last
+            self._worker.stopping.set()
         batches = [i for i in items if i is not None]
         stored = False
         try:
@@ -214,8 +216,6 @@ class EventPipeline:
             self._unfinished -= len(batches)
             if self._unfinished == 0:
                 self.idle.set()
-        if None in items:  # stop()'s sentinel: everything queued before it is done
-            self._worker.stopping.set()
         # Returning drops this batch before the next is waited for: a burst's lines do not stay in memory.
 
     def process(self, batches: Sequence[Batch]) -> list[Event]:
