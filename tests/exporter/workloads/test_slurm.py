@@ -252,3 +252,20 @@ def test_an_unknown_uid_stays_a_number() -> None:
     names.name(uid)
     wait_for(lambda: uid in names._names, what="the lookup")
     assert names.name(uid) == str(uid)
+
+
+def test_a_lookup_that_fails_unexpectedly_leaves_the_next_ones_working(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NSS module that raises what pwd never documents: that uid stays a number, the thread goes on."""
+
+    def lookup(uid: int) -> pwd.struct_passwd:
+        if uid == 5001:
+            raise RuntimeError("an NSS module's bug")
+        return pwd.struct_passwd(("ldap-user", "x", uid, uid, "", "/home/x", "/bin/sh"))
+
+    monkeypatch.setattr(pwd, "getpwuid", lookup)
+    names = UserNames(wait=0.01)
+    names._worker._retry = 0.0  # the helper's retry wait is not what this is about
+    assert names.name(5001) == "5001"
+    wait_for(lambda: names._worker.failures == 1, timeout=5, interval=0.01, what="the failure counted")
+    wait_for(lambda: names.name(5002) == "ldap-user", timeout=5, interval=0.01, what="the next lookup")
+    assert names.name(5001) == "5001" and names._worker.alive
