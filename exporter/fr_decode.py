@@ -23,6 +23,7 @@ from typing import Any
 
 from gpu_triage.diagnosis.flight_recorder import Dump, DumpError, Frame, Group, Op, parse
 from gpu_triage.diagnosis.hang_report import InProcessDecoder, Pending
+from gpu_triage.exporter.worker import Worker
 
 __all__ = ["CHILD_MEMORY_BYTES", "SandboxDecoder"]
 
@@ -130,16 +131,22 @@ class _Worker:
         self.answers: list[bytes] = []
         self.ended = False
         self.cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True, name="fr-decode-reader").start()
+        self._reader = Worker("fr-decode-reader", self._read)
+        self._reader.start()
 
     def _read(self) -> None:
+        """One answer; at the end of the child's output (or once close() shut the pipe), the last turn."""
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self.cond:
-                self.answers.append(line)
-                self.cond.notify_all()
+        try:
+            line = self.proc.stdout.readline()
+        except (OSError, ValueError):  # ValueError: read from the pipe close() has just closed
+            line = b""
         with self.cond:
-            self.ended = True
+            if line:
+                self.answers.append(line)
+            else:
+                self.ended = True
+                self._reader.stopping.set()
             self.cond.notify_all()
 
     def send(self, name: str, data: bytes) -> int:

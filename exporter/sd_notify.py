@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
+from gpu_triage.exporter.worker import Worker
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -159,8 +161,7 @@ class Watchdog:
         self.status_interval = status_interval
         self._alive = alive
         self._status = status
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Worker("sd-watchdog", self._turn)
         self._next_ping = 0.0
         self._last_status: str | None = None
         self._healthy = True
@@ -168,27 +169,22 @@ class Watchdog:
 
     def start(self) -> None:
         """Start the thread; nothing to do when systemd is not listening."""
-        if not self.notifier.enabled or self._thread is not None:
+        if not self.notifier.enabled or self._worker.started:
             return
-        self._thread = threading.Thread(target=self._run, name="sd-watchdog", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+        self._worker.stop(timeout)
 
-    def _run(self) -> None:
-        while True:
-            now = time.monotonic()
-            self.tick(now)
-            wake = now + self.status_interval
-            if self.interval is not None:
-                # Sleep until the next ping is due; while the loop is stalled, look again at the ping cadence so
-                # that a loop that recovers is pinged for before systemd gives up on it.
-                wake = min(wake, self._next_ping if self._healthy else now + self.interval)
-            if self._stop.wait(max(wake - time.monotonic(), 0.0)):
-                return
+    def _turn(self) -> None:
+        now = time.monotonic()
+        self.tick(now)
+        wake = now + self.status_interval
+        if self.interval is not None:
+            # Sleep until the next ping is due; while the loop is stalled, look again at the ping cadence so
+            # that a loop that recovers is pinged for before systemd gives up on it.
+            wake = min(wake, self._next_ping if self._healthy else now + self.interval)
+        self._worker.stopping.wait(max(wake - time.monotonic(), 0.0))
 
     def tick(self, now: float | None = None) -> None:
         """One turn: ping if a ping is due and the daemon is alive; send the status line if it changed."""

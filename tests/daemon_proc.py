@@ -55,7 +55,7 @@ def wait_for(
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(interval)  # the poll's cadence: this is the helper the tests wait with
 
 
 @dataclass

@@ -26,6 +26,7 @@ from gpu_triage.exporter.backends.base import BackendError, Collector, GpuBacken
 from gpu_triage.exporter.backends.readings import Reading
 from gpu_triage.exporter.polling.readpool import ReadPool
 from gpu_triage.exporter.polling.snapshot import CollectorStatus, GpuState, Lost, Snapshot, gpu_status
+from gpu_triage.exporter.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class Poller:
         self._wall_offset: float | None = None  # wall minus monotonic time at the last poll
         self._stopping = threading.Event()
         self._wake = threading.Event()  # set to bring the next fast poll forward
-        self._loops: list[threading.Thread] = []
+        self._loops: list[Worker] = []
 
     def discover(self) -> list[GpuIdentity]:
         """Find the GPUs, under the same deadline as any other driver call."""
@@ -103,33 +104,19 @@ class Poller:
         self.poll(Collector)
         self._stopping.clear()
         self._loops = [
-            threading.Thread(target=self._every, args=(FAST, self.interval, self._wake), name="poll-fast", daemon=True),
-            threading.Thread(
-                target=self._every, args=(SLOW, self.slow_interval, self._stopping), name="poll-slow", daemon=True
+            Worker(
+                "poll-fast",
+                _Every(self.poll, FAST, self.interval, self._wake, self._stopping).turn,
+                stopping=self._stopping,
+            ),
+            Worker(
+                "poll-slow",
+                _Every(self.poll, SLOW, self.slow_interval, self._stopping, self._stopping).turn,
+                stopping=self._stopping,
             ),
         ]
         for loop in self._loops:
             loop.start()
-
-    def _every(self, collectors: tuple[Collector, ...], interval: float, wake: threading.Event) -> None:
-        """Poll `collectors` every `interval` seconds of monotonic time, until stopped. A poll that runs
-        late is not made up for: the next one keeps to the schedule (and `wake` brings one forward)."""
-        due = time.monotonic() + interval
-        while True:
-            delay = due - time.monotonic()
-            if delay > 0:
-                wake.wait(delay)
-            if self._stopping.is_set():
-                return
-            if wake is not self._stopping:
-                wake.clear()
-            try:
-                self.poll(collectors)
-            except Exception:  # a bug, not the driver (reads report their own errors): keep polling
-                log.exception("poll failed", extra={"collectors": len(collectors)})
-            now = time.monotonic()
-            while due <= now:
-                due += interval
 
     def poll_now(self) -> None:
         """Bring the next fast poll forward to now; fast polls still run one at a time, in order."""
@@ -140,7 +127,7 @@ class Poller:
         self._wake.set()
         for loop in self._loops:
             # A poll in progress ends by its read deadline; it must not render after the journal closes.
-            loop.join(timeout=self.timeout + 10.0)
+            loop.stop(timeout=self.timeout + 10.0)
         self._loops = []
         if self._pool is not None:
             self._pool.shutdown()  # never waits: a hung driver call must not hang the shutdown
@@ -307,3 +294,39 @@ def _log_changes(gpu: int, before: Mapping[Collector, str], after: Mapping[Colle
         log.warning("GPU calls missed their deadline; treating the GPU as hung", extra={"gpu": gpu, "calls": hung})
     elif now == GpuStatus.UP:
         log.info("GPU answers again", extra={"gpu": gpu, "was": was})
+
+
+class _Every:
+    """One poll loop's turn: poll `collectors` every `interval` seconds of monotonic time. A poll that runs
+    late is not made up for: the next one keeps to the schedule (and `wake` brings one forward)."""
+
+    def __init__(
+        self,
+        poll: Callable[[tuple[Collector, ...]], object],
+        collectors: tuple[Collector, ...],
+        interval: float,
+        wake: threading.Event,
+        stopping: threading.Event,
+    ) -> None:
+        self._poll = poll
+        self._collectors = collectors
+        self._interval = interval
+        self._wake = wake
+        self._stopping = stopping
+        self._due = time.monotonic() + interval
+
+    def turn(self) -> None:
+        delay = self._due - time.monotonic()
+        if delay > 0:
+            self._wake.wait(delay)
+        if self._stopping.is_set():
+            return
+        if self._wake is not self._stopping:
+            self._wake.clear()
+        try:
+            self._poll(self._collectors)
+        except Exception:  # a bug, not the driver (reads report their own errors): keep polling
+            log.exception("poll failed", extra={"collectors": len(self._collectors)})
+        now = time.monotonic()
+        while self._due <= now:
+            self._due += self._interval

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpu_triage.exporter.backends.base import DriverXid, XidEventSource
+from gpu_triage.exporter.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -35,38 +35,33 @@ class DriverEvents:
         self._backend = backend
         self._deliver = deliver
         self._on_change = on_change  # called when the source starts or stops working
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._wait = _FIRST_WAIT_SECONDS
+        self._worker = Worker(f"{self.name}-events", self._turn)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"{self.name}-events", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._worker.stop(timeout=2)
 
-    def _run(self) -> None:
-        wait = _FIRST_WAIT_SECONDS
-        while not self._stop.is_set():
-            try:
-                xids = self._backend.wait_xids(wait)
-            except Exception as e:  # a broken event API must not take the daemon with it
-                changed = self.stats.error != repr(e)
-                if changed:
-                    log.error("driver XID events failed; retrying", extra={"source": self.name, "error": repr(e)})
-                self.stats.up, self.stats.error = False, repr(e)
-                if changed:
-                    self._on_change()
-                self._stop.wait(_RETRY_SECONDS)
-                continue
-            wait = _WAIT_SECONDS
-            if self.stats.error is not None:
-                log.info("driver XID events work again", extra={"source": self.name})
-            changed = not self.stats.up
-            self.stats.up, self.stats.error = True, None
+    def _turn(self) -> None:
+        try:
+            xids = self._backend.wait_xids(self._wait)
+        except Exception as e:  # a broken event API must not take the daemon with it
+            changed = self.stats.error != repr(e)
+            if changed:
+                log.error("driver XID events failed; retrying", extra={"source": self.name, "error": repr(e)})
+            self.stats.up, self.stats.error = False, repr(e)
             if changed:
                 self._on_change()
-            if xids:
-                self._deliver(xids, self.name)
+            self._worker.stopping.wait(_RETRY_SECONDS)
+            return
+        self._wait = _WAIT_SECONDS
+        if self.stats.error is not None:
+            log.info("driver XID events work again", extra={"source": self.name})
+        changed = not self.stats.up
+        self.stats.up, self.stats.error = True, None
+        if changed:
+            self._on_change()
+        if xids:
+            self._deliver(xids, self.name)

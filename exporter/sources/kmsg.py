@@ -21,7 +21,6 @@ import logging
 import os
 import select
 import stat
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from gpu_triage.exporter.sources.logfile import Deliver, FileFollower, booted, committed
 from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_record
+from gpu_triage.exporter.worker import Worker
 
 if TYPE_CHECKING:
     from gpu_triage.exporter.sources.journal import Cursor
@@ -78,40 +78,40 @@ class KmsgFollower:
         self._boot_id = boot_id
         self._boot_time = boot_time  # a number, or how to find it now (the daemon re-reads it per batch)
         self._clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Worker("kmsg", self._turn)
+        self._stop = self._worker.stopping
         # /dev/kmsg: what this run has had journaled, by origin, so a re-open never delivers a record twice.
         self._committed: dict[str, int] = {}
         self._file: FileFollower | None = None
         self._missing_since: float | None = None
 
+    @property
+    def running(self) -> bool:
+        return self._worker.alive
+
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="kmsg", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._worker.stop(timeout=2)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                if stat.S_ISCHR(self.path.stat().st_mode):
-                    self._follow_device()
-                else:
-                    self._follow_file()
-            except FileNotFoundError as e:
-                if not self._rotating():
-                    self._down(e)
-                    self._stop.wait(_RETRY_SECONDS)
-            except OSError as e:
+    def _turn(self) -> None:
+        try:
+            if stat.S_ISCHR(self.path.stat().st_mode):
+                self._follow_device()
+            else:
+                self._follow_file()
+        except FileNotFoundError as e:
+            if not self._rotating():
                 self._down(e)
                 self._stop.wait(_RETRY_SECONDS)
-            except Exception as e:  # a bug here must cost a retry, never the kernel-log source for good
-                log.exception("kernel-log reader failed; retrying")
-                self._down(OSError(f"{type(e).__name__}: {e}"))
-                self._stop.wait(_RETRY_SECONDS)
+        except OSError as e:
+            self._down(e)
+            self._stop.wait(_RETRY_SECONDS)
+        except Exception as e:  # a bug here must cost a retry, never the kernel-log source for good
+            log.exception("kernel-log reader failed; retrying")
+            self._down(OSError(f"{type(e).__name__}: {e}"))
+            self._stop.wait(_RETRY_SECONDS)
 
     def _rotating(self) -> bool:
         """A file this run was following is missing: give logrotate a moment to put the new one there."""

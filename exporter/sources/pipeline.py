@@ -34,6 +34,7 @@ from gpu_triage.diagnosis.node_verdict import OTHER_DEVICES
 from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
 from gpu_triage.exporter.sources.journal import Cursor, Event, Journal, Mark
 from gpu_triage.exporter.sources.records import Record
+from gpu_triage.exporter.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,8 @@ class EventPipeline:
         self._fallen: dict[tuple[str, str, int], _Slot] = {}
         self._newest = float("-inf")  # the time of the newest report seen: older ones wait this long for a twin
         self._clock = clock
-        self._thread: threading.Thread | None = None
+        # Its loop ends on the sentinel stop() queues, not on stop() itself: what was queued before is journaled.
+        self._worker = Worker("event-pipeline", self._turn)
         self._unfinished = 0  # batches queued and not yet journaled
         self._count_lock = threading.Lock()
         self.idle = threading.Event()  # set while nothing is queued or in progress (tests wait on it)
@@ -175,49 +177,46 @@ class EventPipeline:
 
     def start(self) -> None:
         """Journal what comes in, on a thread of its own; `resume` first."""
-        self._thread = threading.Thread(target=self._run, name="event-pipeline", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
         """Finish what is queued (a journal write in flight completes), then stop; a journal that keeps
         refusing writes is given up on: what it did not store is read again at the next start."""
         self._stopping.set()
         self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._worker.join(timeout=10)
 
     # -- the pipeline thread -------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            items = [self._queue.get()]
-            while len(items) < 64:  # batch what is already queued: one transaction, one render
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            batches = [i for i in items if i is not None]
-            stored = False
+    def _turn(self) -> None:
+        items = [self._queue.get()]
+        while len(items) < 64:  # batch what is already queued: one transaction, one render
             try:
-                self.process(batches)
-                stored = True
-            except sqlite3.Error:
-                pass  # stopping while the journal refused the batch: it is read again at the next start
-            except Exception:
-                # Not the journal: something in these lines the code did not expect. Moving the cursor past
-                # them costs their XIDs; not moving it would stop the kernel-log source for good.
-                log.exception("event pipeline batch failed; skipping it")
-                self.stats.failed_batches += 1
-                self._forget_unstored()
-                stored = self._skip(batches)
-            _settle(batches, stored)
-            with self._count_lock:
-                self._unfinished -= len(batches)
-                if self._unfinished == 0:
-                    self.idle.set()
-            if None in items:
-                return
-            del items, batches  # not held while waiting for the next: a burst's lines would stay in memory
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if None in items:  # stop()'s sentinel: this turn, which journals everything queued before it, is the last
+            self._worker.stopping.set()
+        batches = [i for i in items if i is not None]
+        stored = False
+        try:
+            self.process(batches)
+            stored = True
+        except sqlite3.Error:
+            pass  # stopping while the journal refused the batch: it is read again at the next start
+        except Exception:
+            # Not the journal: something in these lines the code did not expect. Moving the cursor past
+            # them costs their XIDs; not moving it would stop the kernel-log source for good.
+            log.exception("event pipeline batch failed; skipping it")
+            self.stats.failed_batches += 1
+            self._forget_unstored()
+            stored = self._skip(batches)
+        _settle(batches, stored)
+        with self._count_lock:
+            self._unfinished -= len(batches)
+            if self._unfinished == 0:
+                self.idle.set()
+        # Returning drops this batch before the next is waited for: a burst's lines do not stay in memory.
 
     def process(self, batches: Sequence[Batch]) -> list[Event]:
         """Journal one batch of source items; returns the new events (merged ones are not new).

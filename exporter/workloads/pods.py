@@ -17,7 +17,6 @@ and /api/v1/gpus).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_triage.diagnosis.findings import Workload
+from gpu_triage.exporter.worker import Worker
 from gpu_triage.exporter.workloads.placement import Assignment, DeviceIndex
 from gpu_triage.exporter.workloads.podresources import MAX_ANSWER_BYTES, Answer, DeadlineError, WireError, read
 
@@ -117,8 +117,7 @@ class PodSource:
         self.error: str | None = None
         self.last_success: float | None = None
         self.duration_seconds: float | None = None
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Worker("pod-resources", self._turn)
 
     @property
     def up(self) -> bool | None:
@@ -126,20 +125,20 @@ class PodSource:
         auto found no socket)."""
         return {State.OK: True, State.FAILING: False}.get(self.state)
 
+    @property
+    def running(self) -> bool:
+        return self._worker.alive
+
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(self.deadline + 5.0)  # a read in flight ends at its deadline
+        self._worker.stop(self.deadline + 5.0)  # a read in flight ends at its deadline
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            if self.read_once():
-                self._on_change()
-            self._stopping.wait(self.interval)
+    def _turn(self) -> None:
+        if self.read_once():
+            self._on_change()
+        self._worker.stopping.wait(self.interval)
 
     def read_once(self) -> bool:
         """Read the API once; whether what the daemon shows changes (the answer, or the state)."""

@@ -162,10 +162,12 @@ class ProcessJobs:
         wait: float = 0.25,
         deadline: float = 5.0,
         on_change: Callable[[], None] = lambda: None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.procfs = procfs
         self.wait = min(wait, deadline)
         self.deadline = deadline
+        self._monotonic = monotonic  # what the deadline is measured on
         self._on_change = on_change
         self._known: dict[int, SlurmStep | None] = {}
         self._reading: dict[int, tuple[Future[tuple[SlurmStep | None, bool]], float]] = {}  # pid -> (read, since)
@@ -201,7 +203,7 @@ class ProcessJobs:
         if self._pool is None:
             self._pool = ReadPool(2, name="cgroup-read")
         future = self._pool.submit(self._look, pid, lane=pid)
-        self._reading[pid] = (future, time.monotonic())
+        self._reading[pid] = (future, self._monotonic())
         future.add_done_callback(self._returned)
         return future
 
@@ -215,7 +217,7 @@ class ProcessJobs:
 
     def _collect(self) -> None:
         """Take in the reads that returned; write off those past the deadline (their process has no job)."""
-        now = time.monotonic()
+        now = self._monotonic()
         for pid, (future, since) in list(self._reading.items()):
             if future.done():
                 del self._reading[pid]

@@ -6,6 +6,8 @@ import pwd
 import queue
 import threading
 
+from gpu_triage.exporter.worker import Worker
+
 
 class UserNames:
     """uid -> user name, looked up off the poll thread: with LDAP behind NSS, a lookup can hang for minutes.
@@ -21,7 +23,7 @@ class UserNames:
         self._limit = limit  # distinct users asked about: bounded, as every input
         self._wait = wait
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._worker = Worker("user-names", self._resolve, retry=1.0)  # started at the first new uid
 
     def name(self, uid: int) -> str:
         with self._lock:
@@ -33,20 +35,18 @@ class UserNames:
             self._asked.add(uid)
             done = threading.Event()
             self._queue.put((uid, done))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._resolve, name="user-names", daemon=True)
-                self._thread.start()
+            if not self._worker.started:
+                self._worker.start()
         done.wait(self._wait)
         with self._lock:
             return self._names.get(uid, str(uid))
 
     def _resolve(self) -> None:
-        while True:
-            uid, done = self._queue.get()
-            try:
-                name = pwd.getpwuid(uid).pw_name
-            except (KeyError, OSError):  # no such user here (a container without the cluster's NSS): keep the uid
-                name = str(uid)
-            with self._lock:
-                self._names[uid] = name
-            done.set()
+        uid, done = self._queue.get()
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except (KeyError, OSError):  # no such user here (a container without the cluster's NSS): keep the uid
+            name = str(uid)
+        with self._lock:
+            self._names[uid] = name
+        done.set()

@@ -115,7 +115,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         injected = time.time()
         for expr in FAULTS_SEEN:
             wait_for(functools.partial(query, prom, expr), what=expr)
-        # Let a rate window pass over the faults, as it would before anyone looks at the dashboard.
+        # Let a rate window pass over the faults, as it would before anyone looks at the dashboard: real time is
+        # what the rate() panels are about, and Prometheus's clock is not the test's to move.
         time.sleep(max(0.0, injected + RATE_INTERVAL - time.time()))
         end = time.time()
         yield Fleet(prom, _instance(faulty), _instance(healthy), _instance(mig), Window(start, end, 1.0))

@@ -49,10 +49,11 @@ class FakeSystemd:
         self.messages: list[Message] = []
 
     def receive(self, timeout: float) -> Message | None:
+        """The next message, waiting up to `timeout` s for it (0: only one that has arrived already)."""
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(4096)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             return None
         message = Message(time.monotonic(), tuple(data.decode().split("\n")))
         self.messages.append(message)
@@ -62,6 +63,14 @@ class FakeSystemd:
         message = self.receive(timeout)
         assert message is not None, f"nothing arrived within {timeout}s"
         return message.assignments
+
+    def queued(self) -> list[Message]:
+        """What has arrived already. A datagram is queued here before the sender's send() returns, so once the
+        sending is done (the ticks called, the thread or the process ended) this is all there will be."""
+        got = []
+        while (message := self.receive(0)) is not None:
+            got.append(message)
+        return got
 
     def collect(self, seconds: float) -> list[Message]:
         """Everything that arrives in the next `seconds`."""
@@ -154,7 +163,7 @@ def test_stopping_is_said_once(systemd: tuple[FakeSystemd, str], notifier_for: C
     fake, path = systemd
     notifier = notifier_for(path)
     assert notifier.stopping() and not notifier.stopping()
-    assert fake.collect(0.3)[0].get("STOPPING") == "1"
+    assert fake.queued()[0].get("STOPPING") == "1"
     assert len(fake.messages) == 1
 
 
@@ -202,7 +211,7 @@ def test_pings_are_due_every_interval(systemd: tuple[FakeSystemd, str], notifier
     assert watchdog.interval == 1.0
     for now in (0.0, 0.4, 0.99, 1.0, 1.5, 2.0):
         watchdog.tick(now)
-    got = fake.collect(0.3)
+    got = fake.queued()
     # Pinged at 0, 1 and 2; the status line went out once, with the first ping, as it never changed.
     assert [m.assignments for m in got] == [("WATCHDOG=1", "STATUS=8 GPUs, 8 up"), ("WATCHDOG=1",), ("WATCHDOG=1",)]
 
@@ -222,7 +231,7 @@ def test_pings_stop_while_the_poll_loop_hangs_and_resume_after(
     loop_turning[0] = True
     for now in (5.5, 6.0, 6.5):
         watchdog.tick(now)
-    assert [m.assignments for m in fake.collect(0.3)] == [
+    assert [m.assignments for m in fake.queued()] == [
         ("WATCHDOG=1", "STATUS=8 GPUs, 8 up"),
         ("WATCHDOG=1",),
         # 2.0 to 5.0: no ping for a hung poll loop, and the status line says why, once.
@@ -256,7 +265,7 @@ def test_the_thread_looks_again_while_stalled_and_stops_for_good(
         watchdog.stop()
     assert resumed.assignments == ("WATCHDOG=1", "STATUS=8 GPUs, 8 up")
     assert not any(t.name == "sd-watchdog" for t in threading.enumerate())
-    assert fake.collect(0.3) == []
+    assert fake.queued() == []
 
 
 def test_callbacks_that_raise_do_not_stop_the_thread(
@@ -288,7 +297,7 @@ def test_a_raising_alive_callback_counts_as_a_stalled_loop(
     watchdog = Watchdog(notifier_for(path, WATCHDOG_USEC="2000000"), broken, lambda: "8 GPUs, 8 up")
     for now in (0.0, 1.0, 2.0):
         watchdog.tick(now)
-    assert [m.assignments for m in fake.collect(0.3)] == [(f"STATUS={Watchdog.STALLED}; 8 GPUs, 8 up",)]
+    assert [m.assignments for m in fake.queued()] == [(f"STATUS={Watchdog.STALLED}; 8 GPUs, 8 up",)]
 
 
 def test_without_watchdog_sec_only_the_status_is_kept_current(
@@ -296,13 +305,22 @@ def test_without_watchdog_sec_only_the_status_is_kept_current(
 ) -> None:
     fake, path = systemd
     up = ["8 GPUs, 8 up"]
-    watchdog = Watchdog(notifier_for(path), lambda: True, lambda: up[0], status_interval=0.05)
+    looked = threading.Semaphore(0)
+
+    def status() -> str:
+        looked.release()
+        return up[0]
+
+    watchdog = Watchdog(notifier_for(path), lambda: True, status, status_interval=0.05)
     watchdog.start()
     try:
         fake.wait_for("STATUS", "8 GPUs, 8 up", timeout=10)
         up[0] = "8 GPUs, 7 up"
         fake.wait_for("STATUS", "8 GPUs, 7 up", timeout=10)
-        fake.collect(0.2)  # a few more looks at an unchanged status
+        while looked.acquire(blocking=False):  # the looks so far
+            pass
+        for _ in range(4):  # a few more looks at an unchanged status
+            assert looked.acquire(timeout=10)
     finally:
         watchdog.stop()
     assert [m.assignments for m in fake.messages] == [("STATUS=8 GPUs, 8 up",), ("STATUS=8 GPUs, 7 up",)]
@@ -351,7 +369,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
             daemon.process.send_signal(signal.SIGTERM)
             daemon.process.wait(timeout=30)
             stop_seconds = time.monotonic() - sent
-            stopping = fake.collect(0.3)
+            stopping = fake.queued()  # it has exited: everything it sent is here
     finally:
         fake.close()
     returncode = daemon.process.returncode

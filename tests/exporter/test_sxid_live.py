@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import time
-
 from fastapi.testclient import TestClient
 
 from gpu_triage.exporter.daemon import Daemon
+from tests.daemon_proc import wait_for
 
 FATAL = "[ 2100.000000] nvidia-nvswitch2: SXid (PCI:0000:85:00.0): 20034, Fatal, Link 48 LTSSM Fault Up\n"
 
 
 def test_a_fatal_sxid_makes_the_node_unhealthy_and_is_counted(client: TestClient, daemon: Daemon) -> None:
     daemon.settings.kmsg_path.write_text(FATAL)
-    deadline = time.monotonic() + 10
-    while not client.get("/api/v1/diagnosis").json()["findings"]:
-        assert time.monotonic() < deadline, "the SXid never reached the verdict"
-        time.sleep(0.05)
+    wait_for(
+        lambda: client.get("/api/v1/diagnosis").json()["findings"],
+        timeout=10,
+        interval=0.05,
+        what="the SXid never reached the verdict",
+    )
     body = client.get("/api/v1/diagnosis").json()
     [finding] = body["findings"]
     assert (finding["class"], finding["severity"], finding["action"]) == (

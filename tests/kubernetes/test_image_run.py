@@ -196,11 +196,16 @@ def test_the_image_runs_as_the_daemonset_runs_it(image: Podman, kustomization: s
     name = f"gpu-triage-{kustomization.replace('/', '-')}"
     image("run", "--detach", f"--name={name}", *image.limits, *flags, IMAGE, *args)
     try:
-        deadline = time.monotonic() + 60
-        while image("exec", name, "python3", "-c", READY, check=False).returncode != 0:
+        try:
+            wait_for(
+                lambda: image("exec", name, "python3", "-c", READY, check=False).returncode == 0,
+                timeout=60,
+                interval=0.5,
+                what="the container ready",
+            )
+        except AssertionError as e:
             logs = image("logs", name, check=False)
-            assert time.monotonic() < deadline, f"not ready after 60s:\n{logs.stdout}{logs.stderr}"
-            time.sleep(0.5)
+            raise AssertionError(f"{e}:\n{logs.stdout}{logs.stderr}") from None
         with kmsg.open("a") as log:  # the kernel logs a fault: a log followed from its end, as tail -F does
             log.write(XID_79)
         expected = {("1", "79"): 1.0} if "--no-source.kmsg" not in args else {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -10,10 +9,15 @@ from fastapi.testclient import TestClient
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.polling.poller import FAST
 from tests.conftest import FakeClock
+from tests.daemon_proc import wait_for
 
 
 def settle(daemon: Daemon) -> None:
     assert daemon.pipeline.idle.wait(timeout=5)
+
+
+def health(client: TestClient) -> str:
+    return str(client.get("/api/v1/diagnosis").json()["node"]["health"])
 
 
 def gpu(body: dict[str, Any], index: int) -> dict[str, Any]:
@@ -43,10 +47,7 @@ def test_a_quiet_node(client: TestClient) -> None:
 
 def test_xid_79_to_verdict_to_acknowledgement(client: TestClient, daemon: Daemon) -> None:
     assert client.post("/api/v1/sim/faults", json={"gpu": 3, "kind": "xid", "xid": 79}).status_code == 201
-    deadline = time.monotonic() + 5
-    while client.get("/api/v1/diagnosis").json()["node"]["health"] != "unhealthy":
-        assert time.monotonic() < deadline, "the XID never reached the verdict"
-        time.sleep(0.02)
+    wait_for(lambda: health(client) == "unhealthy", timeout=5, interval=0.02, what="the XID to reach the verdict")
     daemon.poller.poll(FAST)  # the simulated GPU fell off the bus with its Xid 79, as a real one does
     body = client.get("/api/v1/diagnosis").json()
     assert body["node"]["action"] == "REBOOT_NODE"
@@ -96,10 +97,7 @@ def test_kernel_log_xid_on_a_gpu_the_driver_no_longer_lists(client: TestClient, 
     kmsg = daemon.settings.kmsg_path
     xid79 = "NVRM: Xid (PCI:0000:e1:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
     kmsg.write_text(f"NVRM: GPU at PCI:0000:e1:00: GPU-0b11d014-6ba6-4f3e-9e6a-7e1a1234abcd\n{xid79}\n")
-    deadline = time.monotonic() + 5
-    while client.get("/api/v1/diagnosis").json()["node"]["health"] != "unhealthy":
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: health(client) == "unhealthy", timeout=5, interval=0.02, what="the kernel's XID in the verdict")
     body = client.get("/api/v1/diagnosis").json()
     assert len(body["gpus"]) == 8 and all(g["health"] == "healthy" for g in body["gpus"])
     [found] = body["findings"]
@@ -115,10 +113,7 @@ def test_an_xid_on_a_bus_id_that_is_no_gpu_is_judged_by_its_code(client: TestCli
     no lost GPU and no evidence the driver never gave."""
     with daemon.settings.kmsg_path.open("a") as f:
         f.write("NVRM: Xid (PCI:0000:ee:00): 13, pid=1, name=x, Graphics Exception\n")
-    deadline = time.monotonic() + 5
-    while not client.get("/api/v1/diagnosis").json()["findings"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: client.get("/api/v1/diagnosis").json()["findings"], timeout=5, interval=0.02, what="a finding")
     body = client.get("/api/v1/diagnosis").json()
     assert (body["node"]["health"], body["node"]["action"]) == ("degraded", "CHECK_APP")
     [found] = body["findings"]
@@ -132,10 +127,7 @@ def test_an_xid_on_a_bus_id_that_is_no_gpu_is_judged_by_its_code(client: TestCli
 def test_events_api(client: TestClient, daemon: Daemon, clock: FakeClock) -> None:
     for g, code in ((1, 13), (1, 31), (2, 13)):
         client.post("/api/v1/sim/faults", json={"gpu": g, "kind": "xid", "xid": code})
-    deadline = time.monotonic() + 5
-    while len(client.get("/api/v1/events").json()["events"]) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: len(client.get("/api/v1/events").json()["events"]) >= 3, timeout=5, interval=0.02, what="3 events")
     assert [e["xid"] for e in client.get("/api/v1/events", params={"gpu": 1}).json()["events"]] == [13, 31]
     assert [e["gpu"] for e in client.get("/api/v1/events", params={"xid": 13}).json()["events"]] == [1, 2]
     one = client.get("/api/v1/events", params={"limit": 1}).json()["events"]

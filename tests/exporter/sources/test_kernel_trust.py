@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.sources.journal import Cursor
 from gpu_triage.exporter.sources.kmsg import KmsgFollower
+from tests.daemon_proc import wait_for
 from tests.exporter.sources.test_kmsg import Collect
 from tests.exporter.sources.test_pipeline import start_daemon
 
@@ -58,10 +58,12 @@ KERNEL = [
 
 
 def _settled(d: Daemon, events: int) -> None:
-    deadline = time.monotonic() + 10
-    while len(d.journal.events()) < events or not d.pipeline.idle.is_set():
-        assert time.monotonic() < deadline, d.journal.events()
-        time.sleep(0.02)
+    wait_for(
+        lambda: len(d.journal.events()) >= events and d.pipeline.idle.is_set(),
+        timeout=10,
+        interval=0.02,
+        what=f"{events} events journaled",
+    )
 
 
 def _skipped(d: Daemon, reason: str) -> float:

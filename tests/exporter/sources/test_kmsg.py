@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpu_triage.exporter.sources import kmsg
+from gpu_triage.exporter.sources.file_changes import FileChanges
 from gpu_triage.exporter.sources.journal import Cursor
 from gpu_triage.exporter.sources.kmsg import KmsgFollower
 from gpu_triage.exporter.sources.logfile import FileFollower
@@ -95,6 +97,40 @@ class Reads:
             assert self._read.wait_for(lambda: self.bytes >= size, timeout), (self.bytes, size)
 
 
+class Looks:
+    """Counts the follower's looks at a followed file that found nothing new (each ends in FileChanges.wait)
+    and makes them quick, so a test waits for looks instead of for time: a look that finds nothing leaves no
+    other trace. `paused()` holds the follower between two looks while the test changes the file."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self._looked = threading.Condition()
+        self._hold = threading.Lock()
+
+        def wait(changes: FileChanges) -> None:
+            with self._looked:
+                self.count += 1
+                self._looked.notify_all()
+            with self._hold:
+                pass
+            changes._stop.wait(0.001)
+
+        monkeypatch.setattr(FileChanges, "wait", wait)
+
+    def wait_for(self, more: int, timeout: float = 5.0) -> None:
+        """Until `more` looks after this call have found nothing new."""
+        with self._looked:
+            target = self.count + more
+            assert self._looked.wait_for(lambda: self.count >= target, timeout), (self.count, target)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The follower done with one look and not yet at the next, for the whole block."""
+        with self._hold:
+            self.wait_for(1)
+            yield
+
+
 def follow(path: Path, got: Collect | None = None, boot_id: str = "b1") -> tuple[KmsgFollower, Collect]:
     got = got or Collect()
     follower = KmsgFollower(path, got, cursor=got.cursor, boot_id=boot_id, boot_time=1000.0, clock=lambda: 5.0)
@@ -172,8 +208,9 @@ def test_a_rotated_file_is_followed_from_its_start(tmp_path: Path) -> None:
         follower.stop()
 
 
-def test_a_reboot_does_not_replay_a_file(tmp_path: Path) -> None:
+def test_a_reboot_does_not_replay_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cursor of a file belongs to the file, not to the boot: a new boot id changes nothing."""
+    looks = Looks(monkeypatch)
     log = tmp_path / "kern.log"
     log.write_text("6,1,0,-;before the reboot\n")
     follower, got = follow(log, boot_id="b1")
@@ -184,7 +221,7 @@ def test_a_reboot_does_not_replay_a_file(tmp_path: Path) -> None:
     again, _ = follow(log, got, boot_id="b2")
     try:
         assert [r.text for r in got.wait_for(2)] == ["before the reboot", "after the reboot"]
-        time.sleep(0.1)  # five looks and no replay: a look that finds nothing leaves no trace to wait on
+        looks.wait_for(5)  # five looks and no replay
         assert len(got.records) == 2
     finally:
         again.stop()

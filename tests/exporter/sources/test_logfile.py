@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from gpu_triage.exporter.sources.kmsg import KmsgFollower
 from gpu_triage.exporter.sources.logfile import MAX_LINE_BYTES, FileMark
-from tests.exporter.sources.test_kmsg import Collect, Reads, file_origin, follow
+from tests.exporter.sources.test_kmsg import Collect, Looks, Reads, file_origin, follow
 
 
 def plain(n: int, what: str = "x") -> str:
@@ -30,7 +29,7 @@ def started(log: Path, got: Collect | None = None) -> tuple[KmsgFollower, Collec
 def stop(follower: KmsgFollower) -> None:
     """Stop it and make sure its thread is gone: from then on nothing more can arrive, no need to wait and see."""
     follower.stop()
-    assert follower._thread is not None and not follower._thread.is_alive()
+    assert not follower.running
 
 
 def run_until(log: Path, got: Collect, n: int) -> None:
@@ -107,16 +106,19 @@ def test_copytruncate_while_down_reads_the_lines_the_copy_took_first(tmp_path: P
     ]
 
 
-def test_copytruncate_while_running_reads_what_the_copy_took_before_the_truncation(tmp_path: Path) -> None:
+def test_copytruncate_while_running_reads_what_the_copy_took_before_the_truncation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
+    looks = Looks(monkeypatch)
     follower, got = started(log)
     try:
         with log.open("a") as f:
             f.writelines(plain(i, "seen") for i in range(5))
         got.wait_for(5)
         # Between two looks of the follower: more lines, the copy, the truncation, new lines.
-        with log.open("r+") as f:
+        with looks.paused(), log.open("r+") as f:
             f.seek(0, 2)
             f.writelines(plain(i, "late") for i in range(4))
             f.flush()
@@ -125,9 +127,7 @@ def test_copytruncate_while_running_reads_what_the_copy_took_before_the_truncati
             f.seek(0)
             f.writelines(plain(i, "after") for i in range(30))  # past the old size: a plain size check misses it
         got.wait_for(39)
-        # Ten looks of the follower, and none reads a line twice. A look that finds nothing leaves no trace to
-        # wait on, so this one waits for time.
-        time.sleep(0.2)
+        looks.wait_for(10)  # ten looks of the follower, and none reads a line twice
         assert texts(got)[5:] == [f"late {i}" for i in range(4)] + [f"after {i}" for i in range(30)]
     finally:
         follower.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from gpu_triage.exporter.sources.journal import Cursor, Event, Journal
 from gpu_triage.exporter.sources.pipeline import MERGE_WINDOW_SECONDS, DriverBatch, EventPipeline, KernelBatch
 from gpu_triage.exporter.sources.records import Record
 from tests.conftest import FakeClock, settings
+from tests.daemon_proc import wait_for
 
 GPUS = [GpuIdentity(0, "GPU-aaaa", "0000:18:00.0"), GpuIdentity(1, "GPU-bbbb", "0000:2a:00.0")]
 
@@ -182,10 +183,10 @@ def start_daemon(tmp_path: Path, boot_id: str, kmsg: Path) -> Daemon:
 
 def following(d: Daemon, kmsg: Path) -> None:
     """Until the kernel-log reader has looked at the file: a plain line written before would be old to it."""
-    deadline = time.monotonic() + 5
-    while d.journal.cursor(f"file:{kmsg.absolute()}") is None:
-        assert time.monotonic() < deadline, "the kernel-log reader never noted its place"
-        time.sleep(0.01)
+    origin = f"file:{kmsg.absolute()}"
+    wait_for(
+        lambda: d.journal.cursor(origin) is not None, timeout=5, interval=0.01, what="the reader to note its place"
+    )
 
 
 def kmsg_line(seq: int, code: int, bus: str = "0000:18:00") -> str:
@@ -205,18 +206,14 @@ def test_restart_neither_loses_nor_double_counts(tmp_path: Path) -> None:
     kmsg.write_text("".join(kmsg_line(seq, 31) for seq in range(1, 4)))
     d = start_daemon(tmp_path, "boot-1", kmsg)
     # The reader notes its place before it reads the lines: wait for them, not for a moment of idleness.
-    deadline = time.monotonic() + 5
-    while xid_count(d, 31) < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: xid_count(d, 31) >= 3, timeout=5, interval=0.02, what="3 XIDs counted")
     assert d.pipeline.idle.wait(timeout=5)
     assert xid_count(d, 31) == 3
     d.stop()
     with kmsg.open("a") as f:  # the kernel logs on while the daemon is down
         f.write("".join(kmsg_line(seq, 31) for seq in range(4, 6)))
     d = start_daemon(tmp_path, "boot-1", kmsg)
-    deadline = time.monotonic() + 5
-    while xid_count(d, 31) < 5 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: xid_count(d, 31) >= 5, timeout=5, interval=0.02, what="5 XIDs counted")
     assert d.pipeline.idle.wait(timeout=5)
     assert xid_count(d, 31) == 5, "the two lines logged while down are counted, the first three not again"
     d.stop()
@@ -229,10 +226,7 @@ def test_a_burst_of_ten_thousand_lines_is_journaled_completely(tmp_path: Path) -
     try:
         with kmsg.open("a") as f:
             f.write("".join(kmsg_line(seq, 13) for seq in range(1, 10_001)))
-        deadline = time.monotonic() + 30
-        while xid_count(d, 13) < 10_000:
-            assert time.monotonic() < deadline, xid_count(d, 13)
-            time.sleep(0.05)
+        wait_for(lambda: xid_count(d, 13) >= 10_000, timeout=30, interval=0.05, what="10,000 XIDs counted")
         assert xid_count(d, 13) == 10_000 and len(d.journal.events(limit=20_000)) == 10_000
     finally:
         d.stop()
@@ -245,10 +239,8 @@ def test_an_injected_xid_is_on_metrics_without_waiting_for_a_poll(tmp_path: Path
     try:
         assert d.driver_events is not None
         d.backend.inject(FaultSpec(gpu=0, kind="xid", xid=79))  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 2  # the poll interval is 5 s: only the event path can be this quick
-        while xid_count(d, 79) < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        # The poll interval is 5 s: only the event path can be this quick.
+        wait_for(lambda: xid_count(d, 79) >= 1, timeout=2, interval=0.01, what="the XID on /metrics")
         (event,) = d.journal.events()
         assert event.sources == "sim" and event.gpu_index == 0
     finally:
@@ -270,10 +262,9 @@ def test_the_verdict_hears_what_the_kernel_log_adds_to_a_driver_event(tmp_path: 
                 f"NVRM: Xid (PCI:{bus}): 154, pid='<unknown>', name=<unknown>, GPU recovery action "
                 "changed from 0x0 (None) to 0x1 (GPU Reset Required)\n"
             )
-        deadline = time.monotonic() + 5
-        while d.journal.events()[0].sources != "kmsg,nvml":
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(
+            lambda: d.journal.events()[0].sources == "kmsg,nvml", timeout=5, interval=0.02, what="both reports merged"
+        )
         assert d.pipeline.idle.wait(timeout=5)
         (verdict,) = [g for g in d.diagnosis()["gpus"] if g["gpu"] == 0]
         assert verdict["action"] == "RESET_GPU", "not the catalog's REBOOT_NODE for a 154 without its text"
@@ -296,10 +287,7 @@ def test_retention_is_applied_while_the_daemon_runs(tmp_path: Path) -> None:
     try:
         with kmsg.open("a") as f:  # a plain line, stamped when read
             f.write("NVRM: Xid (PCI:0000:18:00): 31, pid=9, name=python3, details\n")
-        deadline = time.monotonic() + 5
-        while not d.journal.events():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(d.journal.events, timeout=5, interval=0.02, what="the XID journaled")
         clock.advance(3 * 3600)  # older than the retention now, and the hourly purge is due
         d.refresh()
         assert d.journal.events() == [] and xid_count(d, 31) == 1, "the event goes, the counter stays"
@@ -352,15 +340,19 @@ def test_a_journal_that_refuses_writes_holds_the_batch_until_it_goes_in(
 def test_stopping_gives_up_a_batch_the_journal_keeps_refusing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline_module, "_RETRY_SECONDS", (0.01,))
     p, _ = pipeline(tmp_path)
+    refused = threading.Semaphore(0)
 
     def full_disk(*args: Any, **kwargs: Any) -> list[Event]:
+        refused.release()
         with p.journal._transaction(None):
             raise sqlite3.OperationalError("database or disk is full")
 
     monkeypatch.setattr(p.journal, "record", full_disk)
     p.start()
     commit = p.from_kernel("kmsg:b1", [Record(1, 10.0, XID79_GPU1)])
-    assert not commit.wait(0.2), "held while the journal refuses it"
+    for _ in range(3):
+        assert refused.acquire(timeout=5), "the journal is tried again"
+    assert not commit.wait(0), "held while the journal refuses it, three tries in"
     assert not p.journal.stats.up and "disk is full" in (p.journal.stats.error or "")
     p.stop()
     assert commit.wait(5.0) and not commit.stored
@@ -411,10 +403,7 @@ def test_a_corrupt_journal_moved_aside_keeps_its_place_in_the_kernel_log(tmp_pat
         f.write(b"\xde\xad\xbe\xef" * 25)  # the first 100 bytes: SQLite's header
     d = start_daemon(tmp_path, "boot-1", kmsg)
     try:
-        deadline = time.monotonic() + 10
-        while xid_count(d, 74) < 5:
-            assert time.monotonic() < deadline, xid_count(d, 74)
-            time.sleep(0.02)
+        wait_for(lambda: xid_count(d, 74) >= 5, timeout=10, interval=0.02, what="5 XIDs counted")
         assert d.pipeline.idle.wait(5) and xid_count(d, 74) == 5
         assert d.journal.stats.moved_aside == 1 and list(tmp_path.glob("journal.sqlite3.corrupt-*"))
     finally:
@@ -434,10 +423,12 @@ def test_distinct_bus_ids_are_bounded_and_the_rest_counted_together(tmp_path: Pa
                 if n % 3 == 0:  # some bound by the kernel to a GPU the driver does not list
                     f.write(f"NVRM: GPU at PCI:{bus}: GPU-{n:08x}-0000-4000-8000-000000000000\n")
                 f.write(f"NVRM: Xid (PCI:{bus}): 43, pid=1, name=x, Ch 00000010\n")
-        deadline = time.monotonic() + 30
-        while sum(t.count for t in d.journal.totals()) < len(buses):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for(
+            lambda: sum(t.count for t in d.journal.totals()) >= len(buses),
+            timeout=30,
+            interval=0.05,
+            what="all counted",
+        )
         d.refresh()
         totals = d.journal.totals()
         apart = {t.pci_bus_id for t in totals} - {pipeline_module.OTHER_DEVICES}

@@ -185,7 +185,7 @@ def test_decoding_is_within_the_deadline_too(kubelet: PodResourcesServer, monkey
     real = podresources._devices
 
     def slow(buf: bytes) -> podresources.Devices:
-        time.sleep(0.001)
+        time.sleep(0.001)  # the behaviour under test: decoding that really takes time, against a real deadline
         return real(buf)
 
     monkeypatch.setattr(podresources, "_devices", slow)
@@ -266,4 +266,4 @@ def test_the_background_thread_reads_and_tells_then_stops(kubelet: PodResourcesS
     finally:
         src.stop()
     # stop() joins the thread: gone, it asks nothing more, so there is nothing to wait and see.
-    assert src._thread is not None and not src._thread.is_alive(), "stopped"
+    assert not src.running, "stopped"

@@ -7,7 +7,6 @@ import os
 import pwd
 import shutil
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from gpu_triage.exporter.workloads import slurm
 from gpu_triage.exporter.workloads.slurm import ProcessJobs, SlurmStep, real_uid, step_of
 from gpu_triage.exporter.workloads.user_names import UserNames
-from tests.conftest import REPO
+from tests.conftest import REPO, FakeClock
 from tests.daemon_proc import wait_for
 
 PROCFS = REPO / "tests/fixtures/procfs"
@@ -202,7 +201,8 @@ def test_a_read_past_the_deadline_is_written_off(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(slurm, "_read", hangs_for_41017)
     changed = threading.Event()
-    jobs = ProcessJobs(procfs, wait=0.05, deadline=0.3, on_change=changed.set)
+    clock = FakeClock()
+    jobs = ProcessJobs(procfs, wait=0.05, deadline=0.3, on_change=changed.set, monotonic=clock.monotonic)
     back: list[object] = []  # the reads that returned, once what a read's return does is done
     real_returned = jobs._returned
 
@@ -213,7 +213,7 @@ def test_a_read_past_the_deadline_is_written_off(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(jobs, "_returned", returned)
     try:
         assert jobs.jobs({41017}) == {}
-        time.sleep(0.4)  # past the deadline, which ProcessJobs measures on time.monotonic (there is no clock to pass)
+        clock.advance(0.4)  # past the deadline
         assert in_thread(lambda: jobs.jobs({41017, 41034}), 5) == {41034: SlurmStep("4242", "batch", 0)}
         assert jobs.status()["hung_reads"] == 1
         release.set()
@@ -252,3 +252,20 @@ def test_an_unknown_uid_stays_a_number() -> None:
     names.name(uid)
     wait_for(lambda: uid in names._names, what="the lookup")
     assert names.name(uid) == str(uid)
+
+
+def test_a_lookup_that_fails_unexpectedly_leaves_the_next_ones_working(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An NSS module that raises what pwd never documents: that uid stays a number, the thread goes on."""
+
+    def lookup(uid: int) -> pwd.struct_passwd:
+        if uid == 5001:
+            raise RuntimeError("an NSS module's bug")
+        return pwd.struct_passwd(("ldap-user", "x", uid, uid, "", "/home/x", "/bin/sh"))
+
+    monkeypatch.setattr(pwd, "getpwuid", lookup)
+    names = UserNames(wait=0.01)
+    names._worker._retry = 0.0  # the helper's retry wait is not what this is about
+    assert names.name(5001) == "5001"
+    wait_for(lambda: names._worker.failures == 1, timeout=5, interval=0.01, what="the failure counted")
+    wait_for(lambda: names.name(5002) == "ldap-user", timeout=5, interval=0.01, what="the next lookup")
+    assert names.name(5001) == "5001" and names._worker.alive
