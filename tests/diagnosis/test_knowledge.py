@@ -1,4 +1,4 @@
-"""The knowledge cache (diagnosis/knowledge.py): built once per data version, never trusted otherwise.
+"""The knowledge cache (diagnosis/knowledge/cache.py): built once per data version, never trusted otherwise.
 
 Each case runs in a child process: the cache's point is what a fresh process does with it, and a
 process that has adopted a snapshot keeps it.
@@ -16,12 +16,12 @@ from tests.conftest import REPO
 LOAD = """
 import sys
 from pathlib import Path
-from gpu_triage.diagnosis import knowledge
+from gpu_triage.diagnosis.knowledge import cache as knowledge
 from gpu_triage.exporter.cache_store import FileStore
 store = FileStore(Path(sys.argv[1]))
 knowledge.load(store)
-from gpu_triage.diagnosis.xid_data import load_catalog
-from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
+from gpu_triage.diagnosis.training.rules.load import load_rules
 assert load_catalog().get(79) is not None and load_rules().rule("cuda_oom")
 print("parsed" if "yaml" in sys.modules else "cached")
 """
@@ -88,8 +88,8 @@ def test_the_compiled_scan_is_kept_and_a_bad_copy_compiled_again(tmp_path: Path)
     script = """
     import sys
     from pathlib import Path
-    from gpu_triage.diagnosis import block_scan
-    from gpu_triage.diagnosis.training_rules import load_rules
+    from gpu_triage.diagnosis.training.scan import block_scan
+    from gpu_triage.diagnosis.training.rules.load import load_rules
     from gpu_triage.exporter.cache_store import FileStore
     store = FileStore(Path(sys.argv[1]))
     patterns = tuple(s.scan for s in load_rules().signatures())
