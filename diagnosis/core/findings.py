@@ -86,10 +86,11 @@ class Finding:
     """A diagnosed problem: what it is, where, how bad, what to do, and the lines that show it.
 
     `class_id` is `xid_<code>` for XID findings, `sxid_<code>` for NVSwitch ones and a class id of the
-    training-log rules otherwise. Repeated lines of the same problem collapse into one finding: `count`
-    says how many, `evidence` keeps the first and the last (and the first of each other kind). `rank` is
-    the global rank. A symptom shared by many ranks is one finding for them all: `ranks` lists them and
-    `members` keeps each one's place, count and first line.
+    training-log rules otherwise; code decides on the typed `xid`, `sxid` and `aborted`, never on the class
+    id's spelling or on `details`, which are only shown. Repeated lines of the same problem collapse into
+    one finding: `count` says how many, `evidence` keeps the first and the last (and the first of each
+    other kind). `rank` is the global rank. A symptom shared by many ranks is one finding for them all:
+    `ranks` lists them and `members` keeps each one's place, count and first line.
     """
 
     id: str
@@ -110,6 +111,15 @@ class Finding:
     ranks: list[int] = field(default_factory=list)  # the ranks a folded finding covers
     members: list[dict[str, Any]] = field(default_factory=list)  # per place of a folded finding
     workloads: tuple[Workload, ...] = ()  # who was on the GPU when the daemon first saw the finding open
+    # Not in to_json: what the code decides on.
+    xid: int | None = None  # the XID code of a GPU the finding is
+    sxid: int | None = None  # the SXid code of an NVSwitch the finding is
+    aborted: bool = False  # a process ended on purpose by SIGABRT (its own error came first)
+
+    @property
+    def from_kernel(self) -> bool:
+        """An XID or an SXid: what the driver said, not a training log's line."""
+        return self.xid is not None or self.sxid is not None
 
     def to_json(self) -> dict[str, Any]:
         out = {

@@ -58,12 +58,13 @@ def findings(decisions: Sequence[Decision], gpu: str | None, catalog: XidCatalog
                 evidence=evidence,
                 count=len(group),
                 details=details,
+                xid=code,
             )
         )
     root_codes = {d.occurrence.code for d in decisions if d.root}
     out.sort(
         key=lambda f: (
-            int(f.class_id.removeprefix("xid_")) not in root_codes,
+            f.xid not in root_codes,
             *urgency(f),
             f.details.get("first_seen", 0),
         )

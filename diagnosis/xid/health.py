@@ -169,7 +169,7 @@ def assess_gpu(
     conditions = condition_findings(telemetry, gpu, catalog)
     if telemetry.recovery_action and xid_findings:  # the XID root cause already carries it: one finding, not two
         conditions = [f for f in conditions if f.class_id != "recovery_action"]
-    fallen = next((f for f in xid_findings if f.class_id == f"xid_{_FALLEN_OFF_THE_BUS}"), None)
+    fallen = next((f for f in xid_findings if f.xid == _FALLEN_OFF_THE_BUS), None)
     if fallen is not None and telemetry.status == GpuStatus.LOST:
         # The GPU lost now is what its Xid 79 said: one finding, which also says what the backend answers.
         lost = [f for f in conditions if f.class_id == "gpu_lost"]

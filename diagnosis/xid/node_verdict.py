@@ -78,14 +78,14 @@ def unknown_device_findings(
     judged = assess_gpu(bus, occurrences, Telemetry(), boot_id=boot_id, now=now, cleared_at=cleared_at, catalog=catalog)
     out = []
     for f in judged.findings:
-        code = f.class_id.removeprefix("xid_")
+        code = f.xid
         what = f"GPU {uuid} by the kernel log" if uuid else "a device"
         f.id, f.class_id, f.gpu = f"unknown_device:{bus}:xid_{code}", "unknown_device", None
         if bus == OTHER_DEVICES:
             f.title = f"Xid {code} on more unknown devices than gpu-triage keeps apart: {f.title}"
         else:
             f.title = f"Xid {code} on {bus}, {what} the driver does not list as a GPU of this node: {f.title}"
-        f.details.update(pci_bus_id=bus, xid=int(code) if code.isdigit() else code)
+        f.details.update(pci_bus_id=bus, xid=code if code is not None else "?")
         if uuid:
             f.details["uuid"] = uuid
         f.steps = [

@@ -343,7 +343,7 @@ def test_a_failure_in_a_slurm_labelled_log() -> None:
 
 
 def test_a_flood_of_repeated_lines_is_counted_exactly() -> None:
-    from gpu_triage.diagnosis.training.diagnose import CACHE_ENTRIES
+    from gpu_triage.diagnosis.training.scan.classify import CACHE_ENTRIES
 
     same = b"node1:9:10 [0] misc/socket.cc:538 NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.4<1>\n"
     # More distinct messages than the classification caches hold, so they empty and refill on the way.

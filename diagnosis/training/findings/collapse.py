@@ -40,6 +40,8 @@ class Spec:
     tier: float  # root-cause order: lower is more specific
     symptom: bool = False
     performance: bool = False  # slows a job without ending it (reported beside the findings)
+    xid: int | None = None  # the XID code of a GPU, for an XID's spec
+    sxid: int | None = None  # the SXid code of an NVSwitch, for an SXid's spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class Tally:
     details: dict[str, str | int] = field(default_factory=dict)
     others: list[Seen] = field(default_factory=list)  # first lines of other kinds
     inferred: bool = False
+    aborted: bool = False  # a line of it was a SIGABRT's report (rules: a process_segfault's `abort` field)
 
     def note(self, seen: Seen) -> None:
         """`seen` is another line of this tally."""
@@ -89,7 +92,7 @@ class Collapser:
     def __init__(self) -> None:
         self._tallies: dict[tuple[str, Who], Tally] = {}
 
-    def add(self, who: Who, spec: Spec, seen: Seen, details: dict[str, str | int]) -> None:
+    def add(self, who: Who, spec: Spec, seen: Seen, details: dict[str, str | int], aborted: bool = False) -> None:
         key = (spec.class_id, who)
         tally = self._tallies.get(key)
         if tally is None and len(self._tallies) >= MAX_KEYS:
@@ -97,9 +100,10 @@ class Collapser:
             key = (spec.class_id, Who(seen.source))
             tally = self._tallies.get(key)
         if tally is None:
-            self._tallies[key] = Tally(spec, seen, seen, 1, details)
+            self._tallies[key] = Tally(spec, seen, seen, 1, details, aborted=aborted)
             return
         tally.note(seen)
+        tally.aborted = tally.aborted or aborted
         for name, value in details.items():
             tally.details.setdefault(name, value)
 
@@ -137,6 +141,7 @@ class Collapser:
             where = place(who)
             key = (class_id, where.host, where.rank, where.local_rank if where.rank is None else None, where.gpu)
             copy = Tally(tally.spec, tally.first, tally.last, tally.count, dict(tally.details), list(tally.others))
+            copy.aborted = tally.aborted
             copy.inferred = tally.inferred or where.inferred
             if where.rank is not None and where.local_rank is not None:
                 copy.details.setdefault("local_rank", where.local_rank)
@@ -187,6 +192,9 @@ def build(where: Where, tally: Tally, label: Callable[[int], str | None], name: 
         evidence=[Evidence(s.line, s.text, label(s.source)) for s in lines],
         count=tally.count,
         details=details,
+        xid=spec.xid,
+        sxid=spec.sxid,
+        aborted=tally.aborted,
     )
     finding.steps = next_steps.fill(spec.steps, next_steps.values(finding))
     return Ranked(finding, spec.tier, Timing(first.stamp, first.source, first.line))

@@ -122,7 +122,7 @@ def uncaught(
 
 def is_death(f: Finding) -> bool:
     """A finding that only says a process ended: a generic death, or a SIGABRT."""
-    return f.class_id == JOB_FAILED or (f.class_id == PROCESS_SEGFAULT and "abort" in f.details)
+    return f.class_id == JOB_FAILED or (f.class_id == PROCESS_SEGFAULT and f.aborted)
 
 
 def _has_place(f: Finding) -> bool:

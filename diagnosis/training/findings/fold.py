@@ -28,8 +28,8 @@ FOLD_AT = 2
 _APPLICATION = frozenset({Action.CHECK_APP, Action.RESTART_APP, Action.IGNORE})
 
 
-def _foldable(class_id: str) -> bool:
-    return not class_id.startswith(("xid_", "sxid_"))
+def _foldable(f: Finding) -> bool:
+    return not f.from_kernel
 
 
 def _common(values: list[Any]) -> Any:
@@ -84,12 +84,15 @@ def group(members: list[Finding], symptom: bool = True) -> Finding:
         details=details,
         ranks=ranks,
         members=[_member(f) for f in by_place],
+        xid=first.xid,
+        sxid=first.sxid,
+        aborted=first.aborted,
     )
 
 
 def _one_crash(f: Finding) -> bool:
     """An XID that blames the application: one of many its crash leaves on the GPUs it ran on."""
-    return f.class_id.startswith("xid_") and f.action in _APPLICATION and f.severity is not Severity.CRITICAL
+    return f.xid is not None and f.action in _APPLICATION and f.severity is not Severity.CRITICAL
 
 
 def fold_gpus(findings: list[Finding]) -> list[Finding]:
@@ -141,6 +144,9 @@ def _gpus(members: list[Finding]) -> Finding:
         details=details,
         members=[_member(f) for f in members],
         workloads=workloads,
+        xid=first.xid,
+        sxid=first.sxid,
+        aborted=first.aborted,
     )
 
 
@@ -154,13 +160,13 @@ def fold(findings: list[Finding], is_symptom: Callable[[Finding], bool]) -> list
     findings = fold_gpus(findings)
     by_key: dict[tuple[str, str | int | None], list[Finding]] = {}
     for f in findings:
-        if _foldable(f.class_id):
+        if _foldable(f):
             by_key.setdefault(_key(f), []).append(f)
     groups = {k: group(ms, is_symptom(ms[0])) for k, ms in by_key.items() if len(ms) >= FOLD_AT}
     out: list[Finding] = []
     for f in findings:
         key = _key(f)
-        if not _foldable(f.class_id) or key not in groups:
+        if not _foldable(f) or key not in groups:
             out.append(f)
         elif f is by_key[key][0]:
             out.append(groups[key])

@@ -20,7 +20,7 @@ ranks last.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
@@ -65,6 +65,7 @@ def _xid_spec(code: int, entry: XidEntry | None, rules: RuleSet) -> Spec:
                 UNKNOWN_XID.action.description,
             ),
             tier=-1.0,
+            xid=code,
         )
     return Spec(
         class_id=f"xid_{code}",
@@ -74,6 +75,7 @@ def _xid_spec(code: int, entry: XidEntry | None, rules: RuleSet) -> Spec:
         playbook=entry.playbook,
         steps=(_XID_CHECK, entry.action.description),
         tier=_xid_tier(entry.action, rules),
+        xid=code,
     )
 
 
@@ -94,6 +96,7 @@ def _sxid_spec(code: int, fatal: bool, rules: RuleSet) -> Spec:
         playbook=SXID_PLAYBOOK,
         steps=steps,
         tier=-1.0 if fatal else _first_symptom(rules) - 0.5,
+        sxid=code,
     )
 
 
@@ -118,13 +121,34 @@ def _timed(seen: list[tuple[Occurrence, Stamp | None]]) -> list[Occurrence]:
     return [replace(occurrence, ts=value) for (occurrence, _), value in zip(seen, values, strict=True)]
 
 
+@dataclass(frozen=True, slots=True)
+class ListedEvent:
+    """A kernel event as the report lists it, with the input it came from (the report names the input)."""
+
+    source: int
+    event: KernelEvent
+
+    def to_json(self, file: str | None) -> dict[str, Any]:
+        """The event of `diagnose --json`'s `events`; `file`: the input's name, when several were read."""
+        event = self.event
+        out: dict[str, Any] = {"line": event.line}
+        if event.kind is EventKind.SXID:
+            out.update(sxid=event.code, pci_bus_id=event.pci_bus_id, severity=event.details.get("severity"))
+        else:
+            out.update(xid=event.code, pci_bus_id=event.pci_bus_id, pid=event.pid, process=event.process)
+        out.update(timestamp=event.timestamp, text=event.text[:EVIDENCE_CHARS])
+        if file is not None:
+            out["file"] = file
+        return out
+
+
 class KernelFindings:
     """XID and SXid events of one diagnosis, the findings they make, and the XID verdicts."""
 
     def __init__(self, rules: RuleSet, collapser: Collapser) -> None:
         self.rules = rules
         self.collapser = collapser
-        self.events: list[dict[str, Any]] = []
+        self.events: list[ListedEvent] = []
         self.dropped = 0
         self._xid_specs: dict[int, tuple[Spec, XidEntry | None]] = {}
         # By (input, host, GPU): every node has a GPU at 3b:00, so a bus id names a GPU only with its host.
@@ -135,22 +159,13 @@ class KernelFindings:
             return
         listed = len(self.events) < MAX_EVENTS
         if listed:
-            self.events.append(self._event(source, event))
+            self.events.append(ListedEvent(source, event))
         else:
             self.dropped += 1
         if event.kind is EventKind.SXID:
             self._sxid(source, line, event)
         else:
             self._xid(source, line, event, listed)
-
-    def _event(self, source: int, event: KernelEvent) -> dict[str, Any]:
-        out: dict[str, Any] = {"line": event.line}
-        if event.kind is EventKind.SXID:
-            out.update(sxid=event.code, pci_bus_id=event.pci_bus_id, severity=event.details.get("severity"))
-        else:
-            out.update(xid=event.code, pci_bus_id=event.pci_bus_id, pid=event.pid, process=event.process)
-        out.update(timestamp=event.timestamp, text=event.text[:EVIDENCE_CHARS], _source=source)
-        return out
 
     def _sxid(self, source: int, line: LogLine, event: KernelEvent) -> None:
         assert event.code is not None
@@ -207,9 +222,9 @@ class KernelFindings:
 
         def change(who: Who, tally: Tally) -> tuple[Spec, dict[str, str | int]] | None:
             spec = tally.spec
-            if not spec.class_id.startswith("xid_"):
+            code = spec.xid
+            if code is None:
                 return None
-            code = int(spec.class_id.removeprefix("xid_"))
             d = verdicts.get((who.source, short_host(who.host), who.gpu), {}).get(code)
             if d is None or (d.action, d.severity) == (spec.action, spec.severity):
                 return None

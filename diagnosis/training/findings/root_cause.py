@@ -68,7 +68,7 @@ def _on_gpu(xid: Finding, other: Finding) -> bool:
 def kernel_first(items: Iterable[Ranked], is_root_xid: Callable[[Finding], bool]) -> list[Ranked]:
     """`items` with each root-cause XID's tier just ahead of the training-log findings on its GPU."""
     items = list(items)
-    logs = [r for r in items if not r.finding.class_id.startswith(("xid_", "sxid_"))]
+    logs = [r for r in items if not r.finding.from_kernel]
     out = []
     for r in items:
         tiers = [o.tier for o in logs if _on_gpu(r.finding, o.finding)] if is_root_xid(r.finding) else []
@@ -97,7 +97,7 @@ def link_symptoms(findings: list[Finding], is_symptom: Callable[[Finding], bool]
     if not findings or is_symptom(findings[0]):
         return
     root = findings[0]
-    xid = root.class_id.startswith("xid_")
+    xid = root.xid is not None
     for finding in findings[1:]:
-        if is_symptom(finding) or (xid and not finding.class_id.startswith("xid_") and _on_gpu(root, finding)):
+        if is_symptom(finding) or (xid and finding.xid is None and _on_gpu(root, finding)):
             finding.details["likely_caused_by"] = root.id

@@ -85,7 +85,8 @@ class _Binding:
     ends: frozenset[str]
 
     def __call__(self, class_id: str, who: Who, tally: Tally) -> Who | None:
-        if who.source != self.state.index or who.pid is not None or class_id.startswith(("xid_", "sxid_")):
+        kernel = tally.spec.xid is not None or tally.spec.sxid is not None
+        if who.source != self.state.index or who.pid is not None or kernel:
             return None  # a line whose printer's pid is known is that process's, whoever it is
         place, worker = self.identity.place(who), self.worker
         if (place.rank, place.local_rank, place.gpu) != (None, None, None) or place.host not in (None, worker.host):

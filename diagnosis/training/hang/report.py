@@ -172,9 +172,7 @@ class HangInputs:
             own = [
                 r.tier
                 for r in others
-                if r.finding.rank in culprit
-                and not r.finding.class_id.startswith(("xid_", "sxid_"))
-                and not is_symptom(r.finding)
+                if r.finding.rank in culprit and not r.finding.from_kernel and not is_symptom(r.finding)
             ]
             if own:
                 tier = min(own) + 0.1  # the culprit's own error says why it never came
