@@ -1,7 +1,7 @@
 """The performance classes, each a judgement of one GPU's window sums (or a workload's GPUs side by side).
 
 Each check answers the evidence figures when its class holds, None otherwise. They read only the sums of
-performance_window.py and the thresholds of data/performance.yaml; what holds is decided here, what it
+performance/window.py and the thresholds of data/performance.yaml; what holds is decided here, what it
 means and what to do lives in the data and the playbooks.
 """
 

@@ -111,7 +111,7 @@ class _Diagnosis:
         finder = finder_for(self.patterns, self.literals, self.engine, self.store, needles, self.parallel)
         self.engine = "hyperscan" if isinstance(finder, HyperscanFinder) else "python"
         reader = InputLines(finder, skip_test=skip_test_for(self.literals, needles))
-        kernel = KernelLogParser(strict=False)  # a pasted line may carry any prefix (kernel_log_parser)
+        kernel = KernelLogParser(strict=False)  # a pasted line may carry any prefix (xid/kernel_parser.py)
         end = TextEnd()
         try:
             for cand in reader.read(end.watch(chunks)):

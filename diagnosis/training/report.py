@@ -39,7 +39,7 @@ class Report:
     events_dropped: int = 0
     engine: str = "python"  # the block scan used: "hyperscan" or "python"
     performance: list[Finding] = field(default_factory=list)  # what slowed the job, beside what ended it
-    hang: dict[str, Any] | None = None  # Flight Recorder and RAS inputs: the per-rank table (hang_report.py)
+    hang: dict[str, Any] | None = None  # Flight Recorder and RAS inputs: the per-rank table (hang/report.py)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,4 @@
-"""What hang_classify.py finds: hangs (kind, culprits, the collective, the facts that show it) and the
+"""What hang/classify.py finds: hangs (kind, culprits, the collective, the facts that show it) and the
 per-rank table, and the small helpers that read a rank's ops of a group."""
 
 from __future__ import annotations

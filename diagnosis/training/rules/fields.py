@@ -1,4 +1,4 @@
-"""Captured regex groups to typed finding details (`training_rules.FIELDS` says each group's kind).
+"""Captured regex groups to typed finding details (`rules/model.FIELDS` says each group's kind).
 
 Integers become ints, PCI bus ids in any spelling (and NCCL's packed `busId`) become the canonical
 bus id that identifies the finding's GPU, and a few fields get a derived companion: the numeric NCCL

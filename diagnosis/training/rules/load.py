@@ -1,7 +1,7 @@
 """Reading and checking diagnosis/data/training_rules.yaml (the model is in diagnosis/training/rules/model.py).
 
 Everything wrong with the file is found at load time and reported together in one `DataError`:
-unknown keys, bad regexes (unbounded repetition, look-around and the other constructs rule_regex
+unknown keys, bad regexes (unbounded repetition, look-around and the other constructs rules/regex.py
 refuses), signatures without distinctive literal text, unknown group names, actions or severities,
 duplicate classes, playbook ids that do not follow `nccl-<class>`, signatures without an example,
 examples that do not land on their own rule (a more specific rule earlier in the file would steal

@@ -75,8 +75,8 @@ class Example:
 @dataclass(frozen=True, slots=True)
 class Signature:
     pattern: str  # the regex of the rules file, matched (ASCII) against the bare message
-    literals: tuple[str, ...]  # every match holds one of these (rule_regex.required_literals)
-    scan: str  # the Hyperscan form (rule_regex.scan_pattern)
+    literals: tuple[str, ...]  # every match holds one of these (rules/regex.required_literals)
+    scan: str  # the Hyperscan form (rules/regex.scan_pattern)
     # Compiled when a line first holds one of the literals: a one-shot command that loads the rules from
     # the knowledge cache (diagnosis/knowledge/cache.py) compiles only the few its input needs.
     _compiled: list[re.Pattern[str]] = field(default_factory=list, compare=False, repr=False)

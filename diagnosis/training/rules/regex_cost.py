@@ -1,7 +1,7 @@
 """How many ways one start position of a signature's search can be tried, read from its parse tree.
 
 Python's `re` backtracks: when the rest of a pattern fails, every other length of every repeat before
-it is tried. Each repeat is bounded (rule_regex refuses the others), so the work per start position is
+it is tried. Each repeat is bounded (rules/regex.py refuses the others), so the work per start position is
 bounded by a product of repeat widths, and a search tries every start position of a line. Two shapes
 make that product large, and the loader refuses both over `MAX_PATHS`:
 

@@ -1,13 +1,13 @@
 """Which lines of a block deserve a closer look: every signature over every line, at about grep's speed.
 
 Two finders (see `literal_search.Finder`) flag candidate lines; Python then matches each candidate against
-the rules (training_rules.RuleSet.match) and decides. Both flag every line a signature could match,
+the rules (rules/model.RuleSet.match) and decides. Both flag every line a signature could match,
 so both give the same findings; they differ in speed only:
 
-* `HyperscanFinder` compiles the scan form of every signature (rule_regex.scan_pattern) into one
+* `HyperscanFinder` compiles the scan form of every signature (rules/regex.scan_pattern) into one
   Hyperscan database and runs it over whole blocks: the PyPI `hyperscan` wheel (Vectorscan inside),
   where one exists for the platform;
-* `LiteralFinder` looks for the literal text each signature requires (rule_regex.required_literals)
+* `LiteralFinder` looks for the literal text each signature requires (rules/regex.required_literals)
   with plain byte searches. It flags more lines (a literal without the rest of the signature), which
   Python then turns down, and it is slower on big inputs.
 
