@@ -340,9 +340,9 @@ def _fill_steps(node: NodeVerdict, indexes: dict[str, int]) -> None:
     for v in node.gpus:
         index = indexes.get(v.gpu)
         for f in v.findings:
-            if f.steps or not f.class_id.startswith("xid_"):
+            code = f.xid
+            if f.steps or code is None:
                 continue
-            code = f.class_id.removeprefix("xid_")
             steps = [f.action.description]
             steps.append(f"`gpu-triage xid {code}` says what the code means; the runbook is /runbooks/{f.playbook}.")
             if index is not None and f.action not in (Action.REBOOT_NODE, Action.CONTACT_SUPPORT, Action.IGNORE):
