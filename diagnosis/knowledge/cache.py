@@ -27,11 +27,12 @@ from gpu_triage.diagnosis.core.data_files import BlobStore, adopt
 PARTS = ("catalog", "conditions", "rules", "playbooks")  # the loaders' names (data_files.adopted)
 
 
-def digest() -> str:
-    """What the knowledge is built from, hashed: the data files, the diagnosis code, the Python version.
-    (The package's version adds nothing: code that changed is in the hash already.)"""
+def digest(package: Path | None = None) -> str:
+    """What the knowledge is built from, hashed: the data files, the diagnosis code of every sub-package,
+    the Python version. (The package's version adds nothing: code that changed is in the hash already.)
+    `package`: a diagnosis/ folder to hash instead of this one."""
     h = hashlib.sha256(importlib.util.MAGIC_NUMBER)  # the interpreter's bytecode version: its pickles too
-    here = Path(__file__).parent.parent
+    here = package or Path(__file__).parent.parent
     # The package on disk (a wheel's or a checkout's) read directly; importlib.resources otherwise.
     root: Any = here if (here / "data").is_dir() else resources.files("gpu_triage.diagnosis")
     entries = [(name, e) for name, e in _walk(root, "") if name.endswith(".py")]

@@ -112,3 +112,23 @@ def test_the_compiled_scan_is_kept_and_a_bad_copy_compiled_again(tmp_path: Path)
     _run(forge, tmp_path)
     assert _run(script, tmp_path) == "['hyperscan']"  # compiled again, and the copy replaced
     assert db.read_bytes()[-14:] != b"not a database"
+
+
+def test_the_digest_covers_the_code_of_every_sub_package(tmp_path: Path) -> None:
+    """A change to any diagnosis module, however deep in the sub-packages, or to a data file, is a new
+    version: a cache that other code built is never trusted. Hashed from a copy that can be changed."""
+    from gpu_triage.diagnosis.knowledge import cache
+
+    copy = tmp_path / "diagnosis"
+    for path in (REPO / "diagnosis").rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            target = copy / path.relative_to(REPO / "diagnosis")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    seen = {cache.digest(copy)}
+    assert seen == {cache.digest()}  # the copy is the package
+    for changed in ("training/findings/kernel.py", "xid/health.py", "__init__.py", "data/xid_policy.yaml"):
+        path = copy / changed
+        path.write_bytes(path.read_bytes() + b"\n")
+        seen.add(cache.digest(copy))
+    assert len(seen) == 5
