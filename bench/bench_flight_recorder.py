@@ -11,7 +11,7 @@ runs in a fresh process; memory is that process's peak resident size less what t
 take in it (they are handed over in memory), which holds each rank's latest WINDOW ops per group, and
 the decoding processes' peak (one dump at a time): flat means it does not grow with the number of
 entries per rank, nor, for the decoder, with the number of ranks. The in-process path with the
-pre-scan (diagnosis/fr_unpickle.py) is timed on the smallest job for comparison.
+pre-scan (diagnosis/training/hang/fr_unpickle.py) is timed on the smallest job for comparison.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_triage.diagnosis.fr_unpickle import loads
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training.diagnose import diagnose
+from gpu_triage.diagnosis.training.hang.fr_unpickle import loads
 from gpu_triage.exporter.fr_decode import SandboxDecoder
 
 REAL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "flight_recorder" / "healthy" / "pickle"

@@ -1,4 +1,4 @@
-"""Throughput of `diagnosis.kernel_log_parser.scan` against `grep -c 'NVRM: Xid'` on the same big kernel log.
+"""Throughput of `diagnosis.xid.kernel_parser.scan` against `grep -c 'NVRM: Xid'` on the same big kernel log.
 
     .venv/bin/python bench/bench_kernel_log.py              # 1 GB, generated once under bench/out/
     .venv/bin/python bench/bench_kernel_log.py --size-mb 64
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_triage.diagnosis.kernel_log_parser import ScanStats, scan
+from gpu_triage.diagnosis.xid.kernel_parser import ScanStats, scan
 
 OUT = Path(__file__).resolve().parent / "out"
 CHUNK = 8 << 20

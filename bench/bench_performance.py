@@ -19,8 +19,8 @@ from types import MappingProxyType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.diagnosis.performance_data import load_performance
+from gpu_triage.diagnosis.core.findings import Workload
+from gpu_triage.diagnosis.performance.data import load_performance
 from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
 from gpu_triage.exporter.metrics.performance import performance_families

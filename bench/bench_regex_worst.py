@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_training_log import ensure_log
 
-from gpu_triage.diagnosis.block_scan import engine_name
-from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
-from gpu_triage.diagnosis.log_lines import normalise
-from gpu_triage.diagnosis.training import diagnose
-from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.training.diagnose import diagnose
+from gpu_triage.diagnosis.training.input.log_lines import normalise
+from gpu_triage.diagnosis.training.rules.load import load_rules
+from gpu_triage.diagnosis.training.scan.block_scan import engine_name
+from gpu_triage.diagnosis.xid.kernel_parser import KernelLogParser
 from gpu_triage.exporter.cache_store import FileStore
 
 CHUNK = 1 << 20  # what the command reads at a time

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.training.rules.load import load_rules
 from gpu_triage.exporter.log_input import scan_in_parallel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def ensure_log(size_mb: int) -> Path:
 
 def _child(path: str, engine: str, limit_mb: int, parallel: bool) -> None:
     """Run in a fresh interpreter: diagnose (up to `limit_mb` MB of) the file, print figures as JSON."""
-    from gpu_triage.diagnosis.training import diagnose
+    from gpu_triage.diagnosis.training.diagnose import diagnose
 
     limit = limit_mb << 20
 

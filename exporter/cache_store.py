@@ -1,6 +1,6 @@
 """Where one-shot commands keep what they would otherwise rebuild on every start: a directory of blobs.
 
-diagnosis/knowledge.py puts the checked knowledge here and diagnosis/block_scan.py the compiled
+diagnosis/knowledge/cache.py puts the checked knowledge here and diagnosis/training/scan/block_scan.py the compiled
 Hyperscan database, each under a key naming the version it is of. This module only keeps bytes: each
 file holds a magic tag, the SHA-256 of its payload and the payload, written to a temporary file and
 renamed into place, so a reader sees a whole file or none. A file that is truncated, altered, not owned
@@ -38,7 +38,7 @@ def default_dir() -> Path | None:
 
 
 class FileStore:
-    """diagnosis/knowledge.py's BlobStore, one file per key in `directory`."""
+    """diagnosis/knowledge/cache.py's BlobStore, one file per key in `directory`."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory

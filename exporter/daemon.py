@@ -17,11 +17,11 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from gpu_triage.diagnosis import knowledge
-from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.diagnosis.node_verdict import Blind, NodeVerdict
-from gpu_triage.diagnosis.performance import PerformanceReport
-from gpu_triage.diagnosis.performance_data import load_performance
+from gpu_triage.diagnosis.core.findings import Workload
+from gpu_triage.diagnosis.knowledge import cache as knowledge
+from gpu_triage.diagnosis.performance.data import load_performance
+from gpu_triage.diagnosis.performance.engine import PerformanceReport
+from gpu_triage.diagnosis.xid.node_verdict import Blind, NodeVerdict
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.cache_store import store_from_env
 from gpu_triage.exporter.metrics.exposition import MetricsCache
@@ -185,7 +185,7 @@ class Daemon:
     def start(self) -> None:
         """Check the diagnosis data (DataError lists every problem), find the GPUs, take the first snapshot,
         then poll and follow the XID sources in the background. The checked data comes from the cache
-        when it holds this version's (diagnosis/knowledge.py)."""
+        when it holds this version's (diagnosis/knowledge/cache.py)."""
         knowledge.load(self.store)
         self.poller.discover()
         with self._render_lock:

@@ -4,7 +4,7 @@ The Slurm epilog and the Kubernetes collector gather a failed job's logs, Flight
 RAS output into one folder; `gpu-triage diagnose DIR` reads every file in it (sorted, so the report
 does not depend on the order the file system lists them) and POST /api/v1/diagnose takes the same
 folder as a tar or zip, or as multipart/form-data with one part per file. What each file is, is told
-by its content (diagnosis/hang_report.py), never by its name. Every count and size is bounded: an
+by its content (diagnosis/training/hang/report.py), never by its name. Every count and size is bounded: an
 archive's members are read within the body's own limit, so a zip bomb stays small.
 """
 

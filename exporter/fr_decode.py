@@ -1,13 +1,13 @@
 """Flight Recorder pickles decoded in a child process whose memory is capped.
 
-diagnosis/fr_unpickle.py refuses every instruction that is not a plain value, which is what keeps a
+diagnosis/training/hang/fr_unpickle.py refuses every instruction that is not a plain value, which is what keeps a
 pickle from running code. It also scans for a memo index that would make CPython's unpickler allocate
 gigabytes, but that scan is a Python loop: a 512-rank job's dumps would take a minute. Here the fast C
 unpickler runs unscanned (imports and calls are still refused) in a child whose address space is
 limited (RLIMIT_AS), so a pickle that asks for too much memory fails with MemoryError there, not in
 the daemon; a child that dies or stalls costs that one dump, reported, and the next dump gets a fresh
 child. Where the limit cannot be set (the systemd unit forbids setrlimit), the child runs the scan
-instead. The child sends back the reduced dump (diagnosis.flight_recorder.Dump) as JSON.
+instead. The child sends back the reduced dump (diagnosis.training.hang.flight_recorder.Dump) as JSON.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 from dataclasses import fields
 from typing import Any
 
-from gpu_triage.diagnosis.flight_recorder import Dump, DumpError, Frame, Group, Op, parse
-from gpu_triage.diagnosis.hang_report import InProcessDecoder, Pending
+from gpu_triage.diagnosis.training.hang.flight_recorder import Dump, DumpError, Frame, Group, Op, parse
+from gpu_triage.diagnosis.training.hang.report import InProcessDecoder, Pending
 from gpu_triage.exporter.worker import Worker
 
 __all__ = ["CHILD_MEMORY_BYTES", "SandboxDecoder"]
@@ -178,7 +178,7 @@ class _Worker:
 
 
 class SandboxDecoder:
-    """The Decoder of diagnosis.hang_report for the CLI and the daemon: pickles in capped child processes
+    """The Decoder of diagnosis.training.hang.report for the CLI and the daemon: pickles in capped child processes
     (`workers` of them, dumps dealt round-robin), JSON dumps here. A child that dies or stalls costs the
     dumps it held, each reported; the next dump gets a fresh child."""
 

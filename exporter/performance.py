@@ -1,5 +1,5 @@
 """The daemon's side of the performance findings: each new snapshot, with who uses each GPU, into the pure
-engine (diagnosis/performance.py), once per poll and never for a render that only an XID caused.
+engine (diagnosis/performance/engine.py), once per poll and never for a render that only an XID caused.
 
 What the engine is given per GPU comes from readings the poller already has: SM activity, occupancy and DRAM
 activity from profiling (else NVML's utilization), PCIe throughput against the link's current generation and
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.diagnosis.performance import Account, PerformanceEngine, PerformanceReport
-from gpu_triage.diagnosis.performance_data import PerformanceData
-from gpu_triage.diagnosis.performance_window import GpuSample
+from gpu_triage.diagnosis.core.findings import Workload
+from gpu_triage.diagnosis.performance.data import PerformanceData
+from gpu_triage.diagnosis.performance.engine import Account, PerformanceEngine, PerformanceReport
+from gpu_triage.diagnosis.performance.window import GpuSample
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     Clocks,

@@ -7,13 +7,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_triage.diagnosis.actions import Action
-from gpu_triage.diagnosis.collectives import rank_ranges
-from gpu_triage.diagnosis.findings import Finding, Workload, urgency
-from gpu_triage.diagnosis.fold import fold_gpus
-from gpu_triage.diagnosis.health import GpuVerdict, drives, verdict_json
-from gpu_triage.diagnosis.incidents import GPU_INSTANCE
-from gpu_triage.diagnosis.node_verdict import BLIND_CLASSES, Blind, NodeVerdict
+from gpu_triage.diagnosis.core.actions import Action
+from gpu_triage.diagnosis.core.findings import Finding, Workload, rank_ranges, urgency
+from gpu_triage.diagnosis.training.findings.fold import fold_gpus
+from gpu_triage.diagnosis.xid.health import GpuVerdict, drives, verdict_json
+from gpu_triage.diagnosis.xid.incidents import GPU_INSTANCE
+from gpu_triage.diagnosis.xid.node_verdict import BLIND_CLASSES, Blind, NodeVerdict
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 

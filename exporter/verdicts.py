@@ -1,7 +1,7 @@
 """From what the daemon knows to what diagnosis/ needs: the node's verdict, kept current.
 
 The journal holds the XIDs and the operator's marks, the snapshot holds the telemetry; this module
-turns them into diagnosis/health inputs, asks for the verdict and exposes it as metrics and JSON.
+turns them into diagnosis/xid/health.py inputs, asks for the verdict and exposes it as metrics and JSON.
 A GPU's recent XIDs and its marks (the latest acknowledgement, the latest resets) are kept in memory,
 loaded from the journal at start and kept current as they are journaled: a verdict reads nothing from
 the journal, however many marks it holds.
@@ -17,13 +17,19 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Collection, Mapping, Sequence
 
-from gpu_triage.diagnosis.actions import Action, GpuStatus, Health
-from gpu_triage.diagnosis.findings import Finding, Workload
-from gpu_triage.diagnosis.health import GpuVerdict, Telemetry, assess_gpu
-from gpu_triage.diagnosis.incidents import GPU_INSTANCE, Occurrence, crowd
-from gpu_triage.diagnosis.node_verdict import Blind, NodeVerdict, assess_node, sxid_findings, unknown_device_findings
-from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID
-from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.diagnosis.core.actions import Action, GpuStatus, Health
+from gpu_triage.diagnosis.core.findings import Finding, Workload
+from gpu_triage.diagnosis.xid.catalog import UNKNOWN_XID
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
+from gpu_triage.diagnosis.xid.health import GpuVerdict, Telemetry, assess_gpu
+from gpu_triage.diagnosis.xid.incidents import GPU_INSTANCE, Occurrence, crowd
+from gpu_triage.diagnosis.xid.node_verdict import (
+    Blind,
+    NodeVerdict,
+    assess_node,
+    sxid_findings,
+    unknown_device_findings,
+)
 from gpu_triage.exporter.backends.base import GpuIdentity
 from gpu_triage.exporter.backends.readings import (
     ClockEventReason,
@@ -334,9 +340,9 @@ def _fill_steps(node: NodeVerdict, indexes: dict[str, int]) -> None:
     for v in node.gpus:
         index = indexes.get(v.gpu)
         for f in v.findings:
-            if f.steps or not f.class_id.startswith("xid_"):
+            code = f.xid
+            if f.steps or code is None:
                 continue
-            code = f.class_id.removeprefix("xid_")
             steps = [f.action.description]
             steps.append(f"`gpu-triage xid {code}` says what the code means; the runbook is /runbooks/{f.playbook}.")
             if index is not None and f.action not in (Action.REBOOT_NODE, Action.CONTACT_SUPPORT, Action.IGNORE):

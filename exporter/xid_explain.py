@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
 
 __all__ = ["unknown_xid", "xid_json"]
 

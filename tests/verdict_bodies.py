@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_triage.diagnosis.findings import Finding, Workload
-from gpu_triage.diagnosis.health import Telemetry, assess_gpu
-from gpu_triage.diagnosis.incidents import Occurrence
-from gpu_triage.diagnosis.node_verdict import Blind, assess_node, sxid_findings
+from gpu_triage.diagnosis.core.findings import Finding, Workload
+from gpu_triage.diagnosis.xid.health import Telemetry, assess_gpu
+from gpu_triage.diagnosis.xid.incidents import Occurrence
+from gpu_triage.diagnosis.xid.node_verdict import Blind, assess_node, sxid_findings
 from gpu_triage.exporter.backends.base import GpuIdentity
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.verdict_report import diagnosis_json

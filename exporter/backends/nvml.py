@@ -24,7 +24,7 @@ from typing import Any
 
 import pynvml
 
-from gpu_triage.diagnosis.pci import canonical_bus_id
+from gpu_triage.diagnosis.core.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import BackendError, Collector, DriverXid, GpuIdentity, GpuLostError, Result
 from gpu_triage.exporter.backends.counter_rates import CounterRates
 from gpu_triage.exporter.backends.nvml_events import XidEvents

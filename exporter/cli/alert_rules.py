@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.xid_catalog import XidCatalog
-from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.diagnosis.core.actions import Action, Severity
+from gpu_triage.diagnosis.xid.catalog import XidCatalog
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
 
 BEGIN_MARKER = "# BEGIN generated critical-XID rules"
 END_MARKER = "# END generated critical-XID rules"

@@ -28,9 +28,9 @@ from typing import Any, TextIO
 
 import httpx
 
-from gpu_triage.diagnosis.actions import Action, Health, most_urgent
-from gpu_triage.diagnosis.collectives import rank_ranges
-from gpu_triage.diagnosis.health import EXIT_CODES
+from gpu_triage.diagnosis.core.actions import Action, Health, most_urgent
+from gpu_triage.diagnosis.core.findings import rank_ranges
+from gpu_triage.diagnosis.xid.health import EXIT_CODES
 from gpu_triage.exporter.cli.report_text import safe
 from gpu_triage.exporter.verdict_report import name_blind, name_places
 
@@ -150,7 +150,7 @@ def _place(finding: dict[str, Any], index: dict[Any, Any]) -> str:
 
 
 def _gpus_of(finding: dict[str, Any]) -> list[str]:
-    """The bus ids of a finding folded across GPUs (diagnosis/fold.py), or none."""
+    """The bus ids of a finding folded across GPUs (diagnosis/training/findings/fold.py), or none."""
     listed = finding.get("details", {}).get("gpus")
     return [b for b in str(listed).split(", ") if b] if listed else []
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from gpu_triage.diagnosis.actions import Action
+from gpu_triage.diagnosis.core.actions import Action
 from gpu_triage.exporter.xid_explain import unknown_xid, xid_json
 
 
@@ -176,7 +176,7 @@ def diagnose_files(
     """Offline diagnosis of kernel and training logs, Flight Recorder dumps and NCCL RAS output (files,
     folders of them, tar or zip archives). Exit 0: nothing found (or only events the verdicts ignore),
     1: findings, 2: cannot read or empty."""
-    from gpu_triage.diagnosis.training import diagnose
+    from gpu_triage.diagnosis.training.diagnose import diagnose
     from gpu_triage.exporter.cache_store import store_from_env
     from gpu_triage.exporter.cli.report_text import render
     from gpu_triage.exporter.fr_decode import SandboxDecoder

@@ -124,7 +124,7 @@ def _unit_note(command: Path | None) -> str:
 
 
 def _runbooks() -> list[tuple[str, bytes]]:
-    from gpu_triage.diagnosis.playbooks import load_playbooks
+    from gpu_triage.diagnosis.core.playbooks import load_playbooks
 
     books = sorted(load_playbooks().values(), key=lambda p: p.id)
     rows = "".join(f"| [{p.id}]({p.id}.md) | {p.title} | {p.severity.value} | `{p.action.value}` |\n" for p in books)

@@ -265,9 +265,9 @@ def _daemon(args: argparse.Namespace) -> DaemonClient:
 
 def _data_ok() -> bool:
     """Whether the diagnosis data is sound; says what is wrong with it, all at once, when it is not. The
-    checked knowledge comes from the cache when it holds this data version's (diagnosis/knowledge.py)."""
-    from gpu_triage.diagnosis import knowledge
-    from gpu_triage.diagnosis.data_files import DataError
+    checked knowledge comes from the cache when it holds this data version's (diagnosis/knowledge/cache.py)."""
+    from gpu_triage.diagnosis.core.data_files import DataError
+    from gpu_triage.diagnosis.knowledge import cache as knowledge
     from gpu_triage.exporter.cache_store import store_from_env
 
     try:

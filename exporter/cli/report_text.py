@@ -1,6 +1,6 @@
 """The readable form of a diagnosis report: root cause first, where, what to do, the evidence.
 
-One screen whatever the job's size: findings many ranks share come folded (diagnosis/fold.py), the
+One screen whatever the job's size: findings many ranks share come folded (diagnosis/training/findings/fold.py), the
 root cause gets its steps and evidence, every other finding three lines at most, and past
 `MAX_SHOWN` findings the rest is counted, not printed (`--json` has everything). Colour only when
 writing to a terminal (and NO_COLOR is unset): a pipe or a file gets plain text.
@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from gpu_triage.diagnosis.actions import Action
+from gpu_triage.diagnosis.core.actions import Action
 
 _COLOURS = {"critical": "\033[1;31m", "unknown": "\033[1;35m", "warning": "\033[33m", "info": "\033[2m"}
 _BOLD, _RESET = "\033[1m", "\033[0m"

@@ -134,7 +134,7 @@ def _refuse_empty(report: dict[str, Any]) -> None:
 
 def _run(daemon: Daemon, chunks: list[bytes], content_type: str, engine: str | None) -> dict[str, Any]:
     """One diagnosis, in the thread whose CPU time its budget counts."""
-    from gpu_triage.diagnosis.training import diagnose as diagnose_logs
+    from gpu_triage.diagnosis.training.diagnose import diagnose as diagnose_logs
     from gpu_triage.exporter.fr_decode import SandboxDecoder
 
     limit, budget = daemon.settings.diagnose_max_bytes, daemon.settings.diagnose_max_cpu

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping
 from fastapi.responses import HTMLResponse
 
 from gpu_triage import __version__
-from gpu_triage.diagnosis.actions import Action, Health
-from gpu_triage.diagnosis.findings import Finding
-from gpu_triage.diagnosis.health import GpuVerdict
-from gpu_triage.diagnosis.node_verdict import NodeVerdict
-from gpu_triage.diagnosis.performance import PerformanceReport
+from gpu_triage.diagnosis.core.actions import Action, Health
+from gpu_triage.diagnosis.core.findings import Finding
+from gpu_triage.diagnosis.performance.engine import PerformanceReport
+from gpu_triage.diagnosis.xid.health import GpuVerdict
+from gpu_triage.diagnosis.xid.node_verdict import NodeVerdict
 from gpu_triage.exporter.daemon import Daemon, Frame
 from gpu_triage.exporter.http.page import badge, document, esc, utc
 from gpu_triage.exporter.http.runbooks import gpu_name, used_by

@@ -11,7 +11,7 @@ import html
 
 from fastapi.responses import HTMLResponse
 
-from gpu_triage.diagnosis.actions import Health, Severity
+from gpu_triage.diagnosis.core.actions import Health, Severity
 from gpu_triage.exporter.verdict_report import iso_time
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"

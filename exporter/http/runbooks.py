@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from gpu_triage.diagnosis.conditions import load_conditions
-from gpu_triage.diagnosis.data_check import playbook_references
-from gpu_triage.diagnosis.findings import Finding
-from gpu_triage.diagnosis.playbooks import ACTION_PLAYBOOKS, Playbook, load_playbooks
+from gpu_triage.diagnosis.core.findings import Finding
+from gpu_triage.diagnosis.core.playbooks import ACTION_PLAYBOOKS, Playbook, load_playbooks
+from gpu_triage.diagnosis.knowledge.check import playbook_references
+from gpu_triage.diagnosis.xid.conditions import load_conditions
 from gpu_triage.exporter.http.errors import error
 from gpu_triage.exporter.http.page import badge, document, esc, utc
 

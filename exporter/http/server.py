@@ -15,7 +15,7 @@ from types import FrameType
 
 import uvicorn
 
-from gpu_triage.diagnosis.data_files import DataError
+from gpu_triage.diagnosis.core.data_files import DataError
 from gpu_triage.exporter.backends.base import BackendError
 from gpu_triage.exporter.backends.select import open_configured
 from gpu_triage.exporter.daemon import Daemon

@@ -26,9 +26,9 @@ from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.diagnosis.performance import Account, PerformanceReport
-from gpu_triage.diagnosis.performance_data import CLASSES
+from gpu_triage.diagnosis.core.findings import Workload
+from gpu_triage.diagnosis.performance.data import CLASSES
+from gpu_triage.diagnosis.performance.engine import Account, PerformanceReport
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 _LABELS = ["gpu", "uuid", "namespace", "pod", "job_id", "user"]

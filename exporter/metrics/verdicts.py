@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpu_triage.diagnosis.actions import Action, Health
-from gpu_triage.diagnosis.node_verdict import NodeVerdict
+from gpu_triage.diagnosis.core.actions import Action, Health
+from gpu_triage.diagnosis.xid.node_verdict import NodeVerdict
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 

@@ -21,7 +21,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gpu_triage.diagnosis.actions import GpuStatus
+from gpu_triage.diagnosis.core.actions import GpuStatus
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuBackend, GpuIdentity, GpuLostError, Result
 from gpu_triage.exporter.backends.readings import Reading
 from gpu_triage.exporter.polling.readpool import ReadPool

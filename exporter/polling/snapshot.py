@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
-from gpu_triage.diagnosis.actions import GpuStatus
+from gpu_triage.diagnosis.core.actions import GpuStatus
 from gpu_triage.exporter.backends.base import Collector, GpuIdentity
 from gpu_triage.exporter.backends.readings import Reading
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from gpu_triage.diagnosis.kernel_log import MAX_LINE_CHARS
+from gpu_triage.diagnosis.xid.kernel_log import MAX_LINE_CHARS
 from gpu_triage.exporter.sources.file_changes import POLL_SECONDS, FileChanges
 from gpu_triage.exporter.sources.journal import Cursor
 from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_journal_json, parse_record

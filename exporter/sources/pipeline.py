@@ -27,10 +27,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpu_triage.diagnosis.incidents import COMPUTE_INSTANCE, GPU_INSTANCE
-from gpu_triage.diagnosis.kernel_log import SYNTHESIZED, EventKind, KernelEvent
-from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser, ScanStats
-from gpu_triage.diagnosis.node_verdict import OTHER_DEVICES
+from gpu_triage.diagnosis.xid.incidents import COMPUTE_INSTANCE, GPU_INSTANCE
+from gpu_triage.diagnosis.xid.kernel_log import SYNTHESIZED, EventKind, KernelEvent
+from gpu_triage.diagnosis.xid.kernel_parser import KernelLogParser, ScanStats
+from gpu_triage.diagnosis.xid.node_verdict import OTHER_DEVICES
 from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
 from gpu_triage.exporter.sources.journal import Cursor, Event, Journal, Mark
 from gpu_triage.exporter.sources.records import Record

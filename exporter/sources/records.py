@@ -3,7 +3,7 @@
 A record says who wrote it where its format can: a /dev/kmsg record by its facility (0 is the kernel's;
 the kernel gives everything written to /dev/kmsg from userspace another one), a journal entry exported
 as JSON (`journalctl -o json`) by its `_TRANSPORT`, which journald sets itself and no client can.
-A plain line says nothing here; the kernel-log parser reads its prefixes (diagnosis/kernel_origin.py).
+A plain line says nothing here; the kernel-log parser reads its prefixes (diagnosis/xid/kernel_origin.py).
 """
 
 from __future__ import annotations

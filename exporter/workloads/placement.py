@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpu_triage.diagnosis.findings import Workload
+from gpu_triage.diagnosis.core.findings import Workload
 from gpu_triage.exporter.backends.mig_instance import MigInstance
 from gpu_triage.exporter.backends.readings import Memory, Processes
 from gpu_triage.exporter.polling.snapshot import Snapshot

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_triage.diagnosis.findings import Workload
+from gpu_triage.diagnosis.core.findings import Workload
 from gpu_triage.exporter.worker import Worker
 from gpu_triage.exporter.workloads.placement import Assignment, DeviceIndex
 from gpu_triage.exporter.workloads.podresources import MAX_ANSWER_BYTES, Answer, DeadlineError, WireError, read

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpu_triage.diagnosis.findings import Workload
+from gpu_triage.diagnosis.core.findings import Workload
 from gpu_triage.exporter.backends.readings import Processes
 from gpu_triage.exporter.polling.snapshot import Snapshot
 from gpu_triage.exporter.settings import Settings

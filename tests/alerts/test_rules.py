@@ -6,8 +6,8 @@ import re
 import subprocess
 from collections import defaultdict
 
-from gpu_triage.diagnosis.actions import Severity
-from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.diagnosis.core.actions import Severity
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
 from gpu_triage.exporter.cli.alert_rules import runbook_ids, update_generated
 from tests.alerts.rules import ALERTS, PLAYBOOKS, RULE_TESTS, RULES, XID_PATTERN, alert_names, alert_rules, load
 from tests.conftest import REPO, require_tool
@@ -135,7 +135,7 @@ def test_every_runbook_id_has_a_playbook() -> None:
 
 def test_exporter_runbook_ids_are_the_documented_ones() -> None:
     # The ids that are not an action, XID or condition playbook were asked of the playbook writer by name.
-    from gpu_triage.diagnosis.data_check import playbook_references
+    from gpu_triage.diagnosis.knowledge.check import playbook_references
 
     ids = set(runbook_ids(RULES.read_text(encoding="utf-8")))
     assert ids - set(playbook_references()) == EXPORTER_RUNBOOKS | USAGE_RUNBOOKS

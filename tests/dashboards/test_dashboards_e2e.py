@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from gpu_triage.diagnosis.actions import Action
-from gpu_triage.diagnosis.playbooks import action_playbook, load_playbooks
+from gpu_triage.diagnosis.core.actions import Action
+from gpu_triage.diagnosis.core.playbooks import action_playbook, load_playbooks
 from tests.conftest import REPO
 from tests.dashboards.grafana import (
     Context,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_triage.diagnosis.actions import Action
-from gpu_triage.diagnosis.playbooks import action_playbook, load_playbooks
+from gpu_triage.diagnosis.core.actions import Action
+from gpu_triage.diagnosis.core.playbooks import action_playbook, load_playbooks
 from tests.conftest import REPO
 from tests.dashboards import promql
 from tests.dashboards.grafana import (

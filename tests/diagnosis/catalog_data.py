@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_triage.diagnosis.data_files import Problems, parse_yaml, read_data
-from gpu_triage.diagnosis.xid_catalog import XidCatalog
-from gpu_triage.diagnosis.xid_data import DATA_FILES, build_catalog
+from gpu_triage.diagnosis.core.data_files import Problems, parse_yaml, read_data
+from gpu_triage.diagnosis.xid.catalog import XidCatalog
+from gpu_triage.diagnosis.xid.catalog_data import DATA_FILES, build_catalog
 
 
 def documents() -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_triage.diagnosis.kernel_log import MAX_LINE_CHARS, KernelEvent, has_trigger, parse_event
+from gpu_triage.diagnosis.xid.kernel_log import MAX_LINE_CHARS, KernelEvent, has_trigger, parse_event
 
 
 def parse_line(text: str, line: int = 1) -> KernelEvent | None:

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_triage.diagnosis.block_scan import HyperscanFinder, LiteralFinder, engine_name, finder_for
-from gpu_triage.diagnosis.rule_regex import literal_set
-from gpu_triage.diagnosis.training import diagnose
-from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.training.diagnose import diagnose
+from gpu_triage.diagnosis.training.rules.load import load_rules
+from gpu_triage.diagnosis.training.rules.regex import literal_set
+from gpu_triage.diagnosis.training.scan.block_scan import HyperscanFinder, LiteralFinder, engine_name, finder_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRAINING = FIXTURES / "training"
@@ -166,8 +166,8 @@ def test_a_bounded_scan_form_flags_what_the_regex_matches_in_any_characters(patt
     of UTF-8), so a line of non-ASCII text the regex matches is still flagged."""
     import hyperscan as hs
 
-    from gpu_triage.diagnosis.log_lines import normalise
-    from gpu_triage.diagnosis.rule_regex import scan_pattern
+    from gpu_triage.diagnosis.training.input.log_lines import normalise
+    from gpu_triage.diagnosis.training.rules.regex import scan_pattern
 
     assert re.search(pattern, normalise(text).text, re.ASCII)
     db = hs.Database(mode=hs.HS_MODE_BLOCK)

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_triage.diagnosis.identity import short_host
-from gpu_triage.diagnosis.log_lines import normalise
+from gpu_triage.diagnosis.training.input.log_lines import normalise
+from gpu_triage.diagnosis.training.place.facts import short_host
 from gpu_triage.exporter.cli.commands import diagnose_files
 from tests.conftest import REPO
 from tests.diagnosis.corpus_jobs import GENERATORS, wrap

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.diagnosis import data_check
-from gpu_triage.diagnosis.conditions import load_conditions
-from gpu_triage.diagnosis.data_check import applies_to_problems, check_data, missing_playbooks, references
-from gpu_triage.diagnosis.data_files import DataError
-from gpu_triage.diagnosis.playbooks import load_playbook_dir, load_playbooks
-from gpu_triage.diagnosis.training_rules import load_rules, parse_rules_text
-from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.diagnosis.core.data_files import DataError
+from gpu_triage.diagnosis.core.playbooks import load_playbook_dir, load_playbooks
+from gpu_triage.diagnosis.knowledge import check as data_check
+from gpu_triage.diagnosis.knowledge.check import applies_to_problems, check_data, missing_playbooks, references
+from gpu_triage.diagnosis.training.rules.load import load_rules, parse_rules_text
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
+from gpu_triage.diagnosis.xid.conditions import load_conditions
 from tests.conftest import REPO
 
 

@@ -1,8 +1,8 @@
-"""How a process's end is told: once, with the failure that caused it (diagnosis/deaths.py)."""
+"""How a process's end is told: once, with the failure that caused it (diagnosis/training/findings/deaths.py)."""
 
 from __future__ import annotations
 
-from gpu_triage.diagnosis.training import Report, diagnose
+from gpu_triage.diagnosis.training.diagnose import Report, diagnose
 
 
 def _text(*lines: str) -> Report:

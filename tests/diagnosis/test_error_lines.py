@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.training import Report, diagnose
-from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.training.diagnose import Report, diagnose
+from gpu_triage.diagnosis.training.rules.load import load_rules
 
 
 def _text(*lines: str) -> Report:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpu_triage.diagnosis.hang_classify import classify
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training.diagnose import diagnose
+from gpu_triage.diagnosis.training.hang.classify import classify
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
 SCENARIOS = sorted(p.name for p in FIXTURES.iterdir() if (p / "truth.json").is_file())
@@ -145,7 +145,7 @@ def test_pickle_and_json_of_one_rank_count_once() -> None:
 def test_healthy_control_gives_no_hang_from_the_dumps_alone() -> None:
     for form in ("pickle", "json"):
         dumps = []
-        from gpu_triage.diagnosis.flight_recorder import dump_kind, parse
+        from gpu_triage.diagnosis.training.hang.flight_recorder import dump_kind, parse
 
         for name, (data,) in inputs("healthy", form, logs=False):
             kind = dump_kind(data[:8192])

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpu_triage.diagnosis.flight_recorder import MAX_DUMP_BYTES, DumpError, dump_kind, parse, rank_of
-from gpu_triage.diagnosis.fr_unpickle import UnsafePickleError, load_unscanned, loads, scan
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training.diagnose import diagnose
+from gpu_triage.diagnosis.training.hang.flight_recorder import MAX_DUMP_BYTES, DumpError, dump_kind, parse, rank_of
+from gpu_triage.diagnosis.training.hang.fr_unpickle import UnsafePickleError, load_unscanned, loads, scan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
 REAL = FIXTURES / "never_joined" / "pickle" / "nccl_trace_rank_0"

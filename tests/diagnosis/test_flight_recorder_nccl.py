@@ -13,8 +13,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from gpu_triage.diagnosis.fr_unpickle import loads
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training.diagnose import diagnose
+from gpu_triage.diagnosis.training.hang.fr_unpickle import loads
 
 FR = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
 

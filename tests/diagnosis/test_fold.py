@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_triage.diagnosis.collectives import rank_ranges
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.core.findings import rank_ranges
+from gpu_triage.diagnosis.training.diagnose import diagnose
 
 TIMEOUT = (
     "[rank{r}]:[E0501 12:10:41.{r:06d} 4{r:03d} ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training.diagnose import diagnose
 
 FR = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
 BUS = {0: "18000", 1: "2a000", 2: "5d000", 3: "9a000"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gpu_triage.diagnosis.actions import Action, GpuStatus, Health, Severity
-from gpu_triage.diagnosis.conditions import load_conditions, parse_conditions
-from gpu_triage.diagnosis.data_files import DataError
-from gpu_triage.diagnosis.findings import Finding, urgency
-from gpu_triage.diagnosis.health import (
+from gpu_triage.diagnosis.core.actions import Action, GpuStatus, Health, Severity
+from gpu_triage.diagnosis.core.data_files import DataError
+from gpu_triage.diagnosis.core.findings import Finding, urgency
+from gpu_triage.diagnosis.xid.conditions import load_conditions, parse_conditions
+from gpu_triage.diagnosis.xid.health import (
     APP_FINDING_SECONDS,
     DCGM_HEALTH_SYSTEMS,
     EXIT_CODES,
@@ -18,8 +18,8 @@ from gpu_triage.diagnosis.health import (
     assess_gpu,
     condition_findings,
 )
-from gpu_triage.diagnosis.incidents import Occurrence
-from gpu_triage.diagnosis.node_verdict import Blind, assess_node, blind_findings, sxid_findings
+from gpu_triage.diagnosis.xid.incidents import Occurrence
+from gpu_triage.diagnosis.xid.node_verdict import Blind, assess_node, blind_findings, sxid_findings
 from tests.conftest import REPO
 from tests.diagnosis.kernel_lines import parse_line
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.training import Report, diagnose
+from gpu_triage.diagnosis.training.diagnose import Report, diagnose
 
 
 def _text(*lines: str) -> Report:

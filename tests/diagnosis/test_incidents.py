@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.incidents import Occurrence, decide, findings, incidents
-from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.diagnosis.core.actions import Action, Severity
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
+from gpu_triage.diagnosis.xid.code_findings import findings
+from gpu_triage.diagnosis.xid.incidents import Occurrence, decide, incidents
 from tests.diagnosis.catalog_data import build, documents
 
 BURST_GAP_SECONDS = load_catalog().context.burst_gap_seconds

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_triage.diagnosis.block_scan import finder_for
-from gpu_triage.diagnosis.input_lines import SAMPLE, InputLines, wrap_width
-from gpu_triage.diagnosis.training import diagnose
-from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.training.diagnose import diagnose
+from gpu_triage.diagnosis.training.input.wrapped import SAMPLE, InputLines, wrap_width
+from gpu_triage.diagnosis.training.rules.load import load_rules
+from gpu_triage.diagnosis.training.scan.block_scan import finder_for
 
 TRAINING = Path(__file__).resolve().parents[1] / "fixtures" / "training"
 EXPECTED = yaml.safe_load((TRAINING / "expected.yaml").read_text())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training.diagnose import diagnose
 from gpu_triage.exporter.cli.report_text import render
 from tests.diagnosis.job_logs import bus_id, host_of, write_job
 

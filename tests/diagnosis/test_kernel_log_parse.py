@@ -8,9 +8,10 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from gpu_triage.diagnosis import kernel_log, regex_cost
-from gpu_triage.diagnosis.kernel_log import MAX_LINE_CHARS, EventKind, parse_recovery_change
-from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
+from gpu_triage.diagnosis.training.rules import regex_cost
+from gpu_triage.diagnosis.xid import kernel_log
+from gpu_triage.diagnosis.xid.kernel_log import MAX_LINE_CHARS, EventKind, parse_recovery_change
+from gpu_triage.diagnosis.xid.kernel_parser import KernelLogParser
 from tests.diagnosis.kernel_lines import parse_line
 
 UUID = "GPU-0b11d014-a2a8-aa5e-ab77-7a1e0e2b0a79"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_triage.diagnosis.kernel_log import EventKind, KernelEvent
-from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser, ScanStats, scan
+from gpu_triage.diagnosis.xid.kernel_log import EventKind, KernelEvent
+from gpu_triage.diagnosis.xid.kernel_parser import KernelLogParser, ScanStats, scan
 from tests.diagnosis.kernel_lines import parse_line
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kmsg"

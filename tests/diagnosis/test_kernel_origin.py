@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.kernel_log_parser import KernelLogParser
-from gpu_triage.diagnosis.kernel_origin import Origin, origin
+from gpu_triage.diagnosis.xid.kernel_origin import Origin, origin
+from gpu_triage.diagnosis.xid.kernel_parser import KernelLogParser
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
 

@@ -1,4 +1,4 @@
-"""The knowledge cache (diagnosis/knowledge.py): built once per data version, never trusted otherwise.
+"""The knowledge cache (diagnosis/knowledge/cache.py): built once per data version, never trusted otherwise.
 
 Each case runs in a child process: the cache's point is what a fresh process does with it, and a
 process that has adopted a snapshot keeps it.
@@ -16,12 +16,12 @@ from tests.conftest import REPO
 LOAD = """
 import sys
 from pathlib import Path
-from gpu_triage.diagnosis import knowledge
+from gpu_triage.diagnosis.knowledge import cache as knowledge
 from gpu_triage.exporter.cache_store import FileStore
 store = FileStore(Path(sys.argv[1]))
 knowledge.load(store)
-from gpu_triage.diagnosis.xid_data import load_catalog
-from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
+from gpu_triage.diagnosis.training.rules.load import load_rules
 assert load_catalog().get(79) is not None and load_rules().rule("cuda_oom")
 print("parsed" if "yaml" in sys.modules else "cached")
 """
@@ -88,8 +88,8 @@ def test_the_compiled_scan_is_kept_and_a_bad_copy_compiled_again(tmp_path: Path)
     script = """
     import sys
     from pathlib import Path
-    from gpu_triage.diagnosis import block_scan
-    from gpu_triage.diagnosis.training_rules import load_rules
+    from gpu_triage.diagnosis.training.scan import block_scan
+    from gpu_triage.diagnosis.training.rules.load import load_rules
     from gpu_triage.exporter.cache_store import FileStore
     store = FileStore(Path(sys.argv[1]))
     patterns = tuple(s.scan for s in load_rules().signatures())
@@ -112,3 +112,23 @@ def test_the_compiled_scan_is_kept_and_a_bad_copy_compiled_again(tmp_path: Path)
     _run(forge, tmp_path)
     assert _run(script, tmp_path) == "['hyperscan']"  # compiled again, and the copy replaced
     assert db.read_bytes()[-14:] != b"not a database"
+
+
+def test_the_digest_covers_the_code_of_every_sub_package(tmp_path: Path) -> None:
+    """A change to any diagnosis module, however deep in the sub-packages, or to a data file, is a new
+    version: a cache that other code built is never trusted. Hashed from a copy that can be changed."""
+    from gpu_triage.diagnosis.knowledge import cache
+
+    copy = tmp_path / "diagnosis"
+    for path in (REPO / "diagnosis").rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            target = copy / path.relative_to(REPO / "diagnosis")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    seen = {cache.digest(copy)}
+    assert seen == {cache.digest()}  # the copy is the package
+    for changed in ("training/findings/kernel.py", "xid/health.py", "__init__.py", "data/xid_policy.yaml"):
+        path = copy / changed
+        path.write_bytes(path.read_bytes() + b"\n")
+        seen.add(cache.digest(copy))
+    assert len(seen) == 5

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.conditions import load_conditions
-from gpu_triage.diagnosis.hang_specs import load_hang_specs
-from gpu_triage.diagnosis.playbooks import load_playbooks
-from gpu_triage.diagnosis.training_rules import load_rules
-from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.diagnosis.core.actions import Action, Severity
+from gpu_triage.diagnosis.core.playbooks import load_playbooks
+from gpu_triage.diagnosis.training.hang.specs import load_hang_specs
+from gpu_triage.diagnosis.training.rules.load import load_rules
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
+from gpu_triage.diagnosis.xid.conditions import load_conditions
 from tests.conftest import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "diagnosis-classes.txt"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_triage.diagnosis.log_lines import LogLine, clean, normalise
-from gpu_triage.diagnosis.log_stamps import Stamp
+from gpu_triage.diagnosis.core.log_stamps import Stamp
+from gpu_triage.diagnosis.training.input.log_lines import LogLine, clean, normalise
 
 MSG = "misc/socket.cc:538 NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.4<35120>"
 
@@ -33,7 +33,7 @@ def test_torchrun_rank_tag_is_the_global_rank_and_role_tag_the_local_rank() -> N
 
 
 def test_launcher_tasks_are_kept_apart_from_ranks() -> None:
-    """srun's label and Open MPI's tag number tasks: a rank only when each task is one (diagnosis/identity.py)."""
+    """srun's label and Open MPI's tag number tasks: a rank only when each task is one (diagnosis/training/place/identity.py)."""
     line = normalise(f"5: node1:1:2 [5] {MSG}")
     assert (line.task, line.rank) == (5, None)
     assert (normalise(f"  5: [rank13]: {MSG}").task, normalise(f"  5: [rank13]: {MSG}").rank) == (5, 13)

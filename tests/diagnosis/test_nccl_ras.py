@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_triage.diagnosis.nccl_ras import is_ras, parse_ras
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training.diagnose import diagnose
+from gpu_triage.diagnosis.training.hang.nccl_ras import is_ras, parse_ras
 
 RAS = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_ras"
 FR = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"

@@ -1,12 +1,12 @@
-"""Next steps filled from what a finding knows (diagnosis/next_steps.py), and checked when the rules load."""
+"""Next steps filled from what a finding knows (diagnosis/training/rules/next_steps.py), and checked when the rules load."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.data_files import DataError
-from gpu_triage.diagnosis.next_steps import fill, unless
-from gpu_triage.diagnosis.training_rules import parse_rules_text
+from gpu_triage.diagnosis.core.data_files import DataError
+from gpu_triage.diagnosis.training.rules.load import parse_rules_text
+from gpu_triage.diagnosis.training.rules.next_steps import fill, unless
 
 STEPS = [
     "Start at the straggler, {straggler_where}.",

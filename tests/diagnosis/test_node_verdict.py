@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.actions import Action, GpuStatus, Health
-from gpu_triage.diagnosis.health import Telemetry, assess_gpu
-from gpu_triage.diagnosis.incidents import Occurrence
-from gpu_triage.diagnosis.node_verdict import OTHER_DEVICES, Blind, assess_node, unknown_device_findings
-from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.diagnosis.core.actions import Action, GpuStatus, Health
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
+from gpu_triage.diagnosis.xid.health import Telemetry, assess_gpu
+from gpu_triage.diagnosis.xid.incidents import Occurrence
+from gpu_triage.diagnosis.xid.node_verdict import OTHER_DEVICES, Blind, assess_node, unknown_device_findings
 
 NOW = 1_764_600_000.0
 BLIND = Blind("kmsg", "Permission denied (/dev/kmsg)")

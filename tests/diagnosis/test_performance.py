@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from gpu_triage.diagnosis.data_files import DataError, Problems, parse_yaml, read_data
-from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.diagnosis.performance import MAX_ACCOUNTS, PerformanceEngine
-from gpu_triage.diagnosis.performance_data import CLASSES, load_performance, parse_performance
-from gpu_triage.diagnosis.performance_window import GpuSample
+from gpu_triage.diagnosis.core.data_files import DataError, Problems, parse_yaml, read_data
+from gpu_triage.diagnosis.core.findings import Workload
+from gpu_triage.diagnosis.performance.data import CLASSES, load_performance, parse_performance
+from gpu_triage.diagnosis.performance.engine import MAX_ACCOUNTS, PerformanceEngine
+from gpu_triage.diagnosis.performance.window import GpuSample
 
 JOB = Workload("slurm_job", "4242", user="alice")
 POD = Workload("pod", "notebook-7", namespace="ml-research")
@@ -280,7 +280,7 @@ def test_polls_slower_than_a_bucket_still_judge_the_window_on_time() -> None:
 def test_the_reason_bits_are_nvmls_as_the_backends_read_them() -> None:
     """diagnosis/ restates the clocks-event bits (it imports nothing from the exporter): held to the backends' table,
     every bit NVML defines is either a slowdown or an explained reason, never both."""
-    from gpu_triage.diagnosis.performance_window import EXPLAINED_BITS, SLOWDOWN_BITS, SLOWDOWN_REASONS
+    from gpu_triage.diagnosis.performance.window import EXPLAINED_BITS, SLOWDOWN_BITS, SLOWDOWN_REASONS
     from gpu_triage.exporter.backends.readings import ClockEventReason
 
     assert sum(ClockEventReason(r).bit for r in SLOWDOWN_REASONS) == SLOWDOWN_BITS

@@ -1,12 +1,12 @@
-"""Where a finding happened when its line does not say it all (diagnosis/identity.py): launcher tasks,
+"""Where a finding happened when its line does not say it all (diagnosis/training/place/identity.py): launcher tasks,
 torchrun's local ranks, and the fallbacks that must not carry a place across hosts or inputs."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.findings import Finding
-from gpu_triage.diagnosis.training import Report, diagnose
+from gpu_triage.diagnosis.core.findings import Finding
+from gpu_triage.diagnosis.training.diagnose import Report, diagnose
 
 TIMEOUT = (
     "[E0501 12:10:41.118252 3104 ProcessGroupNCCL.cpp:632] [Rank {0}] Watchdog caught collective operation timeout: "

@@ -10,12 +10,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from gpu_triage.diagnosis.actions import Action, Severity, most_urgent
-from gpu_triage.diagnosis.conditions import load_conditions
-from gpu_triage.diagnosis.data_check import missing_playbooks, references
-from gpu_triage.diagnosis.data_files import DataError
-from gpu_triage.diagnosis.hang_specs import load_hang_specs
-from gpu_triage.diagnosis.playbooks import (
+from gpu_triage.diagnosis.core.actions import Action, Severity, most_urgent
+from gpu_triage.diagnosis.core.data_files import DataError
+from gpu_triage.diagnosis.core.playbooks import (
     ACTION_PLAYBOOKS,
     SECTIONS,
     Playbook,
@@ -24,10 +21,13 @@ from gpu_triage.diagnosis.playbooks import (
     load_playbooks,
     parse_playbook,
 )
-from gpu_triage.diagnosis.training_kernel import SXID_PLAYBOOK
-from gpu_triage.diagnosis.training_rules import load_rules
-from gpu_triage.diagnosis.xid_catalog import UNKNOWN_XID
-from gpu_triage.diagnosis.xid_data import load_catalog
+from gpu_triage.diagnosis.knowledge.check import missing_playbooks, references
+from gpu_triage.diagnosis.training.findings.kernel import SXID_PLAYBOOK
+from gpu_triage.diagnosis.training.hang.specs import load_hang_specs
+from gpu_triage.diagnosis.training.rules.load import load_rules
+from gpu_triage.diagnosis.xid.catalog import UNKNOWN_XID
+from gpu_triage.diagnosis.xid.catalog_data import load_catalog
+from gpu_triage.diagnosis.xid.conditions import load_conditions
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK_DIR = ROOT / "diagnosis" / "playbooks"

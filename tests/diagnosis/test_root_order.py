@@ -1,8 +1,8 @@
-"""Which finding leads when several layers report one failure (diagnosis/root_cause.py, training_kernel.py)."""
+"""Which finding leads when several layers report one failure (diagnosis/training/findings/root_cause.py, training_kernel.py)."""
 
 from __future__ import annotations
 
-from gpu_triage.diagnosis.training import Report, diagnose
+from gpu_triage.diagnosis.training.diagnose import Report, diagnose
 
 
 def _text(*lines: str) -> Report:

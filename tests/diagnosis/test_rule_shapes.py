@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_triage.diagnosis.log_lines import normalise
-from gpu_triage.diagnosis.rule_model import Example, Rule
-from gpu_triage.diagnosis.training import diagnose
-from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.training.diagnose import diagnose
+from gpu_triage.diagnosis.training.input.log_lines import normalise
+from gpu_triage.diagnosis.training.rules.load import load_rules
+from gpu_triage.diagnosis.training.rules.model import Example, Rule
 from tests.diagnosis.corpus_jobs import wrap
 
 RULES = load_rules()

@@ -1,12 +1,12 @@
-"""Python tracebacks of several processes in one input (diagnosis/source_state.py): ranks that die
+"""Python tracebacks of several processes in one input (diagnosis/training/place/source_state.py): ranks that die
 together print theirs interleaved, and each ends with its own printer's exception line."""
 
 from __future__ import annotations
 
-from gpu_triage.diagnosis.findings import Finding
-from gpu_triage.diagnosis.log_lines import normalise
-from gpu_triage.diagnosis.source_state import MAX_OPEN, SourceState
-from gpu_triage.diagnosis.training import Report, diagnose
+from gpu_triage.diagnosis.core.findings import Finding
+from gpu_triage.diagnosis.training.diagnose import Report, diagnose
+from gpu_triage.diagnosis.training.input.log_lines import normalise
+from gpu_triage.diagnosis.training.place.source_state import MAX_OPEN, SourceState
 
 HEAD = "Traceback (most recent call last):"
 FRAME = '  File "/workspace/train.py", line 3, in <module>'

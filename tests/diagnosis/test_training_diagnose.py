@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.training import Report, diagnose
+from gpu_triage.diagnosis.core.actions import Action, Severity
+from gpu_triage.diagnosis.training.diagnose import Report, diagnose
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "training"
 EXPECTED: dict[str, dict[str, Any]] = yaml.safe_load((FIXTURES / "expected.yaml").read_text())
@@ -42,7 +42,7 @@ def test_every_class_has_a_fixture() -> None:
     fixture's performance section (it is never a root cause)."""
     roots = {e["root"] for e in EXPECTED.values()}
     slow = {c for e in EXPECTED.values() for c in e.get("performance", [])}
-    from gpu_triage.diagnosis.training_rules import load_rules
+    from gpu_triage.diagnosis.training.rules.load import load_rules
 
     rules = load_rules().rules
     assert {r.class_id for r in rules if not r.performance} <= roots
@@ -343,7 +343,7 @@ def test_a_failure_in_a_slurm_labelled_log() -> None:
 
 
 def test_a_flood_of_repeated_lines_is_counted_exactly() -> None:
-    from gpu_triage.diagnosis.training import CACHE_ENTRIES
+    from gpu_triage.diagnosis.training.scan.classify import CACHE_ENTRIES
 
     same = b"node1:9:10 [0] misc/socket.cc:538 NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.4<1>\n"
     # More distinct messages than the classification caches hold, so they empty and refill on the way.
@@ -410,8 +410,8 @@ def test_fallen_off_messages_far_apart_or_on_another_gpu_are_their_own_faults() 
 
 def test_xids_hours_apart_are_separate_incidents() -> None:
     """Three Xid 13 on one GPU in a day: not the application's fault alone any more (incidents.decide)."""
-    from gpu_triage.diagnosis.incidents import Occurrence, decide
-    from gpu_triage.diagnosis.log_lines import normalise
+    from gpu_triage.diagnosis.training.input.log_lines import normalise
+    from gpu_triage.diagnosis.xid.incidents import Occurrence, decide
 
     lines = [
         f"[Wed May  1 {hour:02d}:00:00 2024] NVRM: Xid (PCI:0000:3b:00): 13, pid=7, name=python3, Graphics Exception"
@@ -432,8 +432,9 @@ def test_xids_hours_apart_are_separate_incidents() -> None:
 
 
 def test_the_event_that_fills_the_list_is_judged_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_triage.diagnosis import training, training_kernel
-    from gpu_triage.diagnosis.training_rules import load_rules
+    from gpu_triage.diagnosis.training import diagnose as training
+    from gpu_triage.diagnosis.training.findings import kernel as training_kernel
+    from gpu_triage.diagnosis.training.rules.load import load_rules
 
     monkeypatch.setattr(training_kernel, "MAX_EVENTS", 2)
     state = training._Diagnosis(load_rules())

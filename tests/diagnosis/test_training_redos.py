@@ -2,7 +2,7 @@
 
 Bounded work needs no clock to check: with every repetition bounded, no look-around or
 back-reference, no repeat inside a repeat and no run of wide repeats whose product of widths exceeds
-`MAX_PATHS` (diagnosis/regex_cost.py), a search tries each start position of a (length-capped) line
+`MAX_PATHS` (diagnosis/training/rules/regex_cost.py), a search tries each start position of a (length-capped) line
 and explores a bounded number of paths from each. And a line without any of a signature's required
 literals is not searched by it at all. How long the worst lines actually take is printed by
 bench/bench_regex_worst.py, on the machine it runs on.
@@ -14,9 +14,9 @@ import re
 
 import pytest
 
-from gpu_triage.diagnosis.regex_cost import MAX_PATHS
-from gpu_triage.diagnosis.rule_regex import required_literals, unsupported
-from gpu_triage.diagnosis.training_rules import load_rules
+from gpu_triage.diagnosis.training.rules.load import load_rules
+from gpu_triage.diagnosis.training.rules.regex import required_literals, unsupported
+from gpu_triage.diagnosis.training.rules.regex_cost import MAX_PATHS
 
 RULES = load_rules()
 SIGNATURES = list(RULES.signatures())
@@ -110,7 +110,7 @@ def test_a_launchers_report_still_names_the_workers_local_rank(
 ) -> None:
     """The launchers' signatures no longer capture `--local_rank=N` themselves (that was the slow shape): it is
     read from the reported command line once a rule has matched."""
-    from gpu_triage.diagnosis.training import diagnose
+    from gpu_triage.diagnosis.training.diagnose import diagnose
 
     [finding] = diagnose([(None, [line.encode() + b"\n"])]).findings
     assert finding.local_rank == local_rank

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.block_scan import LiteralFinder, engine_name, finder_for
-from gpu_triage.diagnosis.data_files import DataError
-from gpu_triage.diagnosis.log_lines import normalise
-from gpu_triage.diagnosis.rule_model import FIELDS, REQUIRED_CLASSES, Example, playbook_id
-from gpu_triage.diagnosis.training_rules import load_rules, parse_rules, parse_rules_text
+from gpu_triage.diagnosis.core.actions import Action, Severity
+from gpu_triage.diagnosis.core.data_files import DataError
+from gpu_triage.diagnosis.training.input.log_lines import normalise
+from gpu_triage.diagnosis.training.rules.load import load_rules, parse_rules, parse_rules_text
+from gpu_triage.diagnosis.training.rules.model import FIELDS, REQUIRED_CLASSES, Example, playbook_id
+from gpu_triage.diagnosis.training.scan.block_scan import LiteralFinder, engine_name, finder_for
 
 RULES = load_rules()
 SIGNATURES = [sig.regex for sig in RULES.signatures()]

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_triage.diagnosis.line_scan import Candidate, LineScanner, literal_finder, trigger_lines
+from gpu_triage.diagnosis.core.line_scan import Candidate, LineScanner
+from gpu_triage.diagnosis.core.literal_search import literal_finder, trigger_lines
 
 TRIGGERS = [b"ERR", b"WARN"]
 

@@ -1,8 +1,8 @@
-"""Which worker a line is about when the line does not say (diagnosis/workers.py, diagnosis/identity.py)."""
+"""Which worker a line is about when the line does not say (diagnosis/training/findings/workers.py, diagnosis/training/place/identity.py)."""
 
 from __future__ import annotations
 
-from gpu_triage.diagnosis.training import Report, diagnose
+from gpu_triage.diagnosis.training.diagnose import Report, diagnose
 
 
 def _text(*lines: str) -> Report:

@@ -9,10 +9,10 @@ from types import ModuleType
 
 import pytest
 
-from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.data_files import DataError, Problems, parse_yaml
-from gpu_triage.diagnosis.xid_catalog import CONTEXTS, XidCatalog
-from gpu_triage.diagnosis.xid_data import build_catalog, load_catalog
+from gpu_triage.diagnosis.core.actions import Action, Severity
+from gpu_triage.diagnosis.core.data_files import DataError, Problems, parse_yaml
+from gpu_triage.diagnosis.xid.catalog import CONTEXTS, XidCatalog
+from gpu_triage.diagnosis.xid.catalog_data import build_catalog, load_catalog
 from tests.diagnosis.catalog_data import build, documents
 from tests.diagnosis.kernel_lines import parse_line
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_triage.diagnosis.actions import Action
+from gpu_triage.diagnosis.core.actions import Action
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from gpu_triage.exporter.cli.check import reason
 from gpu_triage.exporter.daemon import Daemon

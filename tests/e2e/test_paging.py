@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from gpu_triage.diagnosis.playbooks import load_playbooks
+from gpu_triage.diagnosis.core.playbooks import load_playbooks
 from tests.e2e.servers import Server, alertmanager, gpu_triage, prometheus, query, wait_for
 
 pytestmark = pytest.mark.e2e

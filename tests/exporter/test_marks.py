@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpu_triage.diagnosis.health import GpuVerdict
+from gpu_triage.diagnosis.xid.health import GpuVerdict
 from gpu_triage.exporter import verdicts
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.sources.journal import Mark

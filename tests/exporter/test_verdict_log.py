@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpu_triage.diagnosis.actions import Action
+from gpu_triage.diagnosis.core.actions import Action
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
 from tests.conftest import FakeClock, settings

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from gpu_triage.diagnosis.flight_recorder import rank_of
+from gpu_triage.diagnosis.training.hang.flight_recorder import rank_of
 from tests.conftest import REPO, require_tool
 from tests.daemon_proc import wait_for
 from tests.kubernetes.manifests import KUBERNETES_VERSIONS, validate

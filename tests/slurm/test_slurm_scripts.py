@@ -27,10 +27,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gpu_triage.diagnosis.actions import GpuStatus
-from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.diagnosis.health import Telemetry
-from gpu_triage.diagnosis.node_verdict import Blind
+from gpu_triage.diagnosis.core.actions import GpuStatus
+from gpu_triage.diagnosis.core.findings import Workload
+from gpu_triage.diagnosis.xid.health import Telemetry
+from gpu_triage.diagnosis.xid.node_verdict import Blind
 from tests.conftest import REPO, require_tool
 from tests.daemon_proc import GPU_TRIAGE, free_port, serve, wait_for
 from tests.verdict_bodies import NOW, fatal_sxid, report, xid

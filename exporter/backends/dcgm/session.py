@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_triage.diagnosis.pci import canonical_bus_id
+from gpu_triage.diagnosis.core.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import GpuIdentity
 from gpu_triage.exporter.backends.dcgm import fields
 from gpu_triage.exporter.backends.dcgm.bindings import Bindings

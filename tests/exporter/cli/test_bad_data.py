@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.diagnosis import data_check, data_files
-from gpu_triage.diagnosis.data_check import check_data
-from gpu_triage.diagnosis.data_files import DataError
-from gpu_triage.diagnosis.playbooks import load_playbook_dir
+from gpu_triage.diagnosis.core import data_files
+from gpu_triage.diagnosis.core.data_files import DataError
+from gpu_triage.diagnosis.core.playbooks import load_playbook_dir
+from gpu_triage.diagnosis.knowledge import check as data_check
+from gpu_triage.diagnosis.knowledge.check import check_data
 from gpu_triage.exporter.backends.sim import SimBackend
 from gpu_triage.exporter.cli.main import main
 from gpu_triage.exporter.daemon import Daemon

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gpu_triage.diagnosis.actions import GpuStatus
-from gpu_triage.diagnosis.findings import Workload
-from gpu_triage.diagnosis.health import Telemetry
-from gpu_triage.diagnosis.node_verdict import Blind, unknown_device_findings
+from gpu_triage.diagnosis.core.actions import GpuStatus
+from gpu_triage.diagnosis.core.findings import Workload
+from gpu_triage.diagnosis.xid.health import Telemetry
+from gpu_triage.diagnosis.xid.node_verdict import Blind, unknown_device_findings
 from gpu_triage.exporter.cli.check import NoVerdictError, reason, select
 from tests.conftest import REPO
 from tests.daemon_proc import GPU_TRIAGE, Daemon, free_port, serve, wait_for

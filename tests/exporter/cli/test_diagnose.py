@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpu_triage.diagnosis import training
+from gpu_triage.diagnosis.training import diagnose as training
 from gpu_triage.exporter.cli.commands import diagnose_files
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.app import create_app
@@ -132,7 +132,7 @@ def test_broken_and_truncated_gzip_inputs_are_errors(tmp_path: Path) -> None:
 def test_only_a_few_diagnoses_run_at_once(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from gpu_triage.diagnosis import training
+    from gpu_triage.diagnosis.training import diagnose as training
 
     release, started = threading.Event(), threading.Semaphore(0)
     real = training.diagnose

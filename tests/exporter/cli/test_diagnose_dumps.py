@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from gpu_triage.diagnosis.flight_recorder import DumpError
+from gpu_triage.diagnosis.training.hang.flight_recorder import DumpError
 from gpu_triage.exporter.fr_decode import SandboxDecoder
 from tests.conftest import REPO
 from tests.exporter.cli.test_diagnose import cli
@@ -146,7 +146,7 @@ def test_where_the_memory_cannot_be_capped_the_decoder_scans_instead(tmp_path: P
     script.write_text(
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
-        "from gpu_triage.diagnosis.flight_recorder import DumpError\n"
+        "from gpu_triage.diagnosis.training.hang.flight_recorder import DumpError\n"
         "from gpu_triage.exporter.fr_decode import SandboxDecoder\n"
         "with SandboxDecoder(memory=3 << 30, workers=1) as decode:\n"
         "    try:\n"

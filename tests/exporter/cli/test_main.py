@@ -152,7 +152,7 @@ def test_a_plain_log_does_not_load_what_dumps_and_archives_need(tmp_path: Path) 
 
     Measured with the knowledge cache warm, as every run after the first is: a cold cache reads the data files
     through importlib.resources, whose own reader imports zipfile whatever the input."""
-    heavy = ("tarfile", "zipfile", "email.parser", "subprocess", "gpu_triage.diagnosis.hang_classify")
+    heavy = ("tarfile", "zipfile", "email.parser", "subprocess", "gpu_triage.diagnosis.training.hang.classify")
     probe = (
         "import sys; from gpu_triage.exporter.cli.main import main; main(['diagnose', '-']); "
         f"sys.stderr.write(repr([m for m in {heavy!r} if m in sys.modules]))"

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training.diagnose import diagnose
 from gpu_triage.exporter.cli.report_text import render, safe
 
 # A hyperlink (OSC 8) ended by BEL, a C1 CSI (U+009B) setting red, backspaces over the real text.

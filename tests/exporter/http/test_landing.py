@@ -8,7 +8,7 @@ import re
 
 from fastapi.testclient import TestClient
 
-from gpu_triage.diagnosis.actions import Action
+from gpu_triage.diagnosis.core.actions import Action
 from gpu_triage.exporter.daemon import Daemon
 from tests.daemon_proc import wait_for
 

@@ -10,9 +10,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from gpu_triage.diagnosis.actions import Action, Severity
-from gpu_triage.diagnosis.findings import Evidence, Finding
-from gpu_triage.diagnosis.playbooks import load_playbooks
+from gpu_triage.diagnosis.core.actions import Action, Severity
+from gpu_triage.diagnosis.core.findings import Evidence, Finding
+from gpu_triage.diagnosis.core.playbooks import load_playbooks
 from gpu_triage.exporter.http.runbooks import runbooks_router
 
 HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from gpu_triage.diagnosis.actions import GpuStatus
-from gpu_triage.diagnosis.performance_data import load_performance
+from gpu_triage.diagnosis.core.actions import GpuStatus
+from gpu_triage.diagnosis.performance.data import load_performance
 from gpu_triage.exporter.backends.base import Collector, GpuLostError
 from gpu_triage.exporter.backends.readings import Reading
 from gpu_triage.exporter.backends.sim.backend import SimBackend

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpu_triage.diagnosis.actions import GpuStatus
+from gpu_triage.diagnosis.core.actions import GpuStatus
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuIdentity, Result
 from gpu_triage.exporter.backends.readings import Power
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario

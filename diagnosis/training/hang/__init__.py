@@ -1,0 +1,1 @@
+"""Hung jobs: Flight Recorder dumps and NCCL RAS output matched across ranks."""
