@@ -47,7 +47,7 @@ def test_a_crash_on_every_gpu_is_one_finding_and_no_drain(daemon: Daemon, clock:
             clock.advance(4 * 3600)
             daemon.poller.poll(FAST)  # fresh readings, as the poll loop would have taken meanwhile
         crash(daemon, clock)
-    body = daemon.diagnosis()
+    body = daemon.diagnosis().body()
     node = body["node"]
     assert (node["health"], node["action"]) == ("degraded", "CHECK_APP"), node["summary"]
     assert all(Action(g["action"]) not in DRAINS and g["health"] != "unhealthy" for g in body["gpus"])

@@ -31,6 +31,7 @@ from gpu_triage.diagnosis.actions import GpuStatus
 from gpu_triage.diagnosis.findings import Workload
 from gpu_triage.diagnosis.health import Telemetry
 from gpu_triage.diagnosis.node_verdict import Blind
+from gpu_triage.exporter.http.api_models import Diagnosis
 from tests.conftest import REPO, require_tool
 from tests.daemon_proc import GPU_TRIAGE, free_port, serve, wait_for
 from tests.verdict_bodies import NOW, fatal_sxid, report, xid
@@ -155,11 +156,11 @@ class Slurm:
         result: dict[str, Any] = json.loads(self.node.read_text())
         return result
 
-    def answer(self, body: dict[str, Any] | str, rc: int | None = None) -> None:
+    def answer(self, body: Diagnosis | str, rc: int | None = None) -> None:
         """A diagnosis body for the real `gpu-triage check` to get from the stand-in daemon; or the text
         `gpu-triage` prints instead, and its exit status `rc`."""
-        if isinstance(body, dict):
-            self.daemon.body = body
+        if isinstance(body, Diagnosis):
+            self.daemon.body = body.body()
             self.rc = None
         else:
             self.check_out.write_text(body)
