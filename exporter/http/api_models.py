@@ -260,7 +260,7 @@ class KernelEvent(ApiModel):
     pid: int | None = None
     process: str | None = None
     severity: str | None = Field(default=None, description="SXid: Fatal or Non-fatal")
-    timestamp: float | None
+    timestamp: str | None = Field(description="as the line's prefix prints it, not interpreted")
     text: str
     file: str | None = None
 
