@@ -1,12 +1,37 @@
 """What an XID code means, as `gpu-triage xid` and GET /api/v1/xid/{code} tell it: the catalog's entry and
-its playbook. A module of its own so that the one-shot command imports the catalog and nothing else."""
+its playbook. A module of its own so that the one-shot command imports the catalog and nothing else: the
+answer is a TypedDict, which the route declares as its response model, rather than a pydantic model (whose
+import alone would double the command's start-up)."""
 
 from __future__ import annotations
 
-from gpu_triage.diagnosis.xid_data import load_catalog
-from gpu_triage.exporter.http.api_models import XidExplanation
+from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
 
-__all__ = ["unknown_xid", "xid_json"]
+from gpu_triage.diagnosis.actions import Action, Severity
+from gpu_triage.diagnosis.xid_data import load_catalog
+
+__all__ = ["XidExplanation", "unknown_xid", "xid_json"]
+
+
+class XidExplanation(TypedDict):
+    """GET /api/v1/xid/{code}, `gpu-triage xid --json`: NVIDIA's catalog entry, our action, the playbook."""
+
+    xid: int
+    mnemonic: str
+    nvidia_description: str
+    title: str
+    causes: list[str]
+    severity: Severity
+    action: Action
+    action_description: str
+    nvidia_immediate_bucket: str | None
+    nvidia_investigatory_bucket: str | None
+    deviation: str | None
+    context: list[str]
+    xid154_linked: bool
+    applies_to: list[str]
+    playbook: str
+    runbook: str
 
 
 def xid_json(code: int) -> XidExplanation | None:

@@ -22,25 +22,25 @@ def explain_xid(code: int, as_json: bool, out: TextIO = sys.stdout) -> int:
         print(f"gpu-triage: {unknown_xid(code)}", file=sys.stderr)
         return 1
     if as_json:
-        json.dump(entry.body(), out, indent=2)
+        json.dump(entry, out, indent=2)
         out.write("\n")
         return 0
     wrap = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="    ")
     lines = [
-        f"Xid {entry.xid}  {entry.mnemonic}",
-        *wrap.wrap(entry.title),
-        f"  severity: {entry.severity.value}    action: {entry.action.value}",
-        *wrap.wrap(entry.action_description),
+        f"Xid {entry['xid']}  {entry['mnemonic']}",
+        *wrap.wrap(entry["title"]),
+        f"  severity: {entry['severity']}    action: {entry['action']}",
+        *wrap.wrap(entry["action_description"]),
         "  likely causes:",
-        *(wrap.fill(f"- {cause}") for cause in entry.causes),
-        f"  NVIDIA's buckets: immediate {entry.nvidia_immediate_bucket or '-'}, "
-        f"investigatory {entry.nvidia_investigatory_bucket or '-'}",
+        *(wrap.fill(f"- {cause}") for cause in entry["causes"]),
+        f"  NVIDIA's buckets: immediate {entry['nvidia_immediate_bucket'] or '-'}, "
+        f"investigatory {entry['nvidia_investigatory_bucket'] or '-'}",
     ]
-    if entry.deviation:
-        lines += wrap.wrap(f"why we differ: {entry.deviation}")
-    if entry.context:
-        lines.append(f"  the verdict also weighs: {', '.join(entry.context)}")
-    lines.append(f"  playbook: {entry.runbook}  (curl -s localhost:9481{entry.runbook}.md)")
+    if entry["deviation"]:
+        lines += wrap.wrap(f"why we differ: {entry['deviation']}")
+    if entry["context"]:
+        lines.append(f"  the verdict also weighs: {', '.join(entry['context'])}")
+    lines.append(f"  playbook: {entry['runbook']}  (curl -s localhost:9481{entry['runbook']}.md)")
     out.write("\n".join(lines) + "\n")
     return 0
 

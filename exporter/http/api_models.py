@@ -7,7 +7,9 @@ dump with `exclude_unset`), so null and absent stay what they were. Every other 
 Declaration order is the order of the keys. Per-class finding `details`, a GPU's readings and the hang table
 differ from one class or collector to the next: they are JSON values, not Any.
 
-Imports pydantic and the verdict vocabulary only: `gpu-triage check` loads this module too.
+Imports pydantic and the verdict vocabulary only: `gpu-triage check` loads this module too. The answer of
+GET /api/v1/xid/{code} is a TypedDict of its own (exporter/xid_explain.py), so that `gpu-triage xid` loads
+no pydantic.
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ class Gpus(ApiModel):
     gpus: list[GpuReadings]
 
 
-# --- GET /api/v1/events, GET /api/v1/xid/{code} -----------------------------------------------------------
+# --- GET /api/v1/events ---------------------------------------------------------------------------------
 
 
 class JournalEvent(ApiModel):
@@ -228,25 +230,6 @@ class JournalEvent(ApiModel):
 
 class Events(ApiModel):
     events: list[JournalEvent]
-
-
-class XidExplanation(ApiModel):
-    xid: int
-    mnemonic: str
-    nvidia_description: str
-    title: str
-    causes: list[str]
-    severity: Severity
-    action: Action
-    action_description: str
-    nvidia_immediate_bucket: str | None
-    nvidia_investigatory_bucket: str | None
-    deviation: str | None
-    context: list[str]
-    xid154_linked: bool
-    applies_to: list[str]
-    playbook: str
-    runbook: str
 
 
 # --- POST /api/v1/diagnose --------------------------------------------------------------------------------

@@ -25,12 +25,11 @@ from gpu_triage.exporter.http.api_models import (
     Events,
     GpuVerdictOut,
     JournalEvent,
-    XidExplanation,
 )
 from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
 from gpu_triage.exporter.log_input import InputTooLargeError, scan_engine
 from gpu_triage.exporter.settings import parse_duration
-from gpu_triage.exporter.xid_explain import unknown_xid, xid_json
+from gpu_triage.exporter.xid_explain import XidExplanation, unknown_xid, xid_json
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT_DIAGNOSES = 2
