@@ -14,8 +14,8 @@ from gpu_triage.diagnosis.fold import fold_gpus
 from gpu_triage.diagnosis.health import GpuVerdict, drives
 from gpu_triage.diagnosis.incidents import GPU_INSTANCE
 from gpu_triage.diagnosis.node_verdict import BLIND_CLASSES, Blind, NodeVerdict
-from gpu_triage.exporter.http.api_models import Blind as BlindOut
 from gpu_triage.exporter.http.api_models import (
+    BlindOut,
     Diagnosis,
     FindingOut,
     GpuVerdictOut,

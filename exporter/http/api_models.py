@@ -94,7 +94,7 @@ class Place(ApiModel):
     workloads: list[WorkloadOut]
 
 
-class Blind(ApiModel):
+class BlindOut(ApiModel):
     """A source the verdict depends on that the daemon cannot read."""
 
     source: str = Field(description="kmsg, journal, xid, backend, or an XID event source")
@@ -108,7 +108,7 @@ class NodeOut(ApiModel):
     action: Action
     summary: str
     affected: list[Place] = Field(description="every place that needs an action, most urgent first")
-    incomplete: list[Blind] = Field(description="what the verdict could not see; non-empty: health unknown")
+    incomplete: list[BlindOut] = Field(description="what the verdict could not see; non-empty: health unknown")
 
 
 class GpuVerdictOut(ApiModel):
