@@ -5,8 +5,8 @@
 
 Prints figures only; there is no pass/fail. Each command runs as a fresh child process, as a Slurm
 health check, a prolog or `kubectl logs … | gpu-triage diagnose -` runs it: `python -c pass` (the
-yardstick), `gpu-triage xid 79`, `gpu-triage diagnose` on a 20-line log, and `--version`, `alerts
-render`, `export`. For each: the wall time and the CPU time (user + system) of the child, best and
+yardstick), `gpu-triage xid 79`, `gpu-triage diagnose` on a 20-line log, `check` with no daemon to ask, and
+`--version`, `alerts render`, `export`. For each: the wall time and the CPU time (user + system) of the child, best and
 median, and their ratio to the interpreter's. CPU time is the steadier figure on a busy machine.
 
 The children share one knowledge cache (exporter/cache_store.py) in a temporary directory: the first
@@ -56,6 +56,8 @@ def main() -> int:
             "gpu-triage xid 79": [str(GPU_TRIAGE), "xid", "79"],
             "gpu-triage diagnose (20 lines)": [str(GPU_TRIAGE), "diagnose", str(log)],
             "gpu-triage --version": [str(GPU_TRIAGE), "--version"],
+            # A Slurm health check's start-up and its model of the verdict, on a port nothing answers.
+            "gpu-triage check (no daemon)": [str(GPU_TRIAGE), "check", "--url", "http://127.0.0.1:9", "--timeout", "1"],
             "gpu-triage alerts render": [str(GPU_TRIAGE), "alerts", "render"],
             "gpu-triage export systemd": [str(GPU_TRIAGE), "export", "systemd", str(Path(scratch) / "unit"), "--force"],
         }

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.gc_collector import GCCollector
@@ -24,6 +23,7 @@ from gpu_triage.diagnosis.performance.engine import PerformanceReport
 from gpu_triage.diagnosis.xid.node_verdict import Blind, NodeVerdict
 from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.cache_store import store_from_env
+from gpu_triage.exporter.http.api_models import Diagnosis
 from gpu_triage.exporter.metrics.exposition import MetricsCache
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
 from gpu_triage.exporter.metrics.performance import performance_families
@@ -292,10 +292,10 @@ class Daemon:
         self.journal.mark(Mark(self.clock(), uuid, "acknowledged", note))
         self.refresh()
 
-    def diagnosis(self) -> dict[str, Any]:
+    def diagnosis(self) -> Diagnosis:
         frame = self._frame  # one render's snapshot and verdict: the API and /metrics never disagree
         body = diagnosis_json(frame.snapshot, frame.node, self.boot_id, self.clock(), _workloads(frame.workloads))
-        body["performance"] = performance_json(frame.performance, self.settings.performance_window)
+        body.performance = performance_json(frame.performance, self.settings.performance_window)
         return body
 
     def status_line(self) -> str:

@@ -13,11 +13,10 @@ a Slurm job by id and user (its steps together), so that the accounting series s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from gpu_triage.diagnosis.core.findings import Workload
 from gpu_triage.diagnosis.performance.data import PerformanceData
-from gpu_triage.diagnosis.performance.engine import Account, PerformanceEngine, PerformanceReport
+from gpu_triage.diagnosis.performance.engine import Account, PerfFinding, PerformanceEngine, PerformanceReport
 from gpu_triage.diagnosis.performance.window import GpuSample
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
@@ -31,6 +30,13 @@ from gpu_triage.exporter.backends.readings import (
     Profiling,
     Thermal,
     Utilization,
+)
+from gpu_triage.exporter.http.api_models import (
+    PerformanceFindingOut,
+    PerformanceGpu,
+    PerformanceOut,
+    PerformanceWorkload,
+    WorkloadOut,
 )
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.workloads.tracker import ByGpu
@@ -121,18 +127,24 @@ class Performance:
         return self.engine.accounts
 
 
-def performance_json(report: PerformanceReport, window_seconds: float) -> dict[str, Any]:
+def performance_json(report: PerformanceReport, window_seconds: float) -> PerformanceOut:
     """The `performance` section of /api/v1/diagnosis: findings per GPU and per workload, beside the verdict."""
-    return {
-        "window_seconds": window_seconds,
-        "judged": report.judged_at is not None,  # false while the first window fills
-        "note": "why jobs are slow and which GPUs are held idle; never part of health or the action",
-        "gpus": [
-            {"gpu": found[0].gpu, "uuid": uuid, "findings": [f.to_json() for f in found]}
+    return PerformanceOut(
+        window_seconds=window_seconds,
+        judged=report.judged_at is not None,  # false while the first window fills
+        note="why jobs are slow and which GPUs are held idle; never part of health or the action",
+        gpus=[
+            PerformanceGpu(gpu=found[0].gpu, uuid=uuid, findings=[_finding(f) for f in found])
             for uuid, found in sorted(report.by_gpu.items(), key=lambda item: item[1][0].gpu)
         ],
-        "workloads": [
-            {"workload": w.to_json(), "gpus": list(gpus), "findings": [f.to_json() for f in found]}
+        workloads=[
+            PerformanceWorkload(
+                workload=WorkloadOut.model_validate(w.to_json()), gpus=list(gpus), findings=[_finding(f) for f in found]
+            )
             for w, gpus, found in report.by_workload
         ],
-    }
+    )
+
+
+def _finding(f: PerfFinding) -> PerformanceFindingOut:
+    return PerformanceFindingOut.model_validate(f.to_json())

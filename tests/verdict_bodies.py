@@ -4,13 +4,12 @@ so that a change to the report's shape reaches every reader's test."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpu_triage.diagnosis.core.findings import Finding, Workload
 from gpu_triage.diagnosis.xid.health import Telemetry, assess_gpu
 from gpu_triage.diagnosis.xid.incidents import Occurrence
 from gpu_triage.diagnosis.xid.node_verdict import Blind, assess_node, sxid_findings
 from gpu_triage.exporter.backends.base import GpuIdentity
+from gpu_triage.exporter.http.api_models import Diagnosis
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.verdict_report import diagnosis_json
 from tests.diagnosis.kernel_lines import parse_line
@@ -29,8 +28,8 @@ def report(
     node_findings: list[Finding] | None = None,
     incomplete: tuple[Blind, ...] = (),
     workloads: dict[int, tuple[Workload, ...]] | None = None,
-) -> dict[str, Any]:
-    """/api/v1/diagnosis as the daemon renders it, for the verdicts diagnosis/ makes of these XIDs and readings."""
+) -> Diagnosis:
+    """/api/v1/diagnosis as the daemon renders it (`.body()`: its JSON), for the verdicts diagnosis/ makes of these XIDs and readings."""
     gpus = [GpuIdentity(i, f"GPU-{i}", bus) for i, bus in enumerate(BUSES)]
     verdicts = []
     for g in gpus:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpu_triage.diagnosis.core.actions import Action, GpuStatus, Health, Severity, most_urgent
 from gpu_triage.diagnosis.core.findings import Evidence, Finding, urgency
@@ -203,12 +202,3 @@ def _health(driving: Sequence[Finding], t: Telemetry) -> Health:
 
 # `gpu-triage check`: the exit codes health-check hooks (Slurm, Kubernetes, NHC) understand.
 EXIT_CODES: Mapping[Health, int] = {Health.HEALTHY: 0, Health.DEGRADED: 1, Health.UNHEALTHY: 2, Health.UNKNOWN: 3}
-
-
-def verdict_json(v: GpuVerdict) -> dict[str, Any]:
-    return {
-        "pci_bus_id": v.gpu,
-        "health": v.health.value,
-        "action": v.action.value,
-        "findings": [f.to_json() for f in v.findings],
-    }

@@ -5,7 +5,10 @@ does not answer). `--gpus 0,3` narrows the verdict, the output and the exit stat
 
     text    "CRITICAL - 8 GPUs, 7 up; node unhealthy: REBOOT_NODE: GPU 3 Xid 79, GPU 5 lost", then one line per
             finding
-    json    the /api/v1/diagnosis body (narrowed with --gpus); with no verdict, the same shape saying why
+    json    a versioned object (`CheckJson`, version 1): the verdict's word, exit status and reason line,
+            whether it is incomplete, then the /api/v1/diagnosis body (narrowed with --gpus; null, with
+            `error` saying why, when there is no verdict). One top-level key a line, so that a shell
+            script can read the scalars with sed (slurm/gpu-triage-healthcheck does)
     reason  one line for a drain reason or a refused job: "REBOOT_NODE: GPU 3 Xid 79 job 4242, GPU 5 lost"; a
             verdict that could not see everything starts "INCOMPLETE"
 
@@ -24,19 +27,28 @@ import ssl
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Final, Literal, TextIO
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from gpu_triage.diagnosis.core.actions import Action, Health, most_urgent
 from gpu_triage.diagnosis.core.findings import rank_ranges
 from gpu_triage.diagnosis.xid.health import EXIT_CODES
 from gpu_triage.exporter.cli.report_text import safe
+from gpu_triage.exporter.http.api_models import Diagnosis, FindingOut, WorkloadOut
 from gpu_triage.exporter.verdict_report import name_blind, name_places
 
 FORMATS = ("text", "json", "reason")
-NAGIOS = {Health.HEALTHY: "OK", Health.DEGRADED: "WARNING", Health.UNHEALTHY: "CRITICAL", Health.UNKNOWN: "UNKNOWN"}
+Word = Literal["OK", "WARNING", "CRITICAL", "UNKNOWN"]
+NAGIOS: dict[Health, Word] = {
+    Health.HEALTHY: "OK",
+    Health.DEGRADED: "WARNING",
+    Health.UNHEALTHY: "CRITICAL",
+    Health.UNKNOWN: "UNKNOWN",
+}
 _WORST_FIRST = (Health.UNHEALTHY, Health.UNKNOWN, Health.DEGRADED, Health.HEALTHY)
+JSON_VERSION: Final = 1  # of CheckJson: a key removed or changed in meaning is a new version; added keys are not
 
 
 class NoVerdictError(Exception):
@@ -58,8 +70,8 @@ class DaemonClient:
         url = self.url if "://" in self.url else f"http://{self.url}"  # `localhost:9481`, as typed for curl
         return url.rstrip("/")
 
-    def diagnosis(self) -> dict[str, Any]:
-        """GET /api/v1/diagnosis; NoVerdictError when there is none to be had."""
+    def diagnosis(self) -> Diagnosis:
+        """GET /api/v1/diagnosis, parsed as the daemon's model; NoVerdictError when there is none to be had."""
         try:
             verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
             auth = None
@@ -68,136 +80,166 @@ class DaemonClient:
                 auth = (self.user, password)
             answer = httpx.get(f"{self.base}/api/v1/diagnosis", timeout=self.timeout, verify=verify, auth=auth)
             answer.raise_for_status()
-            body: dict[str, Any] = answer.json()
-            Health(body["node"]["health"])  # a body without a verdict is no answer
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError, KeyError, TypeError, OSError) as e:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError, OSError) as e:
             raise NoVerdictError(f"cannot get a verdict from gpu-triage at {self.base}: {e}") from None
-        return body
+        try:
+            return Diagnosis.model_validate_json(answer.content)
+        except ValidationError as e:  # another server on the port, or a daemon whose verdict this one cannot read
+            raise NoVerdictError(f"gpu-triage at {self.base} answered no verdict: {_first_problem(e)}") from None
 
 
-def select(body: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
+def _first_problem(e: ValidationError) -> str:
+    """'node.health: Field required (+2 more)': where the body is not a verdict, in one line."""
+    errors = e.errors(include_url=False, include_input=False)
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first['msg']}{more}"[:300]
+
+
+def select(body: Diagnosis, wanted: list[str]) -> Diagnosis:
     """The verdict of the GPUs `wanted` (NVML indexes or GPU UUIDs) alone: the worst of their health, the most
     urgent of their actions, their findings. A source the daemon cannot read leaves every GPU's verdict
     incomplete. NoVerdictError names any GPU that this node does not have."""
-    gpus = [g for g in body["gpus"] if {str(g.get("gpu")), str(g.get("uuid"))} & set(wanted)]
-    known = {str(g.get(k)) for g in gpus for k in ("gpu", "uuid")}
+    gpus = [g for g in body.gpus if {str(g.gpu), g.uuid} & set(wanted)]
+    known = {str(k) for g in gpus for k in (g.gpu, g.uuid)}
     if missing := [w for w in wanted if w not in known]:
-        listed = ", ".join(str(g["gpu"]) for g in body["gpus"] if g.get("gpu") is not None)
+        listed = ", ".join(str(g.gpu) for g in body.gpus)
         raise NoVerdictError(f"no GPU {', '.join(missing)} on this node (it has GPUs {listed or 'none'})")
-    incomplete = body["node"].get("incomplete") or []
-    healths = {Health(g.get("health", Health.UNKNOWN.value)) for g in gpus}
+    incomplete = body.node.incomplete
+    healths = {g.health or Health.UNKNOWN for g in gpus}
     if incomplete:
         healths.add(Health.UNKNOWN)
     health = next(h for h in _WORST_FIRST if h in healths)
-    action = most_urgent([Action(g.get("action", Action.IGNORE.value)) for g in gpus])
-    buses = {g.get("pci_bus_id") for g in gpus}
-    places = [p for p in body["node"].get("affected") or [] if p.get("gpu") is not None and p["pci_bus_id"] in buses]
-    names = ", ".join(str(g["gpu"]) for g in gpus)
-    summary = f"GPU{'s' if len(gpus) > 1 else ''} {names} of {len(body['gpus'])}: {health.value}"
+    action = most_urgent([g.action or Action.IGNORE for g in gpus])
+    buses = {g.pci_bus_id for g in gpus}
+    places = [p for p in body.node.affected if p.gpu is not None and p.pci_bus_id in buses]
+    names = ", ".join(str(g.gpu) for g in gpus)
+    summary = f"GPU{'s' if len(gpus) > 1 else ''} {names} of {len(body.gpus)}: {health.value}"
     if named := name_places(places):
         summary += f": {named}"
     if incomplete:
         summary += f"; {name_blind(incomplete)}"
-    node = {**body["node"], "health": health.value, "action": action.value, "summary": summary, "affected": places}
-    return {
-        **body,
-        "node": node,
-        "gpus": gpus,
-        "findings": [f for f in body["findings"] if f.get("gpu") in buses or buses & set(_gpus_of(f))],
-        "selected": wanted,
-    }
+    node = body.node.model_copy(update={"health": health, "action": action, "summary": summary, "affected": places})
+    findings = [f for f in body.findings if f.gpu in buses or buses & set(_gpus_of(f))]
+    return body.model_copy(update={"node": node, "gpus": gpus, "findings": findings})
 
 
-def reason(body: dict[str, Any]) -> str:
+def reason(body: Diagnosis) -> str:
     """One line: each action with the places that need it, the root cause and who was there; then what the
     verdict could not see."""
-    node = body["node"]
-    health, action = Health(node["health"]), Action(node["action"])
+    node = body.node
     parts = []
-    incomplete = node.get("incomplete")
-    if named := name_places(node.get("affected") or [], who=True):
+    if named := name_places(node.affected, who=True):
         parts.append(named)
-    elif action is not Action.IGNORE and not incomplete:
-        parts.append(action.value)
-    if incomplete:
-        parts.append("INCOMPLETE: " + ", ".join(f"{b['what']} ({b['problem']})" for b in incomplete))
-    return " ".join("; ".join(parts or [NAGIOS[health]]).split())  # one line, whatever the parts hold
+    elif node.action is not Action.IGNORE and not node.incomplete:
+        parts.append(node.action.value)
+    if node.incomplete:
+        parts.append("INCOMPLETE: " + ", ".join(f"{b.what} ({b.problem})" for b in node.incomplete))
+    return " ".join("; ".join(parts or [NAGIOS[node.health]]).split())  # one line, whatever the parts hold
 
 
-def _text(body: dict[str, Any], base: str) -> str:
+def _text(body: Diagnosis, base: str) -> str:
     """The verdict, then one line per finding that asks for something, most urgent first: an application's Xid
     on many GPUs is one line for them all, the node's own findings (NVSwitches, unknown devices, sources it
     cannot read) name their place."""
-    lines = [f"{NAGIOS[Health(body['node']['health'])]} - {body['node']['summary']}"]
-    index = {g.get("pci_bus_id"): g.get("gpu") for g in body["gpus"]}
-    for finding in body["findings"]:
+    lines = [f"{NAGIOS[body.node.health]} - {body.node.summary}"]
+    index = {g.pci_bus_id: g.gpu for g in body.gpus}
+    for finding in body.findings:
         lines += _finding_line(_place(finding, index), finding, base)
     # Pod, container and job names are whoever made them: none may add a line or drive the terminal.
     return "\n".join(safe(line) for line in lines) + "\n"
 
 
-def _place(finding: dict[str, Any], index: dict[Any, Any]) -> str:
-    details = finding.get("details", {})
-    if (bus := finding.get("gpu")) is not None:
-        where = f"GPU {index[bus]}" if index.get(bus) is not None else str(bus)
+def _place(finding: FindingOut, index: dict[str | None, int]) -> str:
+    details = finding.details
+    if (bus := finding.gpu) is not None:
+        where = f"GPU {index[bus]}" if bus in index else bus
         return where + (f" instance {details['gpu_instance']}" if "gpu_instance" in details else "")
     if gpus := _gpus_of(finding):
-        numbers = [index[b] for b in gpus if index.get(b) is not None]
+        numbers = [index[b] for b in gpus if b in index]
         return f"GPUs {rank_ranges(numbers)}" if len(numbers) == len(gpus) else "GPUs " + ", ".join(gpus)
-    if str(finding.get("class", "")).startswith("sxid"):
+    if finding.class_id.startswith("sxid"):
         return "NVSwitch"
     return str(details.get("pci_bus_id") or "gpu-triage")
 
 
-def _gpus_of(finding: dict[str, Any]) -> list[str]:
+def _gpus_of(finding: FindingOut) -> list[str]:
     """The bus ids of a finding folded across GPUs (diagnosis/training/findings/fold.py), or none."""
-    listed = finding.get("details", {}).get("gpus")
+    listed = finding.details.get("gpus")
     return [b for b in str(listed).split(", ") if b] if listed else []
 
 
-def _finding_line(where: str, finding: dict[str, Any], base: str) -> list[str]:
-    if finding["action"] == Action.IGNORE.value:
+def _finding_line(where: str, finding: FindingOut, base: str) -> list[str]:
+    if finding.action is Action.IGNORE:
         return []
-    line = f"  {where}: {finding['title']} [{finding['severity']}] -> {finding['action']}"
-    line += f" (runbook: {base}/runbooks/{finding['playbook']})"
-    if who := ", ".join(_describe(w) for w in finding.get("workloads", [])):
+    line = f"  {where}: {finding.title} [{finding.severity.value}] -> {finding.action.value}"
+    line += f" (runbook: {base}/runbooks/{finding.playbook})"
+    if who := ", ".join(_describe(w) for w in finding.workloads):
         line += f"; used by {who}"
     return [line]
 
 
-def _describe(w: dict[str, Any]) -> str:
-    if w.get("kind") == "pod":
-        return f"pod {w.get('namespace')}/{w.get('pod')} (container {w.get('container')})"
-    step = f" step {w['step']}" if w.get("step") else ""
-    return f"Slurm job {w.get('job_id')}{step}" + (f" ({w['user']})" if w.get("user") else "")
+def _describe(w: WorkloadOut) -> str:
+    if w.kind == "pod":
+        return f"pod {w.namespace}/{w.pod} (container {w.container})"
+    step = f" step {w.step}" if w.step else ""
+    return f"Slurm job {w.job_id}{step}" + (f" ({w.user})" if w.user else "")
 
 
-def no_verdict(message: str) -> dict[str, Any]:
-    """What --format json prints when there is no verdict: the same shape, unknown, and why."""
-    return {
-        "node": {"health": Health.UNKNOWN.value, "action": Action.IGNORE.value, "summary": message},
-        "gpus": [],
-        "findings": [],
-        "error": message,
-    }
+class CheckJson(BaseModel):
+    """What `gpu-triage check --format json` prints (version 1): the verdict's word, exit status and reason
+    line first, one top-level key a line, then the /api/v1/diagnosis body it judged (narrowed with --gpus)."""
+
+    version: Literal[1]
+    status: Word
+    exit_code: int
+    health: Health
+    action: Action
+    reason: str  # as --format reason prints it
+    incomplete: bool  # a source the verdict depends on cannot be read
+    error: str | None  # why there is no verdict (then `diagnosis` is null)
+    selected: list[str] | None  # --gpus
+    diagnosis: Diagnosis | None
 
 
-def performance_lines(body: dict[str, Any], base: str) -> list[str]:
+def check_json(body: Diagnosis | None, wanted: list[str], error: str | None = None) -> str:
+    if body is None:
+        health, action, line, blind = Health.UNKNOWN, Action.IGNORE, f"UNKNOWN - {error}", False
+    else:
+        health, action, line, blind = body.node.health, body.node.action, reason(body), bool(body.node.incomplete)
+    out = CheckJson(
+        version=JSON_VERSION,
+        status=NAGIOS[health],
+        exit_code=EXIT_CODES[health],
+        health=health,
+        action=action,
+        reason=safe(line),
+        incomplete=blind,
+        error=error,
+        selected=wanted or None,
+        diagnosis=body,
+    )
+    # exclude_unset: the body keeps what the daemon left out (every key of CheckJson itself is always set).
+    return json.dumps(out.model_dump(mode="json", by_alias=True, exclude_unset=True), indent=2) + "\n"
+
+
+def performance_lines(body: Diagnosis, base: str) -> list[str]:
     """The performance section as text lines (the GPUs `select` kept, when --gpus narrowed the verdict)."""
-    perf = body.get("performance")
-    if not isinstance(perf, dict):
+    perf = body.performance
+    if perf is None:
         return ["performance: not reported by this daemon"]
-    if not perf.get("judged"):
+    if not perf.judged:
         return ["performance: judging (the first window is not over)"]
-    kept = {g.get("gpu") for g in body["gpus"]}
+    kept = {g.gpu for g in body.gpus}
     lines = []
-    for gpu in perf.get("gpus", []):
-        if gpu.get("gpu") not in kept:
+    for gpu in perf.gpus:
+        if gpu.gpu not in kept:
             continue
-        for f in gpu.get("findings", []):
-            who = ", ".join(_describe(w) for w in f.get("workloads", []))
-            line = f"  GPU {gpu['gpu']}: {f['class']} [{f['severity']}] {f['summary']}"
-            lines.append(line + (f"; used by {who}" if who else "") + f" (runbook: {base}/runbooks/{f['playbook']})")
+        for f in gpu.findings:
+            who = ", ".join(_describe(w) for w in f.workloads)
+            line = f"  GPU {gpu.gpu}: {f.class_id} [{f.severity.value}] {f.summary}"
+            lines.append(line + (f"; used by {who}" if who else "") + f" (runbook: {base}/runbooks/{f.playbook})")
     return ["performance:" + ("" if lines else " no finding"), *lines]
 
 
@@ -218,13 +260,13 @@ def check(
     except NoVerdictError as e:
         message = str(e)
         if fmt == "json":
-            out.write(json.dumps(no_verdict(message), indent=2) + "\n")
+            out.write(check_json(None, wanted, message))
         else:
             out.write(f"UNKNOWN - {safe(message)}\n")
         return EXIT_CODES[Health.UNKNOWN]
-    health = Health(body["node"]["health"])
+    health = body.node.health
     if fmt == "json":
-        out.write(json.dumps(body, indent=2) + "\n")
+        out.write(check_json(body, wanted))
     elif fmt == "reason":
         out.write(safe(reason(body)) + "\n")
     else:

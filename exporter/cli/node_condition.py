@@ -33,7 +33,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpu_triage.diagnosis.core.actions import Action, Health
 from gpu_triage.exporter.cli.check import DaemonClient, NoVerdictError
+from gpu_triage.exporter.http.api_models import Diagnosis
 
 log = logging.getLogger(__name__)
 CONDITION = "GpuTriageUnhealthy"
@@ -53,34 +55,30 @@ def camel(action: str) -> str:
     return "".join(part.capitalize() for part in action.split("_")) or "Unknown"
 
 
-def _root_cause(diagnosis: dict[str, Any], action: str) -> str:
+def _root_cause(diagnosis: Diagnosis, action: Action) -> str:
     """' Root cause: <title> (runbook <id>), on pod ml/trainer-0.' for the most urgent finding asking `action`."""
-    for finding in diagnosis.get("findings", []):
-        if finding.get("action") == action:
-            who = [w for w in finding.get("workloads", []) if isinstance(w, dict)]
+    for finding in diagnosis.findings:
+        if finding.action is action:
             on = ", ".join(
-                f"pod {w.get('namespace')}/{w.get('pod')}" if w.get("kind") == "pod" else f"Slurm job {w.get('job_id')}"
-                for w in who
+                f"pod {w.namespace}/{w.pod}" if w.kind == "pod" else f"Slurm job {w.job_id}" for w in finding.workloads
             )
-            return f" Root cause: {finding.get('title', '?')} (runbook {finding.get('playbook', '?')})" + (
-                f", on {on}." if on else "."
-            )
+            return f" Root cause: {finding.title} (runbook {finding.playbook})" + (f", on {on}." if on else ".")
     return ""
 
 
-def condition_from(diagnosis: dict[str, Any] | None, error: str = "") -> Condition:
+def condition_from(diagnosis: Diagnosis | None, error: str = "") -> Condition:
     """The condition for a /api/v1/diagnosis answer, or for none (`error` says why)."""
     if diagnosis is None:
         return Condition("Unknown", "NoVerdict", f"gpu-triage does not answer: {error}"[:MAX_MESSAGE])
-    node = diagnosis["node"]
-    health, action, summary = str(node["health"]), str(node["action"]), str(node["summary"])
-    if health == "unhealthy":
-        message = f"{action}: {summary}.{_root_cause(diagnosis, action)}"
-        return Condition("True", camel(action), message[:MAX_MESSAGE])
-    if health == "unknown":
-        why = "VerdictIncomplete" if node.get("incomplete") else "GpuNotAnswering"
+    node = diagnosis.node
+    health, action, summary = node.health, node.action, node.summary
+    if health is Health.UNHEALTHY:
+        message = f"{action.value}: {summary}.{_root_cause(diagnosis, action)}"
+        return Condition("True", camel(action.value), message[:MAX_MESSAGE])
+    if health is Health.UNKNOWN:
+        why = "VerdictIncomplete" if node.incomplete else "GpuNotAnswering"
         return Condition("Unknown", why, summary[:MAX_MESSAGE])
-    return Condition("False", "Healthy" if health == "healthy" else "Degraded", summary[:MAX_MESSAGE])
+    return Condition("False", "Healthy" if health is Health.HEALTHY else "Degraded", summary[:MAX_MESSAGE])
 
 
 def _now() -> str:

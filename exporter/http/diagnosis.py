@@ -12,17 +12,24 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, HTTPException, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.dump_inputs import ArchiveError, body_inputs
+from gpu_triage.exporter.http.api_models import (
+    DiagnoseReport,
+    Diagnosis,
+    Events,
+    GpuVerdictOut,
+    JournalEvent,
+)
 from gpu_triage.exporter.http.gpus import MAX_GPU_INDEX, GpuIndex, gpu_or_404
 from gpu_triage.exporter.log_input import InputTooLargeError, scan_engine
 from gpu_triage.exporter.settings import parse_duration
-from gpu_triage.exporter.xid_explain import unknown_xid, xid_json
+from gpu_triage.exporter.xid_explain import XidExplanation, unknown_xid, xid_json
 
 log = logging.getLogger(__name__)
 MAX_CONCURRENT_DIAGNOSES = 2
@@ -53,11 +60,17 @@ def parse_time(value: str, now: float) -> float:
 def diagnosis_router(daemon: Daemon) -> APIRouter:
     router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
 
-    @router.get("/diagnosis", summary="The node's verdict: per-GPU health, findings, the one action to take")
-    async def diagnosis() -> dict[str, Any]:
+    @router.get(
+        "/diagnosis",
+        summary="The node's verdict: per-GPU health, findings, the one action to take",
+        response_model_exclude_unset=True,
+    )
+    async def diagnosis() -> Diagnosis:
         return daemon.diagnosis()
 
-    @router.get("/events", summary="Journaled XID and SXID events, oldest first, filterable")
+    @router.get(
+        "/events", summary="Journaled XID and SXID events, oldest first, filterable", response_model_exclude_unset=True
+    )
     def events(
         gpu: Annotated[int | None, Query(ge=0, le=MAX_GPU_INDEX, description="NVML index")] = None,
         uuid: Annotated[str | None, Query(max_length=128)] = None,
@@ -68,7 +81,7 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
         ] = None,
         until: Annotated[str | None, Query(max_length=64)] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    ) -> dict[str, Any]:
+    ) -> Events:
         now = time.time()
         try:
             found = daemon.journal.events(
@@ -82,25 +95,28 @@ def diagnosis_router(daemon: Daemon) -> APIRouter:
             )
         except sqlite3.Error as e:  # not open yet (a full disk at start), or a read that failed: no 500
             raise HTTPException(503, f"the event journal cannot be read ({e})") from e
-        return {"events": [e.to_json() for e in found]}
+        return Events(events=[JournalEvent.model_validate(e.to_json()) for e in found])
 
     @router.get("/xid/{code}", summary="What an XID code means and what to do about it")
-    async def explain(code: Annotated[int, Path(ge=0, le=MAX_XID)]) -> dict[str, Any]:
+    async def explain(code: Annotated[int, Path(ge=0, le=MAX_XID)]) -> XidExplanation:
         found = xid_json(code)
         if found is None:
             raise HTTPException(404, unknown_xid(code))
         return found
 
-    @router.post("/gpus/{gpu}/acknowledge", summary="Mark a GPU's XID findings so far as dealt with")
-    def acknowledge(gpu: GpuIndex, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> dict[str, Any]:
+    @router.post(
+        "/gpus/{gpu}/acknowledge",
+        summary="Mark a GPU's XID findings so far as dealt with: its verdict after",
+        response_model_exclude_unset=True,
+    )
+    def acknowledge(gpu: GpuIndex, note: Annotated[str, Body(embed=True, max_length=1000)] = "") -> GpuVerdictOut:
         uuid = gpu_or_404(daemon, gpu).identity.uuid
         log.info("GPU acknowledged", extra={"gpu": gpu, "uuid": uuid, "note": note})  # before the verdict it changes
         try:
             daemon.acknowledge(uuid, note)
         except sqlite3.Error as e:  # a full disk: nothing was marked, the operator must know
             raise HTTPException(503, f"not stored: the event journal refuses writes ({e})") from e
-        gpus: list[dict[str, Any]] = daemon.diagnosis()["gpus"]
-        return next(g for g in gpus if g["gpu"] == gpu)
+        return next(g for g in daemon.diagnosis().gpus if g.gpu == gpu)
 
     return router
 
@@ -124,15 +140,16 @@ def within_cpu(chunks: Iterable[bytes], seconds: float, start: float | None = No
         raise CpuBudgetError
 
 
-def _refuse_empty(report: dict[str, Any]) -> None:
+def _refuse_empty(report: DiagnoseReport) -> None:
     """422 for a body with neither a log line nor a dump: an upload that went wrong, never a healthy job."""
-    hang = report.get("hang") or {}
-    if report["summary"]["lines_read"] == 0 and not hang.get("dumps") and not hang.get("ras"):
-        why = "; ".join(hang.get("skipped", [])[:4]) or "the body decompresses to nothing"
-        raise HTTPException(422, f"no log lines read, nor a dump: {why}")
+    hang = report.hang or {}
+    if report.summary.lines_read == 0 and not hang.get("dumps") and not hang.get("ras"):
+        skipped = hang.get("skipped")
+        why = "; ".join(map(str, skipped[:4])) if isinstance(skipped, list) else ""
+        raise HTTPException(422, f"no log lines read, nor a dump: {why or 'the body decompresses to nothing'}")
 
 
-def _run(daemon: Daemon, chunks: list[bytes], content_type: str, engine: str | None) -> dict[str, Any]:
+def _run(daemon: Daemon, chunks: list[bytes], content_type: str, engine: str | None) -> DiagnoseReport:
     """One diagnosis, in the thread whose CPU time its budget counts."""
     from gpu_triage.diagnosis.training.diagnose import diagnose as diagnose_logs
     from gpu_triage.exporter.fr_decode import SandboxDecoder
@@ -141,7 +158,9 @@ def _run(daemon: Daemon, chunks: list[bytes], content_type: str, engine: str | N
     start = time.thread_time()  # unpacking an archive is the request's CPU time too
     inputs = [(name, within_cpu(c, budget, start)) for name, c in body_inputs(chunks, content_type, limit)]
     with SandboxDecoder() as decode:
-        return diagnose_logs(inputs, engine=engine, store=daemon.store, decode=decode).to_json()
+        return DiagnoseReport.model_validate(
+            diagnose_logs(inputs, engine=engine, store=daemon.store, decode=decode).to_json()
+        )
 
 
 def diagnose_router(daemon: Daemon) -> APIRouter:
@@ -162,8 +181,9 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
         summary="Diagnose kernel and training logs, Flight Recorder dumps and NCCL RAS output: root cause first "
         "(the text, a dump, or a tar, zip or multipart/form-data of a job's files; optionally gzip)",
         responses={413: {"description": f"body over the limit ({mib} by default), or more CPU time than allowed"}},
+        response_model_exclude_unset=True,
     )
-    async def diagnose(request: Request) -> dict[str, Any]:
+    async def diagnose(request: Request) -> DiagnoseReport:
         if not receiving.acquire(blocking=False):
             raise HTTPException(429, f"{MAX_CONCURRENT_UPLOADS} logs are being uploaded already; try again shortly")
         try:
@@ -193,7 +213,7 @@ def diagnose_router(daemon: Daemon) -> APIRouter:
             raise HTTPException(422, "empty body: POST the log text (text/plain, optionally gzip-compressed)")
         return chunks
 
-    async def _diagnose(chunks: list[bytes], content_type: str) -> dict[str, Any]:
+    async def _diagnose(chunks: list[bytes], content_type: str) -> DiagnoseReport:
         try:
             report = await run_in_threadpool(_run, daemon, chunks, content_type, engine)
         except CpuBudgetError:

@@ -79,7 +79,7 @@ def _blind_box(node: NodeVerdict) -> str:
     if not node.incomplete:
         return ""
     items = "".join(
-        f"<li><b>{esc(b['what'])}</b>: {esc(b['problem'])}. {esc(b['fix'].capitalize())}.</li>"
+        f"<li><b>{esc(b.what)}</b>: {esc(b.problem)}. {esc(b.fix.capitalize())}.</li>"
         for b in (blind_json(x) for x in node.incomplete)
     )
     head = "<p><b>The verdict is incomplete.</b> gpu-triage cannot read:</p>"

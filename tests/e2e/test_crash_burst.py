@@ -47,12 +47,13 @@ def test_a_crash_on_every_gpu_is_one_finding_and_no_drain(daemon: Daemon, clock:
             clock.advance(4 * 3600)
             daemon.poller.poll(FAST)  # fresh readings, as the poll loop would have taken meanwhile
         crash(daemon, clock)
-    body = daemon.diagnosis()
+    typed = daemon.diagnosis()
+    body = typed.body()
     node = body["node"]
     assert (node["health"], node["action"]) == ("degraded", "CHECK_APP"), node["summary"]
     assert all(Action(g["action"]) not in DRAINS and g["health"] != "unhealthy" for g in body["gpus"])
     assert node["summary"] == "8 GPUs, 8 up; node degraded: CHECK_APP: GPUs 0-7 Xid 13"
-    assert reason(body) == "CHECK_APP: GPUs 0-7 Xid 13"
+    assert reason(typed) == "CHECK_APP: GPUs 0-7 Xid 13"
     # One finding per code for the whole node, naming every GPU; each GPU keeps its own in its row.
     [app] = [f for f in body["findings"] if f["class"] == "xid_13"]
     assert app["gpu"] is None and len(app["details"]["gpus"].split(", ")) == 8 and app["count"] == 8

@@ -16,10 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
+from gpu_triage.diagnosis.core.findings import Workload
 from gpu_triage.exporter.cli.node_condition import Condition, condition_from
 from tests.conftest import require_tool
 from tests.daemon_proc import GPU_TRIAGE, Daemon, free_port, serve, wait_for
 from tests.exporter.http.test_web_config import HASH
+from tests.verdict_bodies import report, xid
 
 SIDECAR = [GPU_TRIAGE, "node-condition"]
 NODE = "gpu-node-07"
@@ -276,24 +278,13 @@ def test_it_reaches_a_daemon_behind_tls_and_basic_auth_as_check_does(
 
 
 def test_the_message_names_who_was_on_the_gpu() -> None:
-    diagnosis = {
-        "node": {"health": "unhealthy", "action": "REBOOT_NODE", "summary": "8 GPUs, 7 up; node unhealthy"},
-        "findings": [
-            {
-                "action": "REBOOT_NODE",
-                "title": "The GPU fell off the PCIe bus",
-                "playbook": "xid-79",
-                "workloads": [
-                    {"kind": "pod", "namespace": "ml", "pod": "trainer-0", "container": "main"},
-                    {"kind": "slurm_job", "job_id": "4242", "step": "0", "user": "ann"},
-                ],
-            }
-        ],
-    }
+    pod = Workload("pod", "trainer-0", namespace="ml", container="main")
+    job = Workload("slurm_job", "4242", step="0", user="ann")
+    diagnosis = report({3: [xid(79)]}, workloads={3: (pod, job)})  # the daemon's own report of the verdict
     condition = condition_from(diagnosis)
     assert condition == Condition(
         "True",
         "RebootNode",
-        "REBOOT_NODE: 8 GPUs, 7 up; node unhealthy. Root cause: The GPU fell off the PCIe bus (runbook xid-79), "
-        "on pod ml/trainer-0, Slurm job 4242.",
+        "REBOOT_NODE: 8 GPUs, 8 up; node unhealthy: REBOOT_NODE: GPU 3 Xid 79. Root cause: The GPU fell off the "
+        "PCIe bus and no longer answers (runbook xid-79), on pod ml/trainer-0, Slurm job 4242.",
     )

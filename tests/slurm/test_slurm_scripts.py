@@ -11,6 +11,7 @@ its exact argv, which is what catches quoting mistakes. Two tests use a real dae
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -31,6 +32,9 @@ from gpu_triage.diagnosis.core.actions import GpuStatus
 from gpu_triage.diagnosis.core.findings import Workload
 from gpu_triage.diagnosis.xid.health import Telemetry
 from gpu_triage.diagnosis.xid.node_verdict import Blind
+from gpu_triage.exporter.cli.check import DaemonClient
+from gpu_triage.exporter.cli.check import check as check_command
+from gpu_triage.exporter.http.api_models import Diagnosis
 from tests.conftest import REPO, require_tool
 from tests.daemon_proc import GPU_TRIAGE, free_port, serve, wait_for
 from tests.verdict_bodies import NOW, fatal_sxid, report, xid
@@ -155,11 +159,11 @@ class Slurm:
         result: dict[str, Any] = json.loads(self.node.read_text())
         return result
 
-    def answer(self, body: dict[str, Any] | str, rc: int | None = None) -> None:
+    def answer(self, body: Diagnosis | str, rc: int | None = None) -> None:
         """A diagnosis body for the real `gpu-triage check` to get from the stand-in daemon; or the text
         `gpu-triage` prints instead, and its exit status `rc`."""
-        if isinstance(body, dict):
-            self.daemon.body = body
+        if isinstance(body, Diagnosis):
+            self.daemon.body = body.body()
             self.rc = None
         else:
             self.check_out.write_text(body)
@@ -198,9 +202,9 @@ def test_critical_drains_the_node_with_the_verdict_as_one_reason_argument(slurm:
     assert result.returncode == 0, result.stderr
     assert slurm.updates() == [["update", f"nodename={NODE}", "state=drain", f"reason={DRAINED}"]]
     assert slurm.node_state() == {"state": "IDLE+DRAIN", "reason": DRAINED}
-    # It asked for the one-line verdict, with a bounded HTTP wait.
+    # It asked for check's versioned JSON, with a bounded HTTP wait.
     (check,) = slurm.calls("gpu-triage")
-    assert check[1:4] == ["check", "--format", "reason"] and "--timeout" in check
+    assert check[1:4] == ["check", "--format", "json"] and "--timeout" in check
 
 
 def test_the_node_name_is_the_one_slurmd_gives(slurm: Slurm) -> None:
@@ -303,9 +307,28 @@ def test_a_hung_check_is_cut_short_and_counts_as_no_verdict(slurm: Slurm) -> Non
 
 
 def test_a_critical_verdict_without_a_reason_still_drains(slurm: Slurm) -> None:
-    slurm.answer("", 2)
+    slurm.answer(check_json(status="CRITICAL", exit_code=2, reason=""), 2)
     slurm.run()
     assert slurm.node_state() == {"state": "IDLE+DRAIN", "reason": "gpu-triage: CRITICAL"}
+
+
+@pytest.mark.parametrize(
+    ("version", "rc"),
+    [(2, 2), (1, 0)],  # a version the script does not know; an exit status that disagrees with the JSON
+)
+def test_json_the_script_cannot_trust_is_no_verdict(slurm: Slurm, version: int, rc: int) -> None:
+    slurm.answer(check_json(version=version, status="CRITICAL", exit_code=2, reason="REBOOT_NODE: GPU 3 Xid 79"), rc)
+    result = slurm.run()
+    assert result.returncode == 0 and slurm.calls("scontrol") == []
+    assert "no verdict" in result.stderr
+    assert slurm.run(PROLOG, SLURM_JOB_GPUS="3").returncode == 0
+
+
+def check_json(**values: object) -> str:
+    """What `gpu-triage check --format json` prints, with `values` in place of the real ones."""
+    buf = io.StringIO()
+    check_command(DaemonClient(f"http://127.0.0.1:{free_port()}", timeout=0.5), "json", out=buf)
+    return json.dumps({**json.loads(buf.getvalue()), **values}, indent=2) + "\n"
 
 
 def test_the_reason_names_the_job_that_was_on_the_gpu(slurm: Slurm) -> None:
@@ -387,7 +410,7 @@ def test_prolog_refuses_a_job_given_an_unhealthy_gpu(slurm: Slurm) -> None:
         in result.stderr
     )
     (check,) = slurm.calls("gpu-triage")
-    assert check[1:6] == ["check", "--gpus", "2,3", "--format", "reason"]
+    assert check[1:6] == ["check", "--gpus", "2,3", "--format", "json"]
     assert slurm.calls("scontrol") == []  # Slurm itself drains on a failed prolog
 
 

@@ -80,9 +80,11 @@ def test_gpus_narrows_the_verdict(node: tuple[Daemon, PodResourcesServer, list[s
     assert (fine.returncode, fine.stdout) == (0, "OK\n")
     assert check(daemon.url, "--gpus", "0,1").stdout == "OK - GPUs 0, 1 of 8: healthy\n"
     sick = check(daemon.url, "--gpus", f"1,{uuids[3]}", "--json")
-    body = json.loads(sick.stdout)
-    assert sick.returncode == 2
-    assert [g["gpu"] for g in body["gpus"]] == [1, 3] and body["selected"] == ["1", uuids[3]]
+    out = json.loads(sick.stdout)
+    assert sick.returncode == 2 == out["exit_code"] and out["status"] == "CRITICAL"
+    assert out["selected"] == ["1", uuids[3]] and out["reason"] == "REBOOT_NODE: GPU 3 Xid 79 pod ml/trainer-0 +1"
+    body = out["diagnosis"]
+    assert [g["gpu"] for g in body["gpus"]] == [1, 3]
     assert (body["node"]["health"], body["node"]["action"]) == ("unhealthy", "REBOOT_NODE")
     assert body["node"]["summary"] == "GPUs 1, 3 of 8: unhealthy: REBOOT_NODE: GPU 3 Xid 79"
     assert [(p["gpu"], p["cause"]) for p in body["node"]["affected"]] == [(3, "Xid 79")]
@@ -94,9 +96,11 @@ def test_gpus_narrows_the_verdict(node: tuple[Daemon, PodResourcesServer, list[s
 def test_json_without_a_daemon_is_still_json() -> None:
     result = check(f"http://127.0.0.1:{free_port()}", "--json")
     assert result.returncode == 3
-    body = json.loads(result.stdout)
-    assert body["node"]["health"] == "unknown" and body["gpus"] == [] and body["findings"] == []
-    assert body["error"].startswith("cannot get a verdict from gpu-triage at http://127.0.0.1:")
+    out = json.loads(result.stdout)
+    assert (out["version"], out["status"], out["exit_code"], out["health"]) == (1, "UNKNOWN", 3, "unknown")
+    assert out["diagnosis"] is None and out["incomplete"] is False
+    assert out["error"].startswith("cannot get a verdict from gpu-triage at http://127.0.0.1:")
+    assert out["reason"] == "UNKNOWN - " + out["error"]
     assert check(f"http://127.0.0.1:{free_port()}", "--format", "json").stdout.startswith("{")
     reason_line = check(f"http://127.0.0.1:{free_port()}", "--format", "reason")
     assert reason_line.returncode == 3 and reason_line.stdout.startswith("UNKNOWN - cannot get a verdict")
@@ -123,13 +127,15 @@ def test_a_body_that_is_no_verdict_is_unknown() -> None:
     finally:
         server.shutdown()
         server.server_close()
-    assert result.returncode == 3 and json.loads(result.stdout)["node"]["health"] == "unknown"
+    out = json.loads(result.stdout)
+    assert result.returncode == 3 and out["status"] == "UNKNOWN" and out["diagnosis"] is None
+    assert out["error"].endswith("answered no verdict: node: Field required (+5 more)"), out["error"]
 
 
 def test_text_names_the_nvswitch_findings_no_gpu_holds() -> None:
     """A fatal SXid makes the node unhealthy with every GPU healthy: the text must say why."""
     fatal = fatal_sxid()
-    answer = json.dumps(report(node_findings=[fatal])).encode()
+    answer = json.dumps(report(node_findings=[fatal]).body()).encode()
 
     class Daemon(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -161,7 +167,7 @@ def test_reason_names_every_gpu_that_needs_an_action_worst_first() -> None:
     lost = Telemetry(status=GpuStatus.LOST, lost_since=NOW - 30, lost_answer="GPU 5: NVML_ERROR_GPU_IS_LOST")
     b = report({1: [xid(79)], 3: [xid(48)], 4: [xid(13)]}, {5: lost})
     assert reason(b) == "REBOOT_NODE: GPU 1 Xid 79, GPU 5 lost; RESET_GPU: GPU 3 Xid 48; CHECK_APP: GPU 4 Xid 13"
-    assert b["node"]["summary"].startswith("8 GPUs, 8 up; node unhealthy: REBOOT_NODE: GPU 1 Xid 79, GPU 5 lost;")
+    assert b.node.summary.startswith("8 GPUs, 8 up; node unhealthy: REBOOT_NODE: GPU 1 Xid 79, GPU 5 lost;")
 
 
 def test_reason_names_who_was_on_the_gpu() -> None:
@@ -180,9 +186,9 @@ def test_an_xid_on_a_device_that_is_no_gpu_is_judged_by_its_code_not_as_a_lost_g
     found = unknown_device_findings("0000:ee:00.0", [xid(13)], boot_id="b1", now=NOW)
     b = report(node_findings=found)
     assert reason(b) == "CHECK_APP: 0000:ee:00.0 Xid 13"
-    assert b["node"]["health"] == "degraded" and b["node"]["action"] == "CHECK_APP"
-    assert [f["class"] for f in b["findings"]] == ["unknown_device"]
-    assert [e["text"] for e in b["findings"][0]["evidence"]] == [xid(13).text]
+    assert b.node.health == "degraded" and b.node.action == "CHECK_APP"
+    assert [f.class_id for f in b.findings] == ["unknown_device"]
+    assert [e.text for e in b.findings[0].evidence] == [xid(13).text]
 
 
 def test_reason_when_nothing_is_to_be_done() -> None:
@@ -192,11 +198,11 @@ def test_reason_when_nothing_is_to_be_done() -> None:
 def test_a_blind_verdict_is_incomplete_never_ok() -> None:
     blind = (Blind("kmsg", "Permission denied (/dev/kmsg)"),)
     b = report(incomplete=blind)
-    assert b["node"]["health"] == "unknown"
+    assert b.node.health == "unknown"
     assert reason(b) == "INCOMPLETE: kernel log unreadable (Permission denied (/dev/kmsg))"
-    assert "CAP_SYSLOG" in b["node"]["summary"]
+    assert "CAP_SYSLOG" in b.node.summary
     sick = report({1: [xid(79)]}, incomplete=blind)
-    assert sick["node"]["health"] == "unhealthy", "what it did see still counts"
+    assert sick.node.health == "unhealthy", "what it did see still counts"
     assert (
         reason(sick) == "REBOOT_NODE: GPU 1 Xid 79; INCOMPLETE: kernel log unreadable (Permission denied (/dev/kmsg))"
     )
@@ -204,9 +210,9 @@ def test_a_blind_verdict_is_incomplete_never_ok() -> None:
 
 def test_select_by_index_and_uuid() -> None:
     b = report({0: [xid(13)]})
-    assert select(b, ["0"])["node"]["health"] == "degraded"
-    narrowed = select(b, ["GPU-1"])["node"]
-    assert (narrowed["health"], narrowed["action"], narrowed["summary"]) == ("healthy", "IGNORE", "GPU 1 of 8: healthy")
+    assert select(b, ["0"]).node.health == "degraded"
+    narrowed = select(b, ["GPU-1"]).node
+    assert (narrowed.health, narrowed.action, narrowed.summary) == ("healthy", "IGNORE", "GPU 1 of 8: healthy")
     with pytest.raises(NoVerdictError, match="no GPU 9"):
         select(b, ["9"])
 
@@ -214,7 +220,7 @@ def test_select_by_index_and_uuid() -> None:
 def test_select_keeps_the_node_blind() -> None:
     b = report(incomplete=(Blind("kmsg", "Permission denied (/dev/kmsg)"),))
     narrowed = select(b, ["0", "1"])
-    assert narrowed["node"]["health"] == "unknown" and "kernel log unreadable" in narrowed["node"]["summary"]
+    assert narrowed.node.health == "unknown" and "kernel log unreadable" in narrowed.node.summary
     assert reason(narrowed).startswith("INCOMPLETE: kernel log unreadable")
 
 
@@ -240,7 +246,7 @@ def test_names_from_the_cluster_cannot_forge_lines_or_drive_the_terminal() -> No
     not obeyed. The same escapes as `gpu-triage diagnose` writes."""
     pod = Workload("pod", "trainer\n  GPU 0: all fine", namespace="ml", container="\x1b]0;PWN\x07\x1b[2J\x9b")
     job = Workload("slurm_job", "\x1b[31m4242")
-    server = _answering(json.dumps(report({0: [xid(79)]}, workloads={0: (pod, job)})).encode())
+    server = _answering(json.dumps(report({0: [xid(79)]}, workloads={0: (pod, job)}).body()).encode())
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         text, one = check(url), check(url, "--format", "reason")

@@ -187,7 +187,7 @@ def test_check_exit_codes_follow_the_node_verdict(served: str) -> None:
     # As one types it for curl: no scheme.
     bare = run("check", "--url", served.removeprefix("http://"))
     assert (bare.returncode, bare.stdout) == (2, sick.stdout)
-    assert json.loads(run("check", "--url", served, "--json").stdout)["node"]["action"] == "REBOOT_NODE"
+    assert json.loads(run("check", "--url", served, "--json").stdout)["diagnosis"]["node"]["action"] == "REBOOT_NODE"
 
 
 def test_check_without_a_daemon_is_unknown() -> None:

@@ -66,7 +66,7 @@ def test_the_daemon_shows_findings_beside_an_unchanged_verdict(tmp_path: Path) -
         for _ in range(40):
             clock.advance(2.0)
             daemon.poller.poll(Collector)
-        body = daemon.diagnosis()
+        body = daemon.diagnosis().body()
         page = daemon.metrics.text.decode()
     finally:
         daemon.stop()

@@ -266,7 +266,7 @@ def test_the_verdict_hears_what_the_kernel_log_adds_to_a_driver_event(tmp_path: 
             lambda: d.journal.events()[0].sources == "kmsg,nvml", timeout=5, interval=0.02, what="both reports merged"
         )
         assert d.pipeline.idle.wait(timeout=5)
-        (verdict,) = [g for g in d.diagnosis()["gpus"] if g["gpu"] == 0]
+        (verdict,) = [g for g in d.diagnosis().body()["gpus"] if g["gpu"] == 0]
         assert verdict["action"] == "RESET_GPU", "not the catalog's REBOOT_NODE for a 154 without its text"
     finally:
         d.stop()
@@ -438,6 +438,6 @@ def test_distinct_bus_ids_are_bounded_and_the_rest_counted_together(tmp_path: Pa
         page = d.metrics.text.decode()
         assert len([row for row in page.splitlines() if row.startswith("nvidia_gpu_xid_errors_total{")]) <= 65
         assert len(page) < 300 * 1024
-        assert len(d.diagnosis()["findings"]) <= pipeline_module.MAX_UNKNOWN_DEVICES + 1
+        assert len(d.diagnosis().body()["findings"]) <= pipeline_module.MAX_UNKNOWN_DEVICES + 1
     finally:
         d.stop()

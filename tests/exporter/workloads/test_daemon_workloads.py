@@ -243,7 +243,7 @@ def test_a_mig_device_s_pod_and_job_carry_its_labels(tmp_path: Path, kubelet: Po
         }
         jobs = {j["mig_uuid"]: j["job_id"] for j in series(daemon, "nvidia_gpu_job_info") if j["gpu"] == "0"}
         assert jobs == {small.uuid: "5001", large.uuid: "5002"}  # one job on each MIG device
-        zero = daemon.diagnosis()["gpus"][0]["workloads"]
+        zero = daemon.diagnosis().body()["gpus"][0]["workloads"]
         assert {
             "kind": "pod",
             "namespace": "serve",
@@ -272,7 +272,7 @@ def test_an_xid_in_a_mig_instance_names_that_instance_and_its_workload(tmp_path:
         daemon.refresh()
         [event] = daemon.journal.events()
         assert (event.details["gpu_instance"], event.details["compute_instance"]) == (str(large.gpu_instance), "0")
-        body = daemon.diagnosis()
+        body = daemon.diagnosis().body()
         [finding] = body["gpus"][0]["findings"]
         assert finding["details"]["gpu_instance"] == str(large.gpu_instance)
         assert [w["job_id"] for w in finding["workloads"]] == ["5002"], "the job of that instance, not of its neighbour"
@@ -282,7 +282,7 @@ def test_an_xid_in_a_mig_instance_names_that_instance_and_its_workload(tmp_path:
         sim.inject(FaultSpec(gpu=0, kind="xid", xid=48, gpu_instance=small.gpu_instance))
         wait_for(lambda: len(daemon.journal.events()) == 2, what="the second XID")
         daemon.refresh()
-        reset = next(f for f in daemon.diagnosis()["gpus"][0]["findings"] if f["class"] == "xid_48")
+        reset = next(f for f in daemon.diagnosis().body()["gpus"][0]["findings"] if f["class"] == "xid_48")
         assert reset["action"] == "RESET_GPU", "a reset takes the whole GPU: every instance's work is named"
         assert sorted(w["job_id"] for w in reset["workloads"]) == ["5001", "5002"]
     finally:
