@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpu_triage.diagnosis.training import diagnose
+from gpu_triage.diagnosis.training.diagnose import diagnose
 from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.fr_decode import SandboxDecoder
