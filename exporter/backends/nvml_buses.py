@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from gpu_triage.exporter.backends.nvml_plain import read_plain
 from gpu_triage.exporter.backends.nvml_query import Query
 from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading
 
@@ -72,11 +73,7 @@ def read_pcie(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
         rx = None if rx_kb is None else float(rx_kb * PCIE_KB)
     errors = {kind: int(v) for kind, v in zip(_PCIE_ERRORS, values[2:], strict=True) if v is not None}
     return Pcie(
-        link_generation=q("pcie_link_gen", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
-        max_link_generation=q("pcie_max_link_gen", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
-        link_width=q("pcie_link_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
-        max_link_width=q("pcie_max_link_width", pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
-        replay_errors=q("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, h),
+        **read_plain(q, h, "Pcie"),
         tx_bytes_per_second=tx,
         rx_bytes_per_second=rx,
         tx_bytes=tx_bytes,

@@ -16,6 +16,7 @@ from gpu_triage.exporter.backends.base import Collector, require_every_collector
 from gpu_triage.exporter.backends.nvml_buses import read_nvlink, read_pcie
 from gpu_triage.exporter.backends.nvml_gpm import read_profiling
 from gpu_triage.exporter.backends.nvml_mig import with_instance_memory, with_instance_processes
+from gpu_triage.exporter.backends.nvml_plain import read_plain
 from gpu_triage.exporter.backends.nvml_query import Query, text
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
@@ -49,18 +50,6 @@ _CLOCKS = {
     ClockDomain.GRAPHICS: pynvml.NVML_CLOCK_GRAPHICS,
     ClockDomain.VIDEO: pynvml.NVML_CLOCK_VIDEO,
 }
-_ECC_FIELDS = (
-    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
-    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
-    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
-    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
-)
-_REMAP_FIELDS = (
-    pynvml.NVML_FI_DEV_REMAPPED_COR,
-    pynvml.NVML_FI_DEV_REMAPPED_UNC,
-    pynvml.NVML_FI_DEV_REMAPPED_PENDING,
-    pynvml.NVML_FI_DEV_REMAPPED_FAILURE,
-)
 # Clock-event (throttle) durations, "All counters are in nanoseconds" (nvml.h).
 _CLOCK_EVENT_FIELDS = {
     ClockEventReason.SW_POWER_CAP: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP,
@@ -103,8 +92,8 @@ def _inventory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
         driver_version=text(q("driver_version", pynvml.nvmlSystemGetDriverVersion)),
         cuda_driver_version=cuda_version(q("cuda_driver_version", pynvml.nvmlSystemGetCudaDriverVersion)),
         mig_enabled=None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
-        persistence_mode=_flag(q("persistence_mode", pynvml.nvmlDeviceGetPersistenceMode, h)),
         gsp_firmware=_flag(gsp[0] if (gsp := q("gsp_firmware", pynvml.nvmlDeviceGetGspFirmwareMode, h)) else None),
+        **read_plain(q, h, "Inventory"),
     )
 
 
@@ -135,16 +124,7 @@ def _memory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
 
 
 def _power(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
-    usage = q("power_usage", pynvml.nvmlDeviceGetPowerUsage, h)
-    limit = q("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
-    energy = q("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
-    (instant,) = q.fields(h, [(pynvml.NVML_FI_DEV_POWER_INSTANT, 0)], ["power_instant"])  # scope 0: the GPU
-    return Power(
-        usage_watts=None if usage is None else usage / 1000.0,
-        limit_watts=None if limit is None else limit / 1000.0,
-        energy_joules=None if energy is None else energy / 1000.0,
-        instant_watts=None if instant is None else instant / 1000.0,
-    )
+    return Power(**read_plain(q, h, "Power"))
 
 
 def _thermal(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
@@ -152,13 +132,10 @@ def _thermal(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
         ("temperature", pynvml.nvmlDeviceGetTemperatureV, (h, pynvml.NVML_TEMPERATURE_GPU)),
         ("temperature_legacy", pynvml.nvmlDeviceGetTemperature, (h, pynvml.NVML_TEMPERATURE_GPU)),
     )
-    (memory_temp,) = q.fields(h, [(pynvml.NVML_FI_DEV_MEMORY_TEMP, 0)], ["memory_temperature"])
-    fan = q("fan_speed", pynvml.nvmlDeviceGetFanSpeed, h)
     return Thermal(
         gpu_celsius=None if temp is None else float(temp),
-        memory_celsius=memory_temp,
-        fan_ratio=_ratio(fan),
         thresholds=_thresholds(b, q, h, gpu),
+        **read_plain(q, h, "Thermal"),
     )
 
 
@@ -205,8 +182,7 @@ def _processes(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
 
 
 def _recovery(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
-    (action,) = q.fields(h, [(pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)], ["recovery_action"])
-    return Recovery(_int(action), _fabric(q, h))
+    return Recovery(fabric=_fabric(q, h), **read_plain(q, h, "Recovery"))
 
 
 def _fabric(q: Query, h: Any) -> Fabric | None:
@@ -221,12 +197,10 @@ def _fabric(q: Query, h: Any) -> Fabric | None:
 
 def _ecc(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     mode = q("ecc_mode", pynvml.nvmlDeviceGetEccMode, h)
-    names = ["ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate"]
-    sbe_vol, dbe_vol, sbe_agg, dbe_agg = q.fields(h, [(f, 0) for f in _ECC_FIELDS], names)
+    plain = read_plain(q, h, "Ecc")
     retired = pynvml.nvmlDeviceGetRetiredPages
     sbe = q("retired_pages_sbe", retired, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
     dbe = q("retired_pages_dbe", retired, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
-    pending = q("retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
     by_location: dict[str, dict[str, int]] = {}
     if mode is not None and mode[0]:
         for location, where in _ECC_LOCATIONS.items():
@@ -237,26 +211,15 @@ def _ecc(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
                     by_location.setdefault(location, {})[error] = int(count)
     return Ecc(
         enabled=None if mode is None else bool(mode[0]),
-        corrected_volatile=_int(sbe_vol),
-        uncorrected_volatile=_int(dbe_vol),
-        corrected_aggregate=_int(sbe_agg),
-        uncorrected_aggregate=_int(dbe_agg),
         retired_pages_single_bit=None if sbe is None else len(sbe),
         retired_pages_double_bit=None if dbe is None else len(dbe),
-        retired_pages_pending=None if pending is None else bool(pending),
         by_location=by_location,
+        **plain,
     )
 
 
 def _remapping(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
-    names = ["remapped_correctable", "remapped_uncorrectable", "remap_pending", "remap_failure"]
-    cor, unc, pending, failure = q.fields(h, [(f, 0) for f in _REMAP_FIELDS], names)
-    return Remapping(
-        correctable_rows=_int(cor),
-        uncorrectable_rows=_int(unc),
-        pending=None if pending is None else bool(pending),
-        failure=None if failure is None else bool(failure),
-    )
+    return Remapping(**read_plain(q, h, "Remapping"))
 
 
 READERS = {

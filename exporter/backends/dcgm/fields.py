@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpu_triage.exporter.backends import field_table
+
 # -- status codes (dcgm_structs.h, the same in DCGM 3 and 4) --------------------------------------
 ST_OK = 0
 ST_NOT_SUPPORTED = -6
@@ -119,16 +121,13 @@ PROF_BUSES = {
 PROFILING = (*PROF_ACTIVITY, *PROF_BUSES, *(i for tx in PROF_NVLINK_LINK_TX for i in (tx, tx + 1)))
 
 # -- what is watched, in field groups of at most 128 ids (DCGM_MAX_FIELD_IDS_PER_FIELD_GROUP) --------
-DEVICE = (
-    DRIVER_VERSION, CUDA_DRIVER_VERSION, NAME, SERIAL, MIG_MODE, VBIOS_VERSION,
+# The fields the readers read by hand; the plain ones (field_table.py) are added to them.
+_BY_HAND = (
+    DRIVER_VERSION, CUDA_DRIVER_VERSION, NAME, SERIAL, VBIOS_VERSION,
     SM_CLOCK, MEM_CLOCK, VIDEO_CLOCK, CLOCK_EVENT_REASONS, MAX_SM_CLOCK, MAX_MEM_CLOCK, MAX_VIDEO_CLOCK,
-    MEMORY_TEMP, GPU_TEMP, POWER_USAGE, TOTAL_ENERGY, POWER_USAGE_INSTANT, SLOWDOWN_TEMP, SHUTDOWN_TEMP,
-    ENFORCED_POWER_LIMIT, PSTATE, FAN_SPEED, PCIE_REPLAY_COUNTER, GPU_UTIL, MEM_COPY_UTIL, ENC_UTIL, DEC_UTIL,
-    PCIE_MAX_LINK_GEN, PCIE_MAX_LINK_WIDTH, PCIE_LINK_GEN, PCIE_LINK_WIDTH, FB_TOTAL, FB_USED, FB_RESERVED,
-    ECC_CURRENT, ECC_SBE_VOL_TOTAL, ECC_DBE_VOL_TOTAL, ECC_SBE_AGG_TOTAL, ECC_DBE_AGG_TOTAL,
-    RETIRED_SBE, RETIRED_DBE, RETIRED_PENDING,
-    UNCORRECTABLE_REMAPPED_ROWS, CORRECTABLE_REMAPPED_ROWS, ROW_REMAP_FAILURE, ROW_REMAP_PENDING,
+    SLOWDOWN_TEMP, SHUTDOWN_TEMP,
 )  # fmt: skip
+DEVICE = (*_BY_HAND, *(i for i in field_table.DCGM_DEVICE_FIELDS if i not in _BY_HAND))
 NVLINK = (*LINK_CRC_FLIT, *LINK_REPLAY, *LINK_RECOVERY)
 RECOVERY = (GPU_RECOVERY_ACTION,)  # alone: an older host engine does not know it, and refuses its group
 INSTANCE_MEMORY = (FB_TOTAL, FB_USED)  # watched on MIG entities, with PROF_ACTIVITY

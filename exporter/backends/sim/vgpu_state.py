@@ -90,9 +90,9 @@ from gpu_triage.exporter.backends.sim.vgpu_records import (
     encode_text,
     gpu_record,
 )
+from gpu_triage.exporter.backends.sim.vgpu_scalars import LAYOUT_VERSION
 
 MAGIC: Final = b"GTVGPUST"
-LAYOUT_VERSION: Final = 3  # 3: the `more` tail of each record; 2: room for 64 GPUs (a 64-GPU bench), 1 had 16
 MAX_GPUS: Final = 64
 EVENT_CAPACITY: Final = 256
 
