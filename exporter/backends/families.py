@@ -49,6 +49,12 @@ POWER_INSTANT = Family(
     "nvidia_gpu_power_instant_watts", "Power drawn by the board at the moment of the read, in watts.", "watts"
 )
 POWER_LIMIT = Family("nvidia_gpu_power_limit_watts", "Enforced power limit, in watts.", "watts")
+POWER_DEFAULT_LIMIT = Family(
+    "nvidia_gpu_power_default_limit_watts",
+    "The power limit the board ships with, in watts; an enforced limit below it was lowered by an administrator "
+    "or another limiter.",
+    "watts",
+)
 ENERGY = Family(
     "nvidia_gpu_energy_joules", "Energy used since the driver was loaded, in joules.", "joules", counter=True
 )

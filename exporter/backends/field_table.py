@@ -11,8 +11,8 @@ base unit (bytes, watts, joules, celsius, ratios 0..1):
 - `Vgpu`: the virtual GPU's record member that answers the NVML call, and its C type.
 
 A backend part left out (None) means that backend's reader fills the attribute by hand (a call
-whose answer fans out, a fallback, a computed value) or leaves it absent. The readers
-(nvml/readers, dcgm/readers, sim/readers) read the declared parts through `plain_*`; readings.py
+whose answer fans out, a fallback, a computed value) or leaves it absent. The readers read the
+declared parts (nvml_plain.read_plain, dcgm/readers._plain, sim/readers._plain); readings.py
 takes family and labels from here and checks, at import, that every exported plain attribute has
 exactly one spec and every spec an attribute. Fields that fan out (clocks, NVLink, processes, MIG,
 ECC by location, PCIe error kinds, thresholds) stay in their readers' `more_samples`.
@@ -131,6 +131,13 @@ FIELDS: tuple[FieldSpec, ...] = (
         nvml=Getter("power_limit", "nvmlDeviceGetEnforcedPowerLimit", per=1000),
         dcgm=Dcgm(164), sim=Sim("shape.power_limit_watts"),
         vgpu=Vgpu("power_limit_enforced_mw", _U32),
+    ),
+    FieldSpec(
+        "Power", "default_limit_watts", f.POWER_DEFAULT_LIMIT, float,
+        nvml=Getter("power_default_limit", "nvmlDeviceGetPowerManagementDefaultLimit", per=1000),
+        dcgm=Dcgm(163),  # DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF, a double in W (dcgm_fields.h)
+        sim=Sim("shape.power_limit_watts"),  # the simulator's boards run at their default limit
+        vgpu=Vgpu("power_limit_default_mw", _U32),
     ),
     FieldSpec(
         "Power", "energy_joules", f.ENERGY, float,

@@ -120,6 +120,7 @@ class Power(Reading, collector=Collector.POWER):
     limit_watts: float | None  # the enforced limit
     energy_joules: float | None  # since the driver was loaded
     instant_watts: float | None = None  # NVML_FI_DEV_POWER_INSTANT
+    default_limit_watts: float | None = None  # the limit the board comes with (nvidia-smi's "Default Power Limit")
 
 
 class ThresholdKind(StrEnum):
