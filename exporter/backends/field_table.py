@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpu_triage.exporter.backends import families as f
+from gpu_triage.exporter.metrics import families as f
 
 Kind = type[int] | type[float] | type[bool]
 

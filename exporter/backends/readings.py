@@ -23,10 +23,10 @@ from dataclasses import dataclass, field, fields
 from enum import IntEnum, StrEnum
 from typing import Any, ClassVar, NamedTuple
 
-from gpu_triage.exporter.backends import families as f
 from gpu_triage.exporter.backends import field_table
 from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.backends.mig_instance import MigInstance
+from gpu_triage.exporter.metrics import families as f
 
 Value = float | int | bool | None
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gpu_triage import __version__
-from gpu_triage.exporter.backends.families import FAMILIES, UP, Family
 from gpu_triage.exporter.backends.readings import Inventory
 from gpu_triage.exporter.metrics.exposition import Preformatted, format_value, series_head
+from gpu_triage.exporter.metrics.families import FAMILIES, UP, Family
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 GPU_LABELS = ("gpu", "uuid")

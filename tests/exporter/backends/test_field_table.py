@@ -9,10 +9,10 @@ import re
 import pynvml
 import pytest
 
-from gpu_triage.exporter.backends import families as f
 from gpu_triage.exporter.backends.dcgm import fields as fid
 from gpu_triage.exporter.backends.field_table import FIELDS, FieldSpec, Getter, NvmlField
 from gpu_triage.exporter.backends.readings import READING_OF, Activity, check_field_table
+from gpu_triage.exporter.metrics import families as f
 from tests.conftest import REPO
 from tests.dcgm_fake_fields import GPU_FIELDS
 from tests.vgpu.test_vgpu_abi import ENTRY_POINTS

@@ -1,7 +1,8 @@
 """The metric families the readings become, declared in the order they appear on /metrics.
 
 A family is per GPU: every series carries `gpu` and `uuid`, then the family's own labels. MIG
-instances add theirs (`MIG_LABELS`) on the same families (see readings.py for why).
+instances add theirs (`MIG_LABELS`) on the same families (see exporter/backends/readings.py for why).
+The backends fill them (exporter/backends/field_table.py); they live here, with the rest of /metrics.
 """
 
 from __future__ import annotations
