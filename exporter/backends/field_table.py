@@ -12,7 +12,7 @@ base unit (bytes, watts, joules, celsius, ratios 0..1):
 
 A backend part left out (None) means that backend's reader fills the attribute by hand (a call
 whose answer fans out, a fallback, a computed value) or leaves it absent. The readers read the
-declared parts (nvml_plain.read_plain, dcgm/readers._plain, sim/readers._plain); readings.py
+declared parts (nvml/plain.read_plain, dcgm/readers._plain, sim/readers._plain); readings.py
 takes family and labels from here and checks, at import, that every exported plain attribute has
 exactly one spec and every spec an attribute. Fields that fan out (clocks, NVLink, processes, MIG,
 ECC by location, PCIe error kinds, thresholds) stay in their readers' `more_samples`.

@@ -19,7 +19,7 @@ import pytest
 # Test files take `vs` from here; the worker imports the backend by these names.
 from gpu_triage.exporter.backends.sim import vgpu_state as vs
 
-NVML_BACKEND_MODULE = "gpu_triage.exporter.backends.nvml"
+NVML_BACKEND_MODULE = "gpu_triage.exporter.backends.nvml.backend"
 BACKEND_BASE_MODULE = "gpu_triage.exporter.backends.base"
 
 __all__ = ["BACKEND_BASE_MODULE", "NVML_BACKEND_MODULE", "H", "Worker", "vs"]

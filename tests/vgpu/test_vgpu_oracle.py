@@ -135,7 +135,7 @@ MUTANTS = {
         "clocks[2] series",
     ),
     "NVLink KiB taken for kB": (
-        "import gpu_triage.exporter.backends.nvml_buses as b\nb.KIB = 1000",
+        "import gpu_triage.exporter.backends.nvml.buses as b\nb.KIB = 1000",
         "b200-training",
         "nvlink[0].links[0].tx_bytes",
     ),
@@ -152,7 +152,7 @@ def test_a_wrong_unit_in_a_reader_is_caught(
     sim, driver, clock = drive(scenario)
     nvml = worker(state_file)
     nvml.run(
-        "import dataclasses\nimport gpu_triage.exporter.backends.nvml_readers as r\n"
+        "import dataclasses\nimport gpu_triage.exporter.backends.nvml.readers as r\n"
         f"from gpu_triage.exporter.backends.base import Collector as C\n{patch}"
     )
     found = compare(nvml, sim, driver, clock)

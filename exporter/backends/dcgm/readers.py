@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gpu_triage.exporter.backends import field_table
-from gpu_triage.exporter.backends.base import Collector, GpuIdentity, GpuLostError, require_every_collector
+from gpu_triage.exporter.backends.base import Collector, GpuBackend, GpuIdentity, GpuLostError, require_every_collector
 from gpu_triage.exporter.backends.dcgm import fields as fid
 from gpu_triage.exporter.backends.dcgm.fields import Entity
+from gpu_triage.exporter.backends.dcgm.health import HealthBook
 from gpu_triage.exporter.backends.dcgm.session import Session
 from gpu_triage.exporter.backends.readings import (
     Activity,
@@ -44,8 +45,16 @@ from gpu_triage.exporter.backends.readings import (
 )
 from gpu_triage.exporter.backends.readings import ClockDomain as Domain
 
-if TYPE_CHECKING:
-    from gpu_triage.exporter.backends.dcgm.backend import DcgmBackend
+
+class DcgmState(Protocol):
+    """What the readers take from the DCGM backend (backend.py, which imports them): NVML beside it, for
+    the process list, and the health watches' book."""
+
+    @property
+    def companion(self) -> GpuBackend | None: ...
+    @property
+    def health(self) -> HealthBook: ...
+
 
 MIB = 1024 * 1024
 MHZ = 1e6
@@ -57,7 +66,7 @@ _LINK_COUNTERS = (fid.LINK_REPLAY, fid.LINK_RECOVERY, fid.LINK_CRC_FLIT)
 class Read:
     """One collector's read of one GPU: where to ask, and the fields that failed."""
 
-    backend: DcgmBackend
+    backend: DcgmState
     session: Session
     gpu: GpuIdentity
     gpu_id: int

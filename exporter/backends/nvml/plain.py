@@ -12,7 +12,7 @@ from typing import Any
 import pynvml
 
 from gpu_triage.exporter.backends.field_table import FIELDS, FieldSpec, Getter, NvmlField, of
-from gpu_triage.exporter.backends.nvml_query import Query
+from gpu_triage.exporter.backends.nvml.query import Query
 
 
 def _convert(value: Any, spec: FieldSpec, per: int) -> Any:

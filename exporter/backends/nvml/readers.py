@@ -1,23 +1,23 @@
 """One reader per collector for the NVML backend: NVML's answers in, readings in base units out.
 
 Units are converted here, once, as nvml.h gives them: mW -> W, mJ -> J, MHz -> Hz, percent -> ratio,
-ns -> s. PCIe and NVLink (nvml_buses.py), MIG devices (nvml_mig.py) and GPM profiling (nvml_gpm.py)
+ns -> s. PCIe and NVLink (buses.py), MIG devices (mig.py) and GPM profiling (gpm.py)
 have modules of their own.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pynvml
 
 from gpu_triage.exporter.backends.base import Collector, require_every_collector
-from gpu_triage.exporter.backends.nvml_buses import read_nvlink, read_pcie
-from gpu_triage.exporter.backends.nvml_gpm import read_profiling
-from gpu_triage.exporter.backends.nvml_mig import with_instance_memory, with_instance_processes
-from gpu_triage.exporter.backends.nvml_plain import read_plain
-from gpu_triage.exporter.backends.nvml_query import Query, text
+from gpu_triage.exporter.backends.nvml.buses import BusState, read_nvlink, read_pcie
+from gpu_triage.exporter.backends.nvml.gpm import GpmState, read_profiling
+from gpu_triage.exporter.backends.nvml.mig import with_instance_memory, with_instance_processes
+from gpu_triage.exporter.backends.nvml.plain import read_plain
+from gpu_triage.exporter.backends.nvml.query import Query, text
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     ClockEventReason,
@@ -39,8 +39,13 @@ from gpu_triage.exporter.backends.readings import (
     cuda_version,
 )
 
-if TYPE_CHECKING:
-    from gpu_triage.exporter.backends.nvml import NvmlBackend
+
+class ReaderState(BusState, GpmState, Protocol):
+    """What the NVML backend keeps for its readers between reads: the readers take it, not the backend
+    class, so they import nothing of backend.py (which imports them)."""
+
+    thresholds: dict[int, dict[ThresholdKind, float]]  # the GPU's temperature limits, once read
+
 
 MHZ = 1e6
 NS = 1e-9
@@ -83,7 +88,7 @@ def _pstate(value: int | None) -> int | None:
     return None if value is None or value == pynvml.NVML_PSTATE_UNKNOWN else int(value)
 
 
-def _inventory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _inventory(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     mig = q("mig_mode", pynvml.nvmlDeviceGetMigMode, h)
     return Inventory(
         name=text(q("name", pynvml.nvmlDeviceGetName, h)),
@@ -101,7 +106,7 @@ def _flag(value: int | None) -> bool | None:
     return None if value is None else bool(value)
 
 
-def _utilization(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _utilization(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     rates = q("utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
     encoder = q("encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization, h)  # [percent, sampling period]
     decoder = q("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, h)
@@ -113,7 +118,7 @@ def _utilization(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     )
 
 
-def _memory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _memory(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     info = q.first(
         ("memory_v2", pynvml.nvmlDeviceGetMemoryInfo, (h, pynvml.nvmlMemory_v2)),
         ("memory", pynvml.nvmlDeviceGetMemoryInfo, (h,)),  # drivers older than the versioned call
@@ -123,11 +128,11 @@ def _memory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     return Memory(int(info.used), int(info.total), _int(getattr(info, "reserved", None)))
 
 
-def _power(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _power(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     return Power(**read_plain(q, h, "Power"))
 
 
-def _thermal(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _thermal(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     temp = q.first(
         ("temperature", pynvml.nvmlDeviceGetTemperatureV, (h, pynvml.NVML_TEMPERATURE_GPU)),
         ("temperature_legacy", pynvml.nvmlDeviceGetTemperature, (h, pynvml.NVML_TEMPERATURE_GPU)),
@@ -139,7 +144,7 @@ def _thermal(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     )
 
 
-def _thresholds(b: NvmlBackend, q: Query, h: Any, gpu: int) -> dict[ThresholdKind, float]:
+def _thresholds(b: ReaderState, q: Query, h: Any, gpu: int) -> dict[ThresholdKind, float]:
     """The GPU's own temperature limits: fixed for the board, so read until NVML has answered, then kept."""
     if gpu in b.thresholds:
         return b.thresholds[gpu]
@@ -155,7 +160,7 @@ def _thresholds(b: NvmlBackend, q: Query, h: Any, gpu: int) -> dict[ThresholdKin
     return found
 
 
-def _clocks(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _clocks(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     current, maximum = {}, {}
     for domain, clock in _CLOCKS.items():
         if (mhz := q(f"clock_{domain}", pynvml.nvmlDeviceGetClockInfo, h, clock)) is not None:
@@ -174,14 +179,14 @@ def _clocks(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     return Clocks(current, maximum, _int(reasons), _pstate(pstate), seconds)
 
 
-def _processes(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _processes(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     procs = q("processes", pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []
     return Processes(
         tuple(ProcessReading(int(p.pid), b.process_name(int(p.pid)), _int(p.usedGpuMemory)) for p in procs)
     )
 
 
-def _recovery(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _recovery(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     return Recovery(fabric=_fabric(q, h), **read_plain(q, h, "Recovery"))
 
 
@@ -195,7 +200,7 @@ def _fabric(q: Query, h: Any) -> Fabric | None:
     return Fabric(int(info.state), int(info.status), int(info.healthSummary))
 
 
-def _ecc(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _ecc(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     mode = q("ecc_mode", pynvml.nvmlDeviceGetEccMode, h)
     plain = read_plain(q, h, "Ecc")
     retired = pynvml.nvmlDeviceGetRetiredPages
@@ -218,7 +223,7 @@ def _ecc(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     )
 
 
-def _remapping(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _remapping(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     return Remapping(**read_plain(q, h, "Remapping"))
 
 
