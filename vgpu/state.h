@@ -1,7 +1,7 @@
 /*
- * The state file: what the simulator's Python writer (exporter/backends/sim/vgpu_state.py)
+ * The state file: what the simulator's Python writer (exporter/vgpu/state.py)
  * publishes and this library maps read-only. vgpu/README.md documents it for both sides.
- * The record's scalar members are generated (scalars.h, from exporter/backends/sim/vgpu_layout.py,
+ * The record's scalar members are generated (scalars.h, from exporter/vgpu/layout.py,
  * by tools/gen_vgpu_layout.py), and so is VGPU_LAYOUT_VERSION: the CRC-32 of that table and of
  * this file, so any change here is a new version; rerun the generator after editing it.
  *

@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpu_triage.exporter.backends.sim import vgpu_records, vgpu_scalars
+from gpu_triage.exporter.vgpu import records as vgpu_records
+from gpu_triage.exporter.vgpu import scalars as vgpu_scalars
 from tests.conftest import REPO
 
 TOOL = REPO / "tools/gen_vgpu_layout.py"
-TABLE = "exporter/backends/sim/vgpu_layout.py"
-GENERATED = ["vgpu/scalars.h", "exporter/backends/sim/vgpu_scalars.py"]
+TABLE = "exporter/vgpu/layout.py"
+GENERATED = ["vgpu/scalars.h", "exporter/vgpu/scalars.py"]
 
 
 def gen(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,13 +1,13 @@
 """The scalar part of a virtual GPU's record, declared once for both sides of the state file.
 
 tools/gen_vgpu_layout.py writes it out as the C members of struct vgpu_gpu (vgpu/scalars.h, included
-by vgpu/state.h) and as the Python struct format and packer (vgpu_scalars.py, used by vgpu_records.py),
+by vgpu/state.h) and as the Python struct format and packer (scalars.py, used by records.py),
 and derives the layout version from it and vgpu/state.h: whatever changes the file's layout changes
 the version both sides check. `make lint` fails while the generated files are stale.
 
 Each slot is a member of struct vgpu_gpu in NVML's own units (nvml.h: mW, mJ, KB/s, MHz, °C, percent)
-and the `Gpu` (vgpu_node.py) expression the writer puts there. The values themselves are set by
-vgpu_image.py, written from nvml.h's terms and never from gpu-triage's field table: the pair checks
+and the `Gpu` (node.py) expression the writer puts there. The values themselves are set by
+image.py, written from nvml.h's terms and never from gpu-triage's field table: the pair checks
 the backends' conversions rather than repeating them.
 """
 

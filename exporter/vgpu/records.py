@@ -1,8 +1,8 @@
 """A virtual GPU's record in the state file, exactly as vgpu/state.h lays out struct vgpu_gpu.
 
-`encode_gpu` turns a `Gpu` (vgpu_node.py) into its fixed-size record, CRC included; vgpu_state.py
+`encode_gpu` turns a `Gpu` (node.py) into its fixed-size record, CRC included; state.py
 writes the records into the file. vgpu/README.md documents the layout. The scalar members are
-packed by vgpu_scalars.py, generated with their C side from vgpu_layout.py; the arrays, strings
+packed by scalars.py, generated with their C side from layout.py; the arrays, strings
 and the `more` tail are laid out here by hand, pinned by the sizes below and the ABI tests.
 """
 
@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Final
 
-from gpu_triage.exporter.backends.sim.vgpu_node import (
+from gpu_triage.exporter.vgpu.node import (
     NOT_AVAILABLE,
     FieldOverride,
     Gpu,
@@ -22,7 +22,7 @@ from gpu_triage.exporter.backends.sim.vgpu_node import (
     RetiredPage,
     ValueType,
 )
-from gpu_triage.exporter.backends.sim.vgpu_scalars import SCALARS, SCALARS_OFFSET, pack_scalars
+from gpu_triage.exporter.vgpu.scalars import SCALARS, SCALARS_OFFSET, pack_scalars
 
 MAX_LINKS: Final = 36
 MAX_MIG: Final = 7
@@ -60,7 +60,7 @@ GPU_SIZE: Final = (
     + MORE_SIZE
 )
 if GPU_SIZE != 21648 or _MORE_USED != MORE_SIZE - 1888 or _GPU_HEAD.size != SCALARS_OFFSET:  # pragma: no cover
-    raise AssertionError("vgpu_records.py disagrees with vgpu/state.h")
+    raise AssertionError("records.py disagrees with vgpu/state.h")
 
 
 def encode_text(value: str | bytes, size: int, what: str) -> bytes:
