@@ -52,6 +52,7 @@ class NvmlField:
 @dataclass(frozen=True, slots=True)
 class Dcgm:
     field: int  # DCGM field id (dcgm_fields.h); watched on the GPU entity
+    name: str  # its DCGM 3 name after DCGM_FI_DEV_ (DCGM 4.6 renamed most; the ids stayed)
     scale: float = 1  # DCGM's unit -> the base unit: 0.01 for percent, MIB for MiB
 
 
@@ -85,7 +86,7 @@ _U32, _U64, _I32 = "uint32_t", "uint64_t", "int32_t"
 
 FIELDS: tuple[FieldSpec, ...] = (
     # -- inventory
-    FieldSpec("Inventory", "mig_enabled", f.MIG_ENABLED, bool, dcgm=Dcgm(67), vgpu=Vgpu("mig_mode", _U32)),
+    FieldSpec("Inventory", "mig_enabled", f.MIG_ENABLED, bool, dcgm=Dcgm(67, "MIG_MODE"), vgpu=Vgpu("mig_mode", _U32)),
     FieldSpec(
         "Inventory", "persistence_mode", f.PERSISTENCE_MODE, bool,
         nvml=Getter("persistence_mode", "nvmlDeviceGetPersistenceMode"), vgpu=Vgpu("persistence_mode", _U32),
@@ -94,162 +95,162 @@ FIELDS: tuple[FieldSpec, ...] = (
     # -- utilization: NVML answers gpu and memory in one struct (nvml/readers.py)
     FieldSpec(
         "Utilization", "gpu_ratio", f.UTILIZATION, float,
-        dcgm=Dcgm(203, 0.01), vgpu=Vgpu("util_gpu", _U32),
+        dcgm=Dcgm(203, "GPU_UTIL", 0.01), vgpu=Vgpu("util_gpu", _U32),
     ),
     FieldSpec(
         "Utilization", "memory_controller_ratio", f.MEMORY_CONTROLLER, float,
-        dcgm=Dcgm(204, 0.01), vgpu=Vgpu("util_memory", _U32),
+        dcgm=Dcgm(204, "MEM_COPY_UTIL", 0.01), vgpu=Vgpu("util_memory", _U32),
     ),
     FieldSpec(
         "Utilization", "encoder_ratio", f.ENCODER_UTILIZATION, float,
-        dcgm=Dcgm(206, 0.01), vgpu=Vgpu("util_encoder", _U32),
+        dcgm=Dcgm(206, "ENC_UTIL", 0.01), vgpu=Vgpu("util_encoder", _U32),
     ),
     FieldSpec(
         "Utilization", "decoder_ratio", f.DECODER_UTILIZATION, float,
-        dcgm=Dcgm(207, 0.01), vgpu=Vgpu("util_decoder", _U32),
+        dcgm=Dcgm(207, "DEC_UTIL", 0.01), vgpu=Vgpu("util_decoder", _U32),
     ),
     # -- memory: NVML's versioned call with its fallback (nvml/readers.py)
     FieldSpec(
-        "Memory", "used_bytes", f.MEMORY_USED, int, dcgm=Dcgm(252, MIB), vgpu=Vgpu("memory_used", _U64),
+        "Memory", "used_bytes", f.MEMORY_USED, int, dcgm=Dcgm(252, "FB_USED", MIB), vgpu=Vgpu("memory_used", _U64),
     ),
     FieldSpec(
         "Memory", "total_bytes", f.MEMORY_TOTAL, int,
-        dcgm=Dcgm(250, MIB), sim=Sim("shape.memory_bytes"), vgpu=Vgpu("memory_total", _U64),
+        dcgm=Dcgm(250, "FB_TOTAL", MIB), sim=Sim("shape.memory_bytes"), vgpu=Vgpu("memory_total", _U64),
     ),
     FieldSpec(
         "Memory", "reserved_bytes", f.MEMORY_RESERVED, int,
-        dcgm=Dcgm(253, MIB), sim=Sim("shape.reserved_memory_bytes"), vgpu=Vgpu("memory_reserved", _U64),
+        dcgm=Dcgm(253, "FB_RESERVED", MIB), sim=Sim("shape.reserved_memory_bytes"), vgpu=Vgpu("memory_reserved", _U64),
     ),
     # -- power
     FieldSpec(
         "Power", "usage_watts", f.POWER, float,
         nvml=Getter("power_usage", "nvmlDeviceGetPowerUsage", per=1000),
-        dcgm=Dcgm(155), vgpu=Vgpu("power_mw", _U32),
+        dcgm=Dcgm(155, "POWER_USAGE"), vgpu=Vgpu("power_mw", _U32),
     ),
     FieldSpec(
         "Power", "limit_watts", f.POWER_LIMIT, float,
         nvml=Getter("power_limit", "nvmlDeviceGetEnforcedPowerLimit", per=1000),
-        dcgm=Dcgm(164), sim=Sim("shape.power_limit_watts"),
+        dcgm=Dcgm(164, "ENFORCED_POWER_LIMIT"), sim=Sim("shape.power_limit_watts"),
         vgpu=Vgpu("power_limit_enforced_mw", _U32),
     ),
     FieldSpec(
         "Power", "default_limit_watts", f.POWER_DEFAULT_LIMIT, float,
         nvml=Getter("power_default_limit", "nvmlDeviceGetPowerManagementDefaultLimit", per=1000),
-        dcgm=Dcgm(163),  # DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF, a double in W (dcgm_fields.h)
+        dcgm=Dcgm(163, "POWER_MGMT_LIMIT_DEF"),  # a double in W (dcgm_fields.h)
         sim=Sim("shape.power_limit_watts"),  # the simulator's boards run at their default limit
         vgpu=Vgpu("power_limit_default_mw", _U32),
     ),
     FieldSpec(
         "Power", "energy_joules", f.ENERGY, float,
         nvml=Getter("energy", "nvmlDeviceGetTotalEnergyConsumption", per=1000),
-        dcgm=Dcgm(156, 0.001), vgpu=Vgpu("energy_mj", _U64),
+        dcgm=Dcgm(156, "TOTAL_ENERGY_CONSUMPTION", 0.001), vgpu=Vgpu("energy_mj", _U64),
     ),
     FieldSpec(
         "Power", "instant_watts", f.POWER_INSTANT, float,
         nvml=NvmlField("power_instant", "NVML_FI_DEV_POWER_INSTANT", per=1000),
-        dcgm=Dcgm(157), vgpu=Vgpu("power_instant_mw", _U32),
+        dcgm=Dcgm(157, "POWER_USAGE_INSTANT"), vgpu=Vgpu("power_instant_mw", _U32),
     ),
     # -- thermal: the GPU temperature has a fallback call (nvml/readers.py)
     FieldSpec(
-        "Thermal", "gpu_celsius", f.TEMPERATURE, float, dcgm=Dcgm(150), vgpu=Vgpu("temperature_gpu", _I32),
+        "Thermal", "gpu_celsius", f.TEMPERATURE, float, dcgm=Dcgm(150, "GPU_TEMP"), vgpu=Vgpu("temperature_gpu", _I32),
     ),
     FieldSpec(
         "Thermal", "memory_celsius", f.MEMORY_TEMPERATURE, float,
         nvml=NvmlField("memory_temperature", "NVML_FI_DEV_MEMORY_TEMP"),
-        dcgm=Dcgm(140), vgpu=Vgpu("temperature_memory", _I32),
+        dcgm=Dcgm(140, "MEMORY_TEMP"), vgpu=Vgpu("temperature_memory", _I32),
     ),
     FieldSpec(
         "Thermal", "fan_ratio", f.FAN, float,
         nvml=Getter("fan_speed", "nvmlDeviceGetFanSpeed", per=100),
-        dcgm=Dcgm(191, 0.01), vgpu=Vgpu("fan_speed", _U32),
+        dcgm=Dcgm(191, "FAN_SPEED", 0.01), vgpu=Vgpu("fan_speed", _U32),
     ),
     # -- clocks: NVML_PSTATE_UNKNOWN is no P-state (nvml/readers.py)
-    FieldSpec("Clocks", "performance_state", f.PSTATE, int, dcgm=Dcgm(190), vgpu=Vgpu("pstate", _U32)),
+    FieldSpec("Clocks", "performance_state", f.PSTATE, int, dcgm=Dcgm(190, "PSTATE"), vgpu=Vgpu("pstate", _U32)),
     # -- PCIe: throughput and the byte counters come from counters differenced between polls
     FieldSpec(
         "Pcie", "link_generation", f.PCIE_GEN, int,
         nvml=Getter("pcie_link_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
-        dcgm=Dcgm(237), sim=Sim("shape.pcie_generation"), vgpu=Vgpu("pcie_gen", _U32),
+        dcgm=Dcgm(237, "PCIE_LINK_GEN"), sim=Sim("shape.pcie_generation"), vgpu=Vgpu("pcie_gen", _U32),
     ),
     FieldSpec(
         "Pcie", "max_link_generation", f.PCIE_MAX_GEN, int,
         nvml=Getter("pcie_max_link_gen", "nvmlDeviceGetMaxPcieLinkGeneration"),
-        dcgm=Dcgm(235), sim=Sim("shape.pcie_generation"), vgpu=Vgpu("pcie_gen_max", _U32),
+        dcgm=Dcgm(235, "PCIE_MAX_LINK_GEN"), sim=Sim("shape.pcie_generation"), vgpu=Vgpu("pcie_gen_max", _U32),
     ),
     FieldSpec(
         "Pcie", "link_width", f.PCIE_WIDTH, int,
         nvml=Getter("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
-        dcgm=Dcgm(238), sim=Sim("shape.pcie_width"), vgpu=Vgpu("pcie_width", _U32),
+        dcgm=Dcgm(238, "PCIE_LINK_WIDTH"), sim=Sim("shape.pcie_width"), vgpu=Vgpu("pcie_width", _U32),
     ),
     FieldSpec(
         "Pcie", "max_link_width", f.PCIE_MAX_WIDTH, int,
         nvml=Getter("pcie_max_link_width", "nvmlDeviceGetMaxPcieLinkWidth"),
-        dcgm=Dcgm(236), sim=Sim("shape.pcie_width"), vgpu=Vgpu("pcie_width_max", _U32),
+        dcgm=Dcgm(236, "PCIE_MAX_LINK_WIDTH"), sim=Sim("shape.pcie_width"), vgpu=Vgpu("pcie_width_max", _U32),
     ),
     FieldSpec(
         "Pcie", "replay_errors", f.PCIE_REPLAYS, int,
         nvml=Getter("pcie_replay", "nvmlDeviceGetPcieReplayCounter"),
-        dcgm=Dcgm(202), sim=Sim("state.pcie_replays"), vgpu=Vgpu("pcie_replay", _U32),
+        dcgm=Dcgm(202, "PCIE_REPLAY_COUNTER"), sim=Sim("state.pcie_replays"), vgpu=Vgpu("pcie_replay", _U32),
     ),
     FieldSpec("Pcie", "tx_bytes_per_second", f.PCIE_THROUGHPUT, float, ("tx",), vgpu=Vgpu("pcie_tx_kbs", _U32)),
     FieldSpec("Pcie", "rx_bytes_per_second", f.PCIE_THROUGHPUT, float, ("rx",), vgpu=Vgpu("pcie_rx_kbs", _U32)),
     FieldSpec("Pcie", "tx_bytes", f.PCIE_BYTES, int, ("tx",), vgpu=Vgpu("pcie_tx_bytes", _U64)),
     FieldSpec("Pcie", "rx_bytes", f.PCIE_BYTES, int, ("rx",), vgpu=Vgpu("pcie_rx_bytes", _U64)),
     # -- ECC and page retirement
-    FieldSpec("Ecc", "enabled", f.ECC_ENABLED, bool, dcgm=Dcgm(300), vgpu=Vgpu("ecc_mode", _U32)),
+    FieldSpec("Ecc", "enabled", f.ECC_ENABLED, bool, dcgm=Dcgm(300, "ECC_CURRENT"), vgpu=Vgpu("ecc_mode", _U32)),
     FieldSpec(
         "Ecc", "corrected_volatile", f.ECC_ERRORS, int, ("corrected",),
         nvml=NvmlField("ecc_sbe_volatile", "NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
-        dcgm=Dcgm(310), sim=Sim("state.ecc_corrected"), vgpu=Vgpu("ecc", _U64),
+        dcgm=Dcgm(310, "ECC_SBE_VOL_TOTAL"), sim=Sim("state.ecc_corrected"), vgpu=Vgpu("ecc", _U64),
     ),
     FieldSpec(
         "Ecc", "uncorrected_volatile", f.ECC_ERRORS, int, ("uncorrected",),
         nvml=NvmlField("ecc_dbe_volatile", "NVML_FI_DEV_ECC_DBE_VOL_TOTAL"),
-        dcgm=Dcgm(311), sim=Sim("state.ecc_uncorrected"), vgpu=Vgpu("ecc", _U64),
+        dcgm=Dcgm(311, "ECC_DBE_VOL_TOTAL"), sim=Sim("state.ecc_uncorrected"), vgpu=Vgpu("ecc", _U64),
     ),
     FieldSpec(
         "Ecc", "corrected_aggregate", f.ECC_AGGREGATE, int, ("corrected",),
         nvml=NvmlField("ecc_sbe_aggregate", "NVML_FI_DEV_ECC_SBE_AGG_TOTAL"),
-        dcgm=Dcgm(312), sim=Sim("state.ecc_corrected_aggregate"), vgpu=Vgpu("ecc", _U64),
+        dcgm=Dcgm(312, "ECC_SBE_AGG_TOTAL"), sim=Sim("state.ecc_corrected_aggregate"), vgpu=Vgpu("ecc", _U64),
     ),
     FieldSpec(
         "Ecc", "uncorrected_aggregate", f.ECC_AGGREGATE, int, ("uncorrected",),
         nvml=NvmlField("ecc_dbe_aggregate", "NVML_FI_DEV_ECC_DBE_AGG_TOTAL"),
-        dcgm=Dcgm(313), sim=Sim("state.ecc_uncorrected_aggregate"), vgpu=Vgpu("ecc", _U64),
+        dcgm=Dcgm(313, "ECC_DBE_AGG_TOTAL"), sim=Sim("state.ecc_uncorrected_aggregate"), vgpu=Vgpu("ecc", _U64),
     ),
     FieldSpec(
         "Ecc", "retired_pages_single_bit", f.RETIRED_PAGES, int, ("single_bit",),
-        dcgm=Dcgm(390), vgpu=Vgpu("retired_count", _U32),
+        dcgm=Dcgm(390, "RETIRED_SBE"), vgpu=Vgpu("retired_count", _U32),
     ),
     FieldSpec(
         "Ecc", "retired_pages_double_bit", f.RETIRED_PAGES, int, ("double_bit",),
-        dcgm=Dcgm(391), vgpu=Vgpu("retired_count", _U32),
+        dcgm=Dcgm(391, "RETIRED_DBE"), vgpu=Vgpu("retired_count", _U32),
     ),
     FieldSpec(
         "Ecc", "retired_pages_pending", f.RETIRED_PENDING, bool,
         nvml=Getter("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus"),
-        dcgm=Dcgm(392), vgpu=Vgpu("retired_pending", _U32),
+        dcgm=Dcgm(392, "RETIRED_PENDING"), vgpu=Vgpu("retired_pending", _U32),
     ),
     # -- row remapping: the simulator's answers hang on MIG (sim/readers.py)
     FieldSpec(
         "Remapping", "correctable_rows", f.REMAPPED_ROWS, int, ("correctable",),
         nvml=NvmlField("remapped_correctable", "NVML_FI_DEV_REMAPPED_COR"),
-        dcgm=Dcgm(394), vgpu=Vgpu("remapped_correctable", _U32),
+        dcgm=Dcgm(394, "CORRECTABLE_REMAPPED_ROWS"), vgpu=Vgpu("remapped_correctable", _U32),
     ),
     FieldSpec(
         "Remapping", "uncorrectable_rows", f.REMAPPED_ROWS, int, ("uncorrectable",),
         nvml=NvmlField("remapped_uncorrectable", "NVML_FI_DEV_REMAPPED_UNC"),
-        dcgm=Dcgm(393), vgpu=Vgpu("remapped_uncorrectable", _U32),
+        dcgm=Dcgm(393, "UNCORRECTABLE_REMAPPED_ROWS"), vgpu=Vgpu("remapped_uncorrectable", _U32),
     ),
     FieldSpec(
         "Remapping", "pending", f.REMAP_PENDING, bool,
         nvml=NvmlField("remap_pending", "NVML_FI_DEV_REMAPPED_PENDING"),
-        dcgm=Dcgm(396), vgpu=Vgpu("remap_pending", _U32),
+        dcgm=Dcgm(396, "ROW_REMAP_PENDING"), vgpu=Vgpu("remap_pending", _U32),
     ),
     FieldSpec(
         "Remapping", "failure", f.REMAP_FAILURE, bool,
         nvml=NvmlField("remap_failure", "NVML_FI_DEV_REMAPPED_FAILURE"),
-        dcgm=Dcgm(395), vgpu=Vgpu("remap_failure", _U32),
+        dcgm=Dcgm(395, "ROW_REMAP_FAILURE"), vgpu=Vgpu("remap_failure", _U32),
     ),
     # -- recovery: DCGM watches it in a group of its own, which older host engines refuse (dcgm/readers.py)
     FieldSpec(

@@ -60,30 +60,18 @@ NVML_INDEX = 52  # i
 SERIAL = 53  # s
 UUID = 54  # s; on a compute instance entity, the MIG device UUID
 PCI_BUS_ID = 57  # s
-MIG_MODE = 67  # i
 VBIOS_VERSION = 85  # s
 SM_CLOCK, MEM_CLOCK, VIDEO_CLOCK = 100, 101, 102  # i, MHz
 CLOCK_EVENT_REASONS = 112  # i, the same bits as NVML's clocks-event reasons
 MAX_SM_CLOCK, MAX_MEM_CLOCK, MAX_VIDEO_CLOCK = 113, 114, 115  # i, MHz
-MEMORY_TEMP, GPU_TEMP = 140, 150  # i, Celsius
 POWER_USAGE = 155  # d, W
-TOTAL_ENERGY = 156  # i, mJ since the driver was loaded
-POWER_USAGE_INSTANT = 157  # d, W
 SLOWDOWN_TEMP, SHUTDOWN_TEMP = 158, 159  # i, Celsius: the GPU's own limits
-ENFORCED_POWER_LIMIT = 164  # d, W
 PSTATE = 190  # i
 FAN_SPEED = 191  # i, percent
 # 200 and 201 (PCIe throughput) are left alone: "Deprecated: Use DCGM_FI_PROF_PCIE_TX_BYTES instead", and
 # DcgmCacheManager answers them "not supported". PCIe traffic comes from the profiling fields below.
-PCIE_REPLAY_COUNTER = 202  # i
-GPU_UTIL, MEM_COPY_UTIL = 203, 204  # i, percent
-ENC_UTIL, DEC_UTIL = 206, 207  # i, percent
-PCIE_MAX_LINK_GEN, PCIE_MAX_LINK_WIDTH, PCIE_LINK_GEN, PCIE_LINK_WIDTH = 235, 236, 237, 238  # i
 FB_TOTAL, FB_USED, FB_RESERVED = 250, 252, 253  # i, MiB
-ECC_CURRENT = 300  # i
-ECC_SBE_VOL_TOTAL, ECC_DBE_VOL_TOTAL, ECC_SBE_AGG_TOTAL, ECC_DBE_AGG_TOTAL = 310, 311, 312, 313  # i
 RETIRED_SBE, RETIRED_DBE, RETIRED_PENDING = 390, 391, 392  # i
-UNCORRECTABLE_REMAPPED_ROWS, CORRECTABLE_REMAPPED_ROWS = 393, 394  # i
 ROW_REMAP_FAILURE, ROW_REMAP_PENDING = 395, 396  # i, 1/0
 GPU_RECOVERY_ACTION = 1523  # i, nvmlDeviceGpuRecoveryAction_t; DCGM 4.5 and later only
 

@@ -82,3 +82,22 @@ def test_every_dcgm_part_is_a_field_of_that_collector_and_watched() -> None:
             assert s.dcgm.field in fid.DEVICE, s
             _, fake_collector, _ = GPU_FIELDS[s.dcgm.field]
             assert fake_collector == collector[s.reading], (s.attr, s.dcgm.field)
+
+
+def test_the_dcgm_parts_say_what_the_dcgm_exporter_mapping_says() -> None:
+    """docs/dcgm-exporter.md was written from dcgm-exporter's counters and DCGM's documented units: where it
+    maps a field the table reads, it names the same family and the same factor."""
+    rows = {
+        m[1]: m[2]
+        for m in re.finditer(r"^\| `DCGM_FI_DEV_(\w+)`[^|]*\|(.*)$", (REPO / "docs/dcgm-exporter.md").read_text(), re.M)
+    }
+    checked = 0
+    for s in FIELDS:
+        if s.dcgm is None or s.dcgm.name not in rows:
+            continue
+        row = rows[s.dcgm.name]
+        assert f"`{s.family.name}" in row, (s.dcgm.name, row)
+        factor = re.search(r"\u00d7 ([0-9.e]+)", row)  # the multiplication sign
+        assert factor and float(factor[1]) == s.dcgm.scale, (s.dcgm.name, row)
+        checked += 1
+    assert checked >= 10  # the mapping covers most of them
