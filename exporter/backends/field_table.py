@@ -17,8 +17,8 @@ takes family and labels from here and checks, at import, that every exported pla
 exactly one spec and every spec an attribute. Fields that fan out (clocks, NVLink, processes, MIG,
 ECC by location, PCIe error kinds, thresholds) stay in their readers' `more_samples`.
 
-Adding a plain field: its Family in families.py (where it sits on the page), the attribute on its
-reading in readings.py, a FieldSpec here. The DCGM watch list takes the id from here by itself.
+Adding a plain field: its Family in exporter/metrics/families.py (where it sits on the page), the attribute on
+its reading in readings.py, a FieldSpec here (CONTRIBUTING.md). The DCGM watch list takes the id from here.
 """
 
 from __future__ import annotations
