@@ -31,8 +31,9 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --strict tools/gen_kubernetes.py
+	$(VENV)/bin/mypy --strict tools/gen_kubernetes.py tools/gen_vgpu_layout.py
 	$(PY) tools/gen_kubernetes.py --check
+	$(PY) tools/gen_vgpu_layout.py --check
 
 bench: $(VENV)/.installed
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -32,8 +32,8 @@ import pytest
 
 from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.backends.dcgm import Address, DcgmBackend
-from gpu_triage.exporter.backends.nvml import NvmlBackend
-from gpu_triage.exporter.backends.nvml_gpm import GpmProfiler
+from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
+from gpu_triage.exporter.backends.nvml.gpm import GpmProfiler
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
 from gpu_triage.exporter.polling.poller import FAST
 from tests.dcgm_fake import running

@@ -88,6 +88,7 @@ GPU_FIELDS: dict[int, tuple[str, Collector | None, Callable[[Any, Any], Any]]] =
     150: ("i", _C.THERMAL, _attr("gpu_celsius", 1)),
     155: ("d", _C.POWER, _attr("usage_watts")),
     156: ("i", _C.POWER, _attr("energy_joules", 1000)),
+    163: ("d", _C.POWER, _attr("default_limit_watts")),  # DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF
     164: ("d", _C.POWER, _attr("limit_watts")),
     190: ("i", _C.CLOCKS, _attr("performance_state")),
     191: ("i", _C.THERMAL, _attr("fan_ratio", 100)),

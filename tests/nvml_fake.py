@@ -174,6 +174,10 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Handle) -> int:
         return round(self._value("nvmlDeviceGetEnforcedPowerLimit", handle, Collector.POWER, "limit_watts") * 1000)
 
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Handle) -> int:
+        name = "nvmlDeviceGetPowerManagementDefaultLimit"
+        return round(self._value(name, handle, Collector.POWER, "default_limit_watts") * 1000)  # mW
+
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Handle) -> int:
         joules = self._value("nvmlDeviceGetTotalEnergyConsumption", handle, Collector.POWER, "energy_joules")
         return round(joules * 1000)

@@ -88,7 +88,7 @@ void vgpu_sleep_us(unsigned int us)
 #endif
 
 /* Sleeps until the state file's seq no longer reads `seen`, or `us` microseconds have passed. On Linux
- * the writer wakes the waiters on seq's (little-endian) low word after every write (vgpu_state.py), as
+ * the writer wakes the waiters on seq's (little-endian) low word after every write (exporter/vgpu/state.py), as
  * the kernel wakes a real driver's waiter; elsewhere, and for a writer that does not, `us` bounds it. */
 void vgpu_wait_change_us(uint64_t seen, unsigned int us)
 {

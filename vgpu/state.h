@@ -1,7 +1,9 @@
 /*
- * The state file: what the simulator's Python writer (exporter/backends/sim/vgpu_state.py)
- * publishes and this library maps read-only. vgpu/README.md documents it for both sides;
- * any change here is a change of VGPU_LAYOUT_VERSION and of the writer.
+ * The state file: what the simulator's Python writer (exporter/vgpu/state.py)
+ * publishes and this library maps read-only. vgpu/README.md documents it for both sides.
+ * The record's scalar members are generated (scalars.h, from exporter/vgpu/layout.py,
+ * by tools/gen_vgpu_layout.py), and so is VGPU_LAYOUT_VERSION: the CRC-32 of that table and of
+ * this file, so any change here is a new version; rerun the generator after editing it.
  *
  * Fixed layout, little-endian, natural alignment with no implicit padding (the static
  * asserts at the end pin every size), and a fixed total size: the file never grows or
@@ -21,8 +23,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "scalars.h"
+
 #define VGPU_MAGIC "GTVGPUST"
-#define VGPU_LAYOUT_VERSION 3u /* 3: the record's `more` tail; 2: 64 GPUs (1 had 16) */
 
 #define VGPU_MAX_GPUS 64
 #define VGPU_MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
@@ -236,66 +239,7 @@ struct vgpu_gpu {
     uint64_t ecc[2][2][8]; /* [nvmlMemoryErrorType][nvmlEccCounterType][nvmlMemoryLocation] */
     uint64_t retired_address[2][VGPU_MAX_RETIRED]; /* [nvmlPageRetirementCause] */
     uint64_t retired_timestamp[2][VGPU_MAX_RETIRED];
-    uint32_t retired_count[2];
-    uint32_t retired_pending;
-    uint32_t minor_number;
-    uint32_t brand;
-    uint32_t architecture;
-    uint32_t cuda_cc_major;
-    uint32_t cuda_cc_minor;
-    uint32_t pci_domain;
-    uint32_t pci_bus;
-    uint32_t pci_device;
-    uint32_t pci_device_id;
-    uint32_t pci_subsystem_id;
-    uint32_t pci_base_class;
-    uint32_t pci_sub_class;
-    uint32_t util_gpu; /* percent */
-    uint32_t util_memory;
-    uint32_t util_encoder;
-    uint32_t util_decoder;
-    uint32_t power_mw;
-    uint32_t power_limit_enforced_mw;
-    uint32_t power_limit_mw;
-    uint32_t power_limit_min_mw;
-    uint32_t power_limit_max_mw;
-    uint32_t power_limit_default_mw;
-    int32_t temperature_gpu; /* degrees C */
-    int32_t temperature_memory;
-    uint32_t temperature_threshold[8]; /* [nvmlTemperatureThresholds]; 0 = not supported */
-    uint32_t clock_mhz[4];             /* [nvmlClockType] */
-    uint32_t clock_max_mhz[4];
-    uint32_t clock_app_mhz[4];
-    uint32_t clock_app_default_mhz[4];
-    uint32_t pstate;
-    uint32_t pcie_tx_kbs; /* KB/s */
-    uint32_t pcie_rx_kbs;
-    uint32_t pcie_gen;
-    uint32_t pcie_gen_max;
-    uint32_t pcie_width;
-    uint32_t pcie_width_max;
-    uint32_t pcie_replay;
-    uint32_t ecc_mode;
-    uint32_t ecc_mode_pending;
-    uint32_t remapped_correctable;
-    uint32_t remapped_uncorrectable;
-    uint32_t remap_pending;
-    uint32_t remap_failure;
-    uint32_t fan_speed; /* percent */
-    uint32_t compute_mode;
-    uint32_t persistence_mode;
-    uint32_t display_mode;
-    uint32_t display_active;
-    uint32_t recovery_action; /* nvmlDeviceGpuRecoveryAction_t */
-    uint32_t mig_mode;
-    uint32_t mig_mode_pending;
-    uint32_t mig_max;
-    uint32_t mig_count;
-    uint32_t nvlink_count;
-    uint32_t nvlink_version;
-    uint32_t proc_count;
-    uint32_t override_count;
-    uint32_t reserved0; /* keeps the strings and arrays below 8-byte aligned */
+    VGPU_GPU_SCALARS /* retired_count .. reserved0 (scalars.h) */
     char name[96];
     char uuid[96];
     char serial[32];
@@ -337,6 +281,8 @@ _Static_assert(sizeof(struct vgpu_proc) == 24, "proc size");
 _Static_assert(sizeof(struct vgpu_field_override) == 24, "override size");
 _Static_assert(sizeof(struct vgpu_gpm) == 1040, "gpm size");
 _Static_assert(sizeof(struct vgpu_mig) == 1264, "mig size");
+_Static_assert(offsetof(struct vgpu_gpu, retired_count) == VGPU_GPU_SCALARS_OFFSET, "gpu scalars offset");
+_Static_assert(offsetof(struct vgpu_gpu, name) == VGPU_GPU_SCALARS_OFFSET + VGPU_GPU_SCALARS_SIZE, "gpu scalars");
 _Static_assert(offsetof(struct vgpu_gpu, name) == 1232, "gpu scalars size");
 _Static_assert(offsetof(struct vgpu_gpu, links) == 1584, "gpu strings size");
 _Static_assert(offsetof(struct vgpu_gpu, more) == 15504, "gpu record before layout 3");

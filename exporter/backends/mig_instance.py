@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_triage.exporter.backends.families import MIG_LABELS
+from gpu_triage.exporter.metrics.families import MIG_LABELS
 
 
 @dataclass(frozen=True, slots=True)

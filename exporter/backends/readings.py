@@ -1,8 +1,9 @@
 """What a backend reads from a GPU, one dataclass per collector, and the metric series each value becomes.
 
-A plain value names its series on its field (`series(FAMILY, "label value")`), so adding one is a
-line here and a line in each backend's reader: /metrics picks it up by itself. A reading whose
-values fan out over links, clock domains or processes adds them in `more_samples`.
+A plain value (one number, one series) is declared once, in field_table.py: its family, labels and
+how each backend reads it; the reading only has the attribute. A reading whose values fan out over
+links, clock domains or processes adds them in `more_samples`, and names such attributes in
+`fanned_out`. At import every plain attribute here is checked to have exactly one spec there.
 
 Units are the base units of the metric names: bytes, watts, joules, hertz, celsius, ratios 0..1.
 `None` means the GPU does not have the value (NVML's "not supported"): its series is left out.
@@ -17,14 +18,15 @@ series: its XIDs, ECC errors and health are the parent's, and join on them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from enum import IntEnum, StrEnum
 from typing import Any, ClassVar, NamedTuple
 
-from gpu_triage.exporter.backends import families as f
+from gpu_triage.exporter.backends import field_table
 from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.backends.mig_instance import MigInstance
+from gpu_triage.exporter.metrics import families as f
 
 Value = float | int | bool | None
 
@@ -39,17 +41,13 @@ class Sample(NamedTuple):  # a tuple, not a frozen dataclass: a page makes some 
     preferred: bool = False
 
 
-def series(family: f.Family, *labels: str, preferred: bool = False, default: Any = MISSING) -> Any:
-    """Declare the series a reading's field becomes (the field's own label values, if any)."""
-    return field(default=default, metadata={"series": (family, labels, preferred)})
-
-
 class Reading:
-    """Base of every reading: its samples come from its fields' `series`, plus `more_samples`."""
+    """Base of every reading: its samples are its plain attributes' (field_table.py), plus `more_samples`."""
 
     __slots__ = ()
     __dataclass_fields__: ClassVar[dict[str, Any]]  # every subclass is a dataclass
     collector: ClassVar[Collector]
+    fanned_out: ClassVar[frozenset[str]] = frozenset()  # number attributes more_samples spreads over series
     _plain: ClassVar[tuple[tuple[str, f.Family, tuple[str, ...], bool], ...]]
 
     def __init_subclass__(cls, collector: Collector | None = None, **kwargs: Any) -> None:
@@ -60,8 +58,8 @@ class Reading:
     def samples(self) -> Iterator[Sample]:
         cls = type(self)
         plain = cls.__dict__.get("_plain")
-        if plain is None:  # the dataclass decorator runs after __init_subclass__: look fields up once, here
-            plain = tuple((f.name, *f.metadata["series"]) for f in fields(self) if "series" in f.metadata)
+        if plain is None:  # once per class: a page asks some 300 readings per GPU
+            plain = tuple((s.attr, s.family, s.labels, s.preferred) for s in field_table.of(cls.__name__))
             cls._plain = plain
         for name, family, labels, preferred in plain:
             yield Sample(family, labels, getattr(self, name), (), preferred)
@@ -78,9 +76,9 @@ class Inventory(Reading, collector=Collector.INVENTORY):
     vbios_version: str | None
     driver_version: str | None
     cuda_driver_version: str | None  # "12.8"
-    mig_enabled: bool | None = series(f.MIG_ENABLED)
-    persistence_mode: bool | None = series(f.PERSISTENCE_MODE, default=None)
-    gsp_firmware: bool | None = series(f.GSP_FIRMWARE, default=None)  # the driver runs on the GPU's GSP
+    mig_enabled: bool | None
+    persistence_mode: bool | None = None
+    gsp_firmware: bool | None = None  # the driver runs on the GPU's GSP
 
 
 def cuda_version(raw: int | None) -> str | None:
@@ -90,10 +88,10 @@ def cuda_version(raw: int | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Utilization(Reading, collector=Collector.UTILIZATION):
-    gpu_ratio: float | None = series(f.UTILIZATION)
-    memory_controller_ratio: float | None = series(f.MEMORY_CONTROLLER)
-    encoder_ratio: float | None = series(f.ENCODER_UTILIZATION, default=None)
-    decoder_ratio: float | None = series(f.DECODER_UTILIZATION, default=None)
+    gpu_ratio: float | None
+    memory_controller_ratio: float | None
+    encoder_ratio: float | None = None
+    decoder_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +103,9 @@ class InstanceMemory:
 
 @dataclass(frozen=True, slots=True)
 class Memory(Reading, collector=Collector.MEMORY):
-    used_bytes: int | None = series(f.MEMORY_USED)
-    total_bytes: int | None = series(f.MEMORY_TOTAL)
-    reserved_bytes: int | None = series(f.MEMORY_RESERVED)
+    used_bytes: int | None
+    total_bytes: int | None
+    reserved_bytes: int | None
     instances: tuple[InstanceMemory, ...] = ()  # MIG devices, each with its own memory
 
     def more_samples(self) -> Iterator[Sample]:
@@ -118,10 +116,11 @@ class Memory(Reading, collector=Collector.MEMORY):
 
 @dataclass(frozen=True, slots=True)
 class Power(Reading, collector=Collector.POWER):
-    usage_watts: float | None = series(f.POWER)  # nvmlDeviceGetPowerUsage: a 1 s average on Ampere+ but GA100
-    limit_watts: float | None = series(f.POWER_LIMIT)  # the enforced limit
-    energy_joules: float | None = series(f.ENERGY)  # since the driver was loaded
-    instant_watts: float | None = series(f.POWER_INSTANT, default=None)  # NVML_FI_DEV_POWER_INSTANT
+    usage_watts: float | None  # nvmlDeviceGetPowerUsage: a 1 s average on Ampere+ but GA100
+    limit_watts: float | None  # the enforced limit
+    energy_joules: float | None  # since the driver was loaded
+    instant_watts: float | None = None  # NVML_FI_DEV_POWER_INSTANT
+    default_limit_watts: float | None = None  # the limit the board comes with (nvidia-smi's "Default Power Limit")
 
 
 class ThresholdKind(StrEnum):
@@ -135,9 +134,9 @@ class ThresholdKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Thermal(Reading, collector=Collector.THERMAL):
-    gpu_celsius: float | None = series(f.TEMPERATURE)
-    memory_celsius: float | None = series(f.MEMORY_TEMPERATURE)
-    fan_ratio: float | None = series(f.FAN)
+    gpu_celsius: float | None
+    memory_celsius: float | None
+    fan_ratio: float | None
     thresholds: Mapping[ThresholdKind, float] = field(default_factory=dict)  # those the GPU reports
 
     def more_samples(self) -> Iterator[Sample]:
@@ -191,10 +190,11 @@ _REASON_BITS = {
 
 @dataclass(frozen=True, slots=True)
 class Clocks(Reading, collector=Collector.CLOCKS):
+    fanned_out = frozenset({"event_reasons"})
     current_hz: Mapping[ClockDomain, float]
     max_hz: Mapping[ClockDomain, float]
     event_reasons: int | None  # NVML bitmask, see ClockEventReason.bit
-    performance_state: int | None = series(f.PSTATE)  # P0..P15
+    performance_state: int | None  # P0..P15
     # How long each reason has held the clocks down since the driver loaded (NVML's ns counters).
     event_seconds: Mapping[ClockEventReason, float] = field(default_factory=dict)
 
@@ -211,15 +211,15 @@ class Clocks(Reading, collector=Collector.CLOCKS):
 
 @dataclass(frozen=True, slots=True)
 class Pcie(Reading, collector=Collector.PCIE):
-    link_generation: int | None = series(f.PCIE_GEN)
-    max_link_generation: int | None = series(f.PCIE_MAX_GEN)
-    link_width: int | None = series(f.PCIE_WIDTH)
-    max_link_width: int | None = series(f.PCIE_MAX_WIDTH)
-    replay_errors: int | None = series(f.PCIE_REPLAYS)  # counter since driver load
-    tx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "tx")
-    rx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "rx")
-    tx_bytes: int | None = series(f.PCIE_BYTES, "tx", default=None)  # NVML's byte counters, which may wrap
-    rx_bytes: int | None = series(f.PCIE_BYTES, "rx", default=None)
+    link_generation: int | None
+    max_link_generation: int | None
+    link_width: int | None
+    max_link_width: int | None
+    replay_errors: int | None  # counter since driver load
+    tx_bytes_per_second: float | None
+    rx_bytes_per_second: float | None
+    tx_bytes: int | None = None  # NVML's byte counters, which may wrap
+    rx_bytes: int | None = None
     # The link's error counters by kind (NVML_FI_DEV_PCIE_COUNT_*, L0-to-recovery): only those the GPU has.
     errors: Mapping[str, int] = field(default_factory=dict)
 
@@ -290,14 +290,14 @@ class NvLink(Reading, collector=Collector.NVLINK):
 
 @dataclass(frozen=True, slots=True)
 class Ecc(Reading, collector=Collector.ECC):
-    enabled: bool | None = series(f.ECC_ENABLED)
-    corrected_volatile: int | None = series(f.ECC_ERRORS, "corrected")
-    uncorrected_volatile: int | None = series(f.ECC_ERRORS, "uncorrected")
-    corrected_aggregate: int | None = series(f.ECC_AGGREGATE, "corrected")
-    uncorrected_aggregate: int | None = series(f.ECC_AGGREGATE, "uncorrected")
-    retired_pages_single_bit: int | None = series(f.RETIRED_PAGES, "single_bit")  # pre-Ampere page retirement
-    retired_pages_double_bit: int | None = series(f.RETIRED_PAGES, "double_bit")
-    retired_pages_pending: bool | None = series(f.RETIRED_PENDING)
+    enabled: bool | None
+    corrected_volatile: int | None
+    uncorrected_volatile: int | None
+    corrected_aggregate: int | None
+    uncorrected_aggregate: int | None
+    retired_pages_single_bit: int | None  # pre-Ampere page retirement
+    retired_pages_double_bit: int | None
+    retired_pages_pending: bool | None
     # Volatile counts by location and error, {"dram": {"corrected": 0, "uncorrected": 0}, "sram": {...}},
     # where the GPU counts by location (nvidia-smi's SRAM/DRAM split).
     by_location: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
@@ -310,10 +310,10 @@ class Ecc(Reading, collector=Collector.ECC):
 
 @dataclass(frozen=True, slots=True)
 class Remapping(Reading, collector=Collector.REMAPPING):
-    correctable_rows: int | None = series(f.REMAPPED_ROWS, "correctable")
-    uncorrectable_rows: int | None = series(f.REMAPPED_ROWS, "uncorrectable")
-    pending: bool | None = series(f.REMAP_PENDING)
-    failure: bool | None = series(f.REMAP_FAILURE)
+    correctable_rows: int | None
+    uncorrectable_rows: int | None
+    pending: bool | None
+    failure: bool | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +362,7 @@ class Fabric:
 class Recovery(Reading, collector=Collector.RECOVERY):
     # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset,
     # 5 recover the IMEX domain, 6 bus reset, 7 system reboot
-    action: int | None = series(f.RECOVERY_ACTION)
+    action: int | None
     fabric: Fabric | None = None  # None: the GPU is in no fabric, or the source cannot say
 
     def more_samples(self) -> Iterator[Sample]:
@@ -390,16 +390,18 @@ class LinkThroughput:
 class Activity(Reading):
     """Profiling values of a whole GPU or of one MIG instance (a part of `Profiling`, not a collector)."""
 
-    graphics_engine_active: float | None = series(f.GRAPHICS_ENGINE_ACTIVE, default=None)
-    sm_active: float | None = series(f.SM_ACTIVE, default=None)
-    sm_occupancy: float | None = series(f.SM_OCCUPANCY, default=None)
-    tensor_active: float | None = series(f.TENSOR_ACTIVE, default=None)
-    dram_active: float | None = series(f.DRAM_ACTIVE, default=None)
-    fp64_active: float | None = series(f.FP64_ACTIVE, default=None)
-    fp32_active: float | None = series(f.FP32_ACTIVE, default=None)
-    fp16_active: float | None = series(f.FP16_ACTIVE, default=None)
-    pcie_tx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "tx", preferred=True, default=None)
-    pcie_rx_bytes_per_second: float | None = series(f.PCIE_THROUGHPUT, "rx", preferred=True, default=None)
+    fanned_out = frozenset({"nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"})
+
+    graphics_engine_active: float | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    fp64_active: float | None = None
+    fp32_active: float | None = None
+    fp16_active: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
     # The GPU's NVLink total, used only where the source has no per-link values: never both.
     nvlink_tx_bytes_per_second: float | None = None
     nvlink_rx_bytes_per_second: float | None = None
@@ -474,3 +476,35 @@ READING_OF: Mapping[Collector, type[Reading]] = {
 }
 if missing := set(Collector) - READING_OF.keys():
     raise ImportError(f"collectors without a reading type: {sorted(missing)}")
+
+
+def check_field_table(specs: Sequence[field_table.FieldSpec], readings: Sequence[type[Reading]]) -> list[str]:
+    """What is wrong between the plain attributes of `readings` and `specs`: each needs exactly one of the other."""
+    by_name = {cls.__name__: cls for cls in readings}
+    problems, seen = [], set()
+    for s in specs:
+        cls = by_name.get(s.reading)
+        where = f"field_table: {s.reading}.{s.attr}"
+        if cls is None:
+            problems.append(f"{where}: no such reading")
+            continue
+        if (s.reading, s.attr) in seen:
+            problems.append(f"{where}: declared twice")
+        seen.add((s.reading, s.attr))
+        declared = cls.__dataclass_fields__.get(s.attr)
+        if declared is None:
+            problems.append(f"{where}: the reading has no such attribute")
+        elif declared.type != f"{s.kind.__name__} | None":
+            problems.append(f"{where}: a {s.kind.__name__} here, `{declared.type}` on the reading")
+        if len(s.labels) != len(s.family.labels):
+            problems.append(f"{where}: {len(s.labels)} label values for {s.family.name}{s.family.labels}")
+    for name, cls in by_name.items():
+        for attr in fields(cls):
+            plain = attr.type in ("int | None", "float | None", "bool | None") and attr.name not in cls.fanned_out
+            if plain and (name, attr.name) not in seen:
+                problems.append(f"{name}.{attr.name}: a number with no spec in field_table (nor in `fanned_out`)")
+    return problems
+
+
+if problems := check_field_table(field_table.FIELDS, (*READING_OF.values(), Activity)):
+    raise ImportError("; ".join(problems))

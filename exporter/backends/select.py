@@ -11,21 +11,40 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from gpu_triage.exporter.backends.base import BackendError, GpuBackend
 
 if TYPE_CHECKING:
     from gpu_triage.exporter.backends.dcgm import Address, DcgmBackend
-    from gpu_triage.exporter.backends.nvml import NvmlBackend
-    from gpu_triage.exporter.settings import Settings
+    from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 
 log = logging.getLogger(__name__)
 
 BackendName = Literal["auto", "nvml", "dcgm", "sim"]
 
 
-def open_configured(settings: Settings) -> GpuBackend:
+class BackendSettings(Protocol):
+    """What choosing a backend takes from the daemon's settings (exporter/settings.py, which imports this
+    module for BackendName): a protocol, so the import goes one way."""
+
+    @property
+    def backend(self) -> BackendName: ...
+    @property
+    def sim_scenario(self) -> str: ...
+    @property
+    def dcgm_address(self) -> str | None: ...
+    @property
+    def dcgm_bindings_dir(self) -> Path | None: ...
+    @property
+    def collector_interval(self) -> float: ...
+    @property
+    def collector_slow_interval(self) -> float: ...
+    @property
+    def state_dir(self) -> Path: ...
+
+
+def open_configured(settings: BackendSettings) -> GpuBackend:
     """The backend the settings ask for, ready to `discover()`."""
     return open_backend(
         settings.backend,
@@ -119,7 +138,7 @@ def _dcgm(address: Address, bindings_dir: Path | None, interval: float, slow_int
 
 
 def _nvml_alone(release_dir: Path | None = None) -> NvmlBackend:
-    from gpu_triage.exporter.backends.nvml import NvmlBackend
+    from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 
     return NvmlBackend(release_dir=release_dir)
 

@@ -333,10 +333,10 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         return diagnose_files(args.files, args.json)
     if args.command == "vgpu":
         if args.capture is not None:
-            from gpu_triage.exporter.backends.sim.vgpu_capture import run_capture
+            from gpu_triage.exporter.vgpu.capture_run import run_capture
 
             return run_capture(args.capture, args.state)
-        from gpu_triage.exporter.backends.sim.vgpu_driver import run
+        from gpu_triage.exporter.http.vgpu_app import run
         from gpu_triage.exporter.logs import setup_logging
 
         setup_logging("info", "logfmt")

@@ -1,6 +1,6 @@
 """`gpu-triage release`: ask the daemon on this node to let go of NVML, so that `nvidia-smi -r` can reset a GPU.
 
-The request goes through the daemon's state directory (exporter/backends/nvml_release.py), so only who
+The request goes through the daemon's state directory (exporter/backends/nvml/release.py), so only who
 may write there, root or the daemon's own user, can blind the daemon, and never from the network. The
 hold is bounded; the daemon takes NVML back by itself when it ends, or at once on `--resume`.
 """
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpu_triage.exporter.backends.nvml_release import ANSWER, MAX_HOLD_SECONDS, REQUEST, write_json
+from gpu_triage.exporter.backends.nvml.release import ANSWER, MAX_HOLD_SECONDS, REQUEST, write_json
 
 MIN_HOLD_SECONDS = 10.0
 _POLL = 0.2

@@ -3,7 +3,7 @@
 Families are built fresh for each snapshot, never kept as long-lived gauges, so a GPU or a link
 that disappears takes its series with it. Values are what the last background poll read:
 `gpu_triage_last_poll_timestamp_seconds` says when. Which value goes to which family is declared
-once, on the reading's fields (exporter/backends/readings.py).
+once, in exporter/backends/field_table.py (plain values) or a reading's `more_samples` (the rest).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gpu_triage import __version__
-from gpu_triage.exporter.backends.families import FAMILIES, UP, Family
 from gpu_triage.exporter.backends.readings import Inventory
 from gpu_triage.exporter.metrics.exposition import Preformatted, format_value, series_head
+from gpu_triage.exporter.metrics.families import FAMILIES, UP, Family
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 GPU_LABELS = ("gpu", "uuid")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuIdentity, GpuLostError
-from gpu_triage.exporter.backends.nvml import NvmlBackend
+from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 
 
 class _Opened:

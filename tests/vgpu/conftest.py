@@ -17,9 +17,9 @@ import pytest
 
 # The project modules these tests use, named in this one place: the package layout is moving.
 # Test files take `vs` from here; the worker imports the backend by these names.
-from gpu_triage.exporter.backends.sim import vgpu_state as vs
+from gpu_triage.exporter.vgpu import state as vs
 
-NVML_BACKEND_MODULE = "gpu_triage.exporter.backends.nvml"
+NVML_BACKEND_MODULE = "gpu_triage.exporter.backends.nvml.backend"
 BACKEND_BASE_MODULE = "gpu_triage.exporter.backends.base"
 
 __all__ = ["BACKEND_BASE_MODULE", "NVML_BACKEND_MODULE", "H", "Worker", "vs"]

@@ -111,7 +111,7 @@ def test_field_values_read_through_plain_structures_are_what_pynvml_reads(nvml: 
     # ids no GPU has: every value type and several return codes.
     ids = [(186, 0), (82, 0), (3, 0), (4, 0), (142, 0), (144, 0), (91, 0), (138, 0), (139, 3), (230, 0), (99999, 0)]
     code = f"""
-from gpu_triage.exporter.backends import nvml_query as q
+from gpu_triage.exporter.backends.nvml import query as q
 result = [q._plain_field_values(H["0"], {ids!r}), q._through_pynvml(H["0"], {ids!r}),
           q._field_values() is q._plain_field_values]
 """

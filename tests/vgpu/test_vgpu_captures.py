@@ -49,6 +49,9 @@ def from_xml(path: Path) -> list[dict[str, float]]:
             "nvidia_gpu_power_watts{}": num(power or t("power_readings/power_draw")),
             "nvidia_gpu_power_instant_watts{}": num(t("gpu_power_readings/instant_power_draw")),
             "nvidia_gpu_power_limit_watts{}": num(limit),
+            "nvidia_gpu_power_default_limit_watts{}": num(
+                t("gpu_power_readings/default_power_limit") or t("power_readings/default_power_limit")
+            ),
             "nvidia_gpu_memory_total_bytes{}": mib(t("fb_memory_usage/total")),
             "nvidia_gpu_memory_reserved_bytes{}": mib(t("fb_memory_usage/reserved")),
             "nvidia_gpu_temperature_celsius{}": num(t("temperature/gpu_temp")),
@@ -106,6 +109,7 @@ def from_text(path: Path) -> list[dict[str, float]]:
         e: dict[str, Any] = {
             "nvidia_gpu_power_watts{}": num(v("GPU Power Readings", "Power Draw")),
             "nvidia_gpu_power_limit_watts{}": num(v("GPU Power Readings", "Current Power Limit")),
+            "nvidia_gpu_power_default_limit_watts{}": num(v("GPU Power Readings", "Default Power Limit")),
             "nvidia_gpu_memory_total_bytes{}": mib(v("FB Memory Usage", "Total")),
             "nvidia_gpu_memory_used_bytes{}": mib(v("FB Memory Usage", "Used")),
             "nvidia_gpu_memory_reserved_bytes{}": mib(v("FB Memory Usage", "Reserved")),

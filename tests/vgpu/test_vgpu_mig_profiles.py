@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpu_triage.exporter.backends.nvml_mig import MIG_AGGREGATES
+from gpu_triage.exporter.backends.nvml.mig import MIG_AGGREGATES
 from tests.vgpu.conftest import H, Worker, vs
 
 GIB, MIB = 2**30, 2**20

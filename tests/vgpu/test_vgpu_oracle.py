@@ -1,6 +1,6 @@
 """The NVML backend against the simulator's model, through a vGPU written without any of the backend's code.
 
-The simulator's model holds the physical truth (watts, bytes, seconds, reasons by name). vgpu_image.py
+The simulator's model holds the physical truth (watts, bytes, seconds, reasons by name). exporter/vgpu/image.py
 writes it into the state file in NVML's units and meanings as nvml.h gives them, with constants of its
 own; the C library answers pynvml; the NVML backend converts back with its constants. The simulator's
 own readings of the same model are the expected values. A unit, a bit or a meaning the backend gets
@@ -21,7 +21,7 @@ import pytest
 
 from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
-from gpu_triage.exporter.backends.sim.vgpu_driver import VgpuDriver
+from gpu_triage.exporter.vgpu.driver import VgpuDriver
 from tests.conftest import START, FakeClock
 from tests.vgpu.backend_ops import series
 from tests.vgpu.conftest import REPO, Worker
@@ -135,7 +135,7 @@ MUTANTS = {
         "clocks[2] series",
     ),
     "NVLink KiB taken for kB": (
-        "import gpu_triage.exporter.backends.nvml_buses as b\nb.KIB = 1000",
+        "import gpu_triage.exporter.backends.nvml.buses as b\nb.KIB = 1000",
         "b200-training",
         "nvlink[0].links[0].tx_bytes",
     ),
@@ -152,7 +152,7 @@ def test_a_wrong_unit_in_a_reader_is_caught(
     sim, driver, clock = drive(scenario)
     nvml = worker(state_file)
     nvml.run(
-        "import dataclasses\nimport gpu_triage.exporter.backends.nvml_readers as r\n"
+        "import dataclasses\nimport gpu_triage.exporter.backends.nvml.readers as r\n"
         f"from gpu_triage.exporter.backends.base import Collector as C\n{patch}"
     )
     found = compare(nvml, sim, driver, clock)
@@ -163,7 +163,7 @@ def test_the_vgpu_writer_imports_nothing_of_the_backend() -> None:
     """The writer's side of the comparison shares no constant with the readers it checks."""
     code = (
         "import sys\n"
-        "import gpu_triage.exporter.backends.sim.vgpu_image, gpu_triage.exporter.backends.sim.vgpu_state\n"
+        "import gpu_triage.exporter.vgpu.image, gpu_triage.exporter.vgpu.state\n"
         "bad = [m for m in sys.modules if m == 'pynvml' or m.startswith('gpu_triage.exporter.backends.nvml')"
         " or m in ('gpu_triage.exporter.backends.readings', 'gpu_triage.exporter.backends.sim.readers')]\n"
         "print(bad)"

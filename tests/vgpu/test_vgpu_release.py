@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpu_triage.exporter.backends.nvml_release import ANSWER, REQUEST, write_json
+from gpu_triage.exporter.backends.nvml.release import ANSWER, REQUEST, write_json
 from tests.daemon_proc import GPU_TRIAGE, wait_for
 from tests.vgpu.conftest import Worker, vs
 from tests.vgpu.test_vgpu_e2e import gauge, nvml_daemon, page, vgpu_driver
@@ -15,7 +15,7 @@ from tests.vgpu.test_vgpu_e2e import gauge, nvml_daemon, page, vgpu_driver
 UNINITIALIZED = 1
 OPEN = (
     "import pathlib\n"
-    "from gpu_triage.exporter.backends.nvml import NvmlBackend\n"
+    "from gpu_triage.exporter.backends.nvml.backend import NvmlBackend\n"
     "from gpu_triage.exporter.backends.base import BackendError, Collector\n"
     "b = H['b'] = NvmlBackend(release_dir=pathlib.Path({dir!r}))\n"
     "H['gpus'] = b.discover()\n"

@@ -24,7 +24,7 @@ from gpu_triage.exporter.backends.dcgm.health import HealthBook
 from gpu_triage.exporter.backends.dcgm.readers import READERS, Read
 
 if TYPE_CHECKING:
-    from gpu_triage.exporter.backends.nvml import NvmlBackend
+    from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 
 log = logging.getLogger(__name__)
 

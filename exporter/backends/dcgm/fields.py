@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpu_triage.exporter.backends import field_table
+
 # -- status codes (dcgm_structs.h, the same in DCGM 3 and 4) --------------------------------------
 ST_OK = 0
 ST_NOT_SUPPORTED = -6
@@ -58,30 +60,18 @@ NVML_INDEX = 52  # i
 SERIAL = 53  # s
 UUID = 54  # s; on a compute instance entity, the MIG device UUID
 PCI_BUS_ID = 57  # s
-MIG_MODE = 67  # i
 VBIOS_VERSION = 85  # s
 SM_CLOCK, MEM_CLOCK, VIDEO_CLOCK = 100, 101, 102  # i, MHz
 CLOCK_EVENT_REASONS = 112  # i, the same bits as NVML's clocks-event reasons
 MAX_SM_CLOCK, MAX_MEM_CLOCK, MAX_VIDEO_CLOCK = 113, 114, 115  # i, MHz
-MEMORY_TEMP, GPU_TEMP = 140, 150  # i, Celsius
 POWER_USAGE = 155  # d, W
-TOTAL_ENERGY = 156  # i, mJ since the driver was loaded
-POWER_USAGE_INSTANT = 157  # d, W
 SLOWDOWN_TEMP, SHUTDOWN_TEMP = 158, 159  # i, Celsius: the GPU's own limits
-ENFORCED_POWER_LIMIT = 164  # d, W
 PSTATE = 190  # i
 FAN_SPEED = 191  # i, percent
 # 200 and 201 (PCIe throughput) are left alone: "Deprecated: Use DCGM_FI_PROF_PCIE_TX_BYTES instead", and
 # DcgmCacheManager answers them "not supported". PCIe traffic comes from the profiling fields below.
-PCIE_REPLAY_COUNTER = 202  # i
-GPU_UTIL, MEM_COPY_UTIL = 203, 204  # i, percent
-ENC_UTIL, DEC_UTIL = 206, 207  # i, percent
-PCIE_MAX_LINK_GEN, PCIE_MAX_LINK_WIDTH, PCIE_LINK_GEN, PCIE_LINK_WIDTH = 235, 236, 237, 238  # i
 FB_TOTAL, FB_USED, FB_RESERVED = 250, 252, 253  # i, MiB
-ECC_CURRENT = 300  # i
-ECC_SBE_VOL_TOTAL, ECC_DBE_VOL_TOTAL, ECC_SBE_AGG_TOTAL, ECC_DBE_AGG_TOTAL = 310, 311, 312, 313  # i
 RETIRED_SBE, RETIRED_DBE, RETIRED_PENDING = 390, 391, 392  # i
-UNCORRECTABLE_REMAPPED_ROWS, CORRECTABLE_REMAPPED_ROWS = 393, 394  # i
 ROW_REMAP_FAILURE, ROW_REMAP_PENDING = 395, 396  # i, 1/0
 GPU_RECOVERY_ACTION = 1523  # i, nvmlDeviceGpuRecoveryAction_t; DCGM 4.5 and later only
 
@@ -119,16 +109,13 @@ PROF_BUSES = {
 PROFILING = (*PROF_ACTIVITY, *PROF_BUSES, *(i for tx in PROF_NVLINK_LINK_TX for i in (tx, tx + 1)))
 
 # -- what is watched, in field groups of at most 128 ids (DCGM_MAX_FIELD_IDS_PER_FIELD_GROUP) --------
-DEVICE = (
-    DRIVER_VERSION, CUDA_DRIVER_VERSION, NAME, SERIAL, MIG_MODE, VBIOS_VERSION,
+# The fields the readers read by hand; the plain ones (field_table.py) are added to them.
+_BY_HAND = (
+    DRIVER_VERSION, CUDA_DRIVER_VERSION, NAME, SERIAL, VBIOS_VERSION,
     SM_CLOCK, MEM_CLOCK, VIDEO_CLOCK, CLOCK_EVENT_REASONS, MAX_SM_CLOCK, MAX_MEM_CLOCK, MAX_VIDEO_CLOCK,
-    MEMORY_TEMP, GPU_TEMP, POWER_USAGE, TOTAL_ENERGY, POWER_USAGE_INSTANT, SLOWDOWN_TEMP, SHUTDOWN_TEMP,
-    ENFORCED_POWER_LIMIT, PSTATE, FAN_SPEED, PCIE_REPLAY_COUNTER, GPU_UTIL, MEM_COPY_UTIL, ENC_UTIL, DEC_UTIL,
-    PCIE_MAX_LINK_GEN, PCIE_MAX_LINK_WIDTH, PCIE_LINK_GEN, PCIE_LINK_WIDTH, FB_TOTAL, FB_USED, FB_RESERVED,
-    ECC_CURRENT, ECC_SBE_VOL_TOTAL, ECC_DBE_VOL_TOTAL, ECC_SBE_AGG_TOTAL, ECC_DBE_AGG_TOTAL,
-    RETIRED_SBE, RETIRED_DBE, RETIRED_PENDING,
-    UNCORRECTABLE_REMAPPED_ROWS, CORRECTABLE_REMAPPED_ROWS, ROW_REMAP_FAILURE, ROW_REMAP_PENDING,
+    SLOWDOWN_TEMP, SHUTDOWN_TEMP,
 )  # fmt: skip
+DEVICE = (*_BY_HAND, *(i for i in field_table.DCGM_DEVICE_FIELDS if i not in _BY_HAND))
 NVLINK = (*LINK_CRC_FLIT, *LINK_REPLAY, *LINK_RECOVERY)
 RECOVERY = (GPU_RECOVERY_ACTION,)  # alone: an older host engine does not know it, and refuses its group
 INSTANCE_MEMORY = (FB_TOTAL, FB_USED)  # watched on MIG entities, with PROF_ACTIVITY

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from gpu_triage.exporter.backends.base import Collector, GpuIdentity, GpuLostError, require_every_collector
+from gpu_triage.exporter.backends import field_table
+from gpu_triage.exporter.backends.base import Collector, GpuBackend, GpuIdentity, GpuLostError, require_every_collector
 from gpu_triage.exporter.backends.dcgm import fields as fid
 from gpu_triage.exporter.backends.dcgm.fields import Entity
+from gpu_triage.exporter.backends.dcgm.health import HealthBook
 from gpu_triage.exporter.backends.dcgm.session import Session
 from gpu_triage.exporter.backends.readings import (
     Activity,
@@ -43,8 +45,16 @@ from gpu_triage.exporter.backends.readings import (
 )
 from gpu_triage.exporter.backends.readings import ClockDomain as Domain
 
-if TYPE_CHECKING:
-    from gpu_triage.exporter.backends.dcgm.backend import DcgmBackend
+
+class DcgmState(Protocol):
+    """What the readers take from the DCGM backend (backend.py, which imports them): NVML beside it, for
+    the process list, and the health watches' book."""
+
+    @property
+    def companion(self) -> GpuBackend | None: ...
+    @property
+    def health(self) -> HealthBook: ...
+
 
 MIB = 1024 * 1024
 MHZ = 1e6
@@ -56,7 +66,7 @@ _LINK_COUNTERS = (fid.LINK_REPLAY, fid.LINK_RECOVERY, fid.LINK_CRC_FLIT)
 class Read:
     """One collector's read of one GPU: where to ask, and the fields that failed."""
 
-    backend: DcgmBackend
+    backend: DcgmState
     session: Session
     gpu: GpuIdentity
     gpu_id: int
@@ -75,22 +85,40 @@ def _flag(value: int | None) -> bool | None:
     return None if value is None else bool(value)
 
 
+def _plain(e: Entity, reading: str) -> dict[str, Any]:
+    """The reading's plain attributes that field_table.py reads from a DCGM field, in base units."""
+    out: dict[str, Any] = {}
+    for spec in field_table.of(reading):
+        if (how := spec.dcgm) is None:
+            continue
+        if spec.kind is float:
+            out[spec.attr] = e.number(how.field, how.scale)
+            continue
+        number = e.integer(how.field)
+        if number is not None and how.scale != 1:
+            number = int(number * how.scale)
+        out[spec.attr] = _flag(number) if spec.kind is bool else number
+    return out
+
+
+def _fields(r: Read, reading: str, *more: int) -> Entity:
+    return r.fields((*field_table.dcgm_ids(reading), *more))
+
+
 def _inventory(r: Read) -> Reading:
-    ids = (fid.NAME, fid.SERIAL, fid.VBIOS_VERSION, fid.DRIVER_VERSION, fid.CUDA_DRIVER_VERSION, fid.MIG_MODE)
-    e = r.fields(ids)
+    e = _fields(r, "Inventory", fid.NAME, fid.SERIAL, fid.VBIOS_VERSION, fid.DRIVER_VERSION, fid.CUDA_DRIVER_VERSION)
     return Inventory(
         name=e.text(fid.NAME),
         serial=e.text(fid.SERIAL),
         vbios_version=e.text(fid.VBIOS_VERSION),
         driver_version=e.text(fid.DRIVER_VERSION),
         cuda_driver_version=cuda_version(e.integer(fid.CUDA_DRIVER_VERSION)),
-        mig_enabled=_flag(e.integer(fid.MIG_MODE)),
+        **_plain(e, "Inventory"),
     )
 
 
 def _utilization(r: Read) -> Reading:
-    e = r.fields((fid.GPU_UTIL, fid.MEM_COPY_UTIL, fid.ENC_UTIL, fid.DEC_UTIL))
-    return Utilization(*(e.number(i, 0.01) for i in (fid.GPU_UTIL, fid.MEM_COPY_UTIL, fid.ENC_UTIL, fid.DEC_UTIL)))
+    return Utilization(**_plain(_fields(r, "Utilization"), "Utilization"))
 
 
 def _bytes(mib: int | None) -> int | None:
@@ -98,30 +126,23 @@ def _bytes(mib: int | None) -> int | None:
 
 
 def _memory(r: Read) -> Reading:
-    e = r.fields((fid.FB_USED, fid.FB_TOTAL, fid.FB_RESERVED))
+    e = _fields(r, "Memory")
     parts = []
     for m in r.session.migs.get(r.gpu_id, []):
         ci = r.fields((fid.FB_USED, fid.FB_TOTAL), fid.FE_GPU_CI, m.compute_instance_entity)
         parts.append(InstanceMemory(m.instance, _bytes(ci.integer(fid.FB_USED)), _bytes(ci.integer(fid.FB_TOTAL))))
-    used, total, reserved = (_bytes(e.integer(f)) for f in (fid.FB_USED, fid.FB_TOTAL, fid.FB_RESERVED))
-    return Memory(used, total, reserved, instances=tuple(parts))
+    return Memory(**_plain(e, "Memory"), instances=tuple(parts))
 
 
 def _power(r: Read) -> Reading:
-    e = r.fields((fid.POWER_USAGE, fid.ENFORCED_POWER_LIMIT, fid.TOTAL_ENERGY, fid.POWER_USAGE_INSTANT))
-    return Power(
-        e.number(fid.POWER_USAGE),
-        e.number(fid.ENFORCED_POWER_LIMIT),
-        e.number(fid.TOTAL_ENERGY, 0.001),
-        e.number(fid.POWER_USAGE_INSTANT),
-    )
+    return Power(**_plain(_fields(r, "Power"), "Power"))
 
 
 def _thermal(r: Read) -> Reading:
-    e = r.fields((fid.GPU_TEMP, fid.MEMORY_TEMP, fid.FAN_SPEED, fid.SLOWDOWN_TEMP, fid.SHUTDOWN_TEMP))
+    e = _fields(r, "Thermal", fid.SLOWDOWN_TEMP, fid.SHUTDOWN_TEMP)
     limits = {ThresholdKind.SHUTDOWN: fid.SHUTDOWN_TEMP, ThresholdKind.SLOWDOWN: fid.SLOWDOWN_TEMP}
     found = {kind: c for kind, i in limits.items() if (c := e.number(i)) is not None}
-    return Thermal(e.number(fid.GPU_TEMP), e.number(fid.MEMORY_TEMP), e.number(fid.FAN_SPEED, 0.01), found)
+    return Thermal(thresholds=found, **_plain(e, "Thermal"))
 
 
 _CLOCKS = {  # DCGM has no graphics-clock field
@@ -132,21 +153,15 @@ _CLOCKS = {  # DCGM has no graphics-clock field
 
 
 def _clocks(r: Read) -> Reading:
-    e = r.fields((*(i for pair in _CLOCKS.values() for i in pair), fid.CLOCK_EVENT_REASONS, fid.PSTATE))
+    e = _fields(r, "Clocks", *(i for pair in _CLOCKS.values() for i in pair), fid.CLOCK_EVENT_REASONS)
     current = {d: v for d, (now, _) in _CLOCKS.items() if (v := e.number(now, MHZ)) is not None}
     maximum = {d: v for d, (_, top) in _CLOCKS.items() if (v := e.number(top, MHZ)) is not None}
-    return Clocks(current, maximum, e.integer(fid.CLOCK_EVENT_REASONS), e.integer(fid.PSTATE))
+    return Clocks(current, maximum, e.integer(fid.CLOCK_EVENT_REASONS), **_plain(e, "Clocks"))
 
 
 def _pcie(r: Read) -> Reading:
-    ids = (fid.PCIE_LINK_GEN, fid.PCIE_MAX_LINK_GEN, fid.PCIE_LINK_WIDTH, fid.PCIE_MAX_LINK_WIDTH)
-    e = r.fields((*ids, fid.PCIE_REPLAY_COUNTER))
     return Pcie(
-        link_generation=e.integer(fid.PCIE_LINK_GEN),
-        max_link_generation=e.integer(fid.PCIE_MAX_LINK_GEN),
-        link_width=e.integer(fid.PCIE_LINK_WIDTH),
-        max_link_width=e.integer(fid.PCIE_MAX_LINK_WIDTH),
-        replay_errors=e.integer(fid.PCIE_REPLAY_COUNTER),
+        **_plain(_fields(r, "Pcie"), "Pcie"),
         tx_bytes_per_second=None,  # the profiling fields have it (readings: preferred there anyway)
         rx_bytes_per_second=None,
     )
@@ -182,24 +197,11 @@ def _recovery(r: Read) -> Reading:
 
 
 def _ecc(r: Read) -> Reading:
-    counts = (fid.ECC_SBE_VOL_TOTAL, fid.ECC_DBE_VOL_TOTAL, fid.ECC_SBE_AGG_TOTAL, fid.ECC_DBE_AGG_TOTAL)
-    e = r.fields((fid.ECC_CURRENT, *counts, fid.RETIRED_SBE, fid.RETIRED_DBE, fid.RETIRED_PENDING))
-    return Ecc(
-        enabled=_flag(e.integer(fid.ECC_CURRENT)),
-        corrected_volatile=e.integer(fid.ECC_SBE_VOL_TOTAL),
-        uncorrected_volatile=e.integer(fid.ECC_DBE_VOL_TOTAL),
-        corrected_aggregate=e.integer(fid.ECC_SBE_AGG_TOTAL),
-        uncorrected_aggregate=e.integer(fid.ECC_DBE_AGG_TOTAL),
-        retired_pages_single_bit=e.integer(fid.RETIRED_SBE),
-        retired_pages_double_bit=e.integer(fid.RETIRED_DBE),
-        retired_pages_pending=_flag(e.integer(fid.RETIRED_PENDING)),
-    )
+    return Ecc(**_plain(_fields(r, "Ecc"), "Ecc"))
 
 
 def _remapping(r: Read) -> Reading:
-    ids = (fid.CORRECTABLE_REMAPPED_ROWS, fid.UNCORRECTABLE_REMAPPED_ROWS, fid.ROW_REMAP_PENDING, fid.ROW_REMAP_FAILURE)
-    e = r.fields(ids)
-    return Remapping(e.integer(ids[0]), e.integer(ids[1]), _flag(e.integer(ids[2])), _flag(e.integer(ids[3])))
+    return Remapping(**_plain(_fields(r, "Remapping"), "Remapping"))
 
 
 def _activity(e: Entity, buses: bool, dram: Entity | None = None) -> Activity:

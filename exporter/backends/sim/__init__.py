@@ -1,6 +1,6 @@
 """The simulator: a real backend with scenarios and fault injection, for nodes without a GPU.
 
-Its names load on first use: the vGPU writer's modules (vgpu_image.py and what it takes) must import
+Its names load on first use: the vGPU writer's modules (exporter/vgpu/image.py and what it takes) must import
 without the backend, whose readings share constants with the NVML backend they are there to check.
 """
 

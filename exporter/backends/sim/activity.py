@@ -11,10 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from gpu_triage.exporter.backends.sim.model import Effective
+
+class Effective(Protocol):
+    """The shape of a GPU's work in one tick, as the activity needs it (model.Effective is one): a
+    protocol, so this module imports nothing of the model, which imports it."""
+
+    @property
+    def sm_share(self) -> float: ...
+    @property
+    def occupancy_share(self) -> float: ...
+    @property
+    def dram_scale(self) -> float: ...
+    @property
+    def pcie_scale(self) -> float: ...
+    @property
+    def nvlink_share(self) -> float: ...
+
 
 # A training step's collectives keep the links a bit under half busy.
 _LINK_SHARE = 0.45

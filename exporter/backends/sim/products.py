@@ -2,7 +2,7 @@
 
 A product is what a board is and reports no matter the workload: its memory and limits, links,
 architecture, which queries it answers and its MIG profiles. This module is plain data: the
-simulator's readers turn it into readings, the vGPU writer (vgpu_image.py) into NVML's answers.
+simulator's readers turn it into readings, the vGPU writer (exporter/vgpu/image.py) into NVML's answers.
 """
 
 from __future__ import annotations

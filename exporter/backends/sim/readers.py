@@ -4,7 +4,10 @@ its state now, the faults on it) turned into a reading, in base units, as the re
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
+from typing import Any
 
+from gpu_triage.exporter.backends import field_table
 from gpu_triage.exporter.backends.base import Collector, require_every_collector
 from gpu_triage.exporter.backends.readings import (
     Activity,
@@ -53,6 +56,15 @@ PCIE_ERROR_KINDS = ("l0_to_recovery", "correctable", "nak_received", "receiver",
                     "non_fatal", "fatal", "unsupported_request", "lcrc")  # fmt: skip
 
 
+def _plain(v: View, reading: str) -> dict[str, Any]:
+    """The reading's plain attributes that field_table.py takes straight from the view."""
+    out: dict[str, Any] = {}
+    for spec in field_table.of(reading):
+        if spec.sim is not None:
+            out[spec.attr] = attrgetter(spec.sim.path)(v)
+    return out
+
+
 def _inventory(v: View) -> Inventory:
     return Inventory(
         name=v.shape.model,
@@ -74,16 +86,17 @@ def _utilization(v: View) -> Utilization:
 
 
 def _memory(v: View) -> Memory:
-    reserved = v.shape.reserved_memory_bytes
     parts = tuple(
         InstanceMemory(inst.mig, v.instance_used_bytes(i), inst.memory_bytes) for i, inst in enumerate(v.instances)
     )
-    return Memory(v.memory_used_bytes(), v.shape.memory_bytes, reserved, parts)
+    return Memory(used_bytes=v.memory_used_bytes(), instances=parts, **_plain(v, "Memory"))
 
 
 def _power(v: View) -> Power:
     watts = round(v.state.power_watts, 3)
-    return Power(watts, v.shape.power_limit_watts, round(v.state.energy_joules, 3), watts)
+    return Power(
+        usage_watts=watts, energy_joules=round(v.state.energy_joules, 3), instant_watts=watts, **_plain(v, "Power")
+    )
 
 
 def _thermal(v: View) -> Thermal:
@@ -113,11 +126,7 @@ def _clocks(v: View) -> Clocks:
 def _pcie(v: View) -> Pcie:
     tx, rx = pcie(v.state.utilization, v.noise, v.state.load)
     return Pcie(
-        link_generation=v.shape.pcie_generation,
-        max_link_generation=v.shape.pcie_generation,
-        link_width=v.shape.pcie_width,
-        max_link_width=v.shape.pcie_width,
-        replay_errors=v.state.pcie_replays,
+        **_plain(v, "Pcie"),
         tx_bytes_per_second=tx,
         rx_bytes_per_second=rx,
         tx_bytes=int(v.state.pcie_tx_bytes),
@@ -214,10 +223,7 @@ def _ecc(v: View) -> Ecc:
     # Ampere and later remap rows; the pre-Ampere page-retirement calls are "not supported".
     return Ecc(
         enabled=True,
-        corrected_volatile=s.ecc_corrected,
-        uncorrected_volatile=s.ecc_uncorrected,
-        corrected_aggregate=s.ecc_corrected_aggregate,
-        uncorrected_aggregate=s.ecc_uncorrected_aggregate,
+        **_plain(v, "Ecc"),
         retired_pages_single_bit=None,
         retired_pages_double_bit=None,
         retired_pages_pending=None,

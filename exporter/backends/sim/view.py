@@ -1,6 +1,6 @@
 """What a read of a simulated GPU sees: its shape, its state now, the faults on it.
 
-The simulator's readers (readers.py) turn a View into readings, the vGPU writer (vgpu_image.py) into
+The simulator's readers (readers.py) turn a View into readings, the vGPU writer (exporter/vgpu/image.py) into
 NVML's answers; neither knows the other. Nothing here imports the readings.
 """
 

@@ -21,7 +21,7 @@ from gpu_triage.exporter.backends.base import BackendError, Collector, GpuLostEr
 from gpu_triage.exporter.backends.dcgm import Address, DcgmBackend, bindings
 from gpu_triage.exporter.backends.dcgm.connection import initialise
 from gpu_triage.exporter.backends.dcgm.health import HOLD_SECONDS
-from gpu_triage.exporter.backends.nvml import NvmlBackend
+from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     HealthIncident,

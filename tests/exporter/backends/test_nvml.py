@@ -12,10 +12,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_triage.exporter.backends import nvml_query
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuLostError
-from gpu_triage.exporter.backends.nvml import NvmlBackend
-from gpu_triage.exporter.backends.nvml_query import field_value
+from gpu_triage.exporter.backends.nvml import query as nvml_query
+from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
+from gpu_triage.exporter.backends.nvml.query import field_value
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from tests.conftest import FakeClock

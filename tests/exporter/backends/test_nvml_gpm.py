@@ -8,8 +8,8 @@ import pynvml
 import pytest
 
 from gpu_triage.exporter.backends.base import Collector, GpuLostError
-from gpu_triage.exporter.backends.nvml import NvmlBackend
-from gpu_triage.exporter.backends.nvml_gpm import MIN_GAP_SECONDS, GpmProfiler
+from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
+from gpu_triage.exporter.backends.nvml.gpm import MIN_GAP_SECONDS, GpmProfiler
 from gpu_triage.exporter.backends.readings import Activity, Memory, Processes, Profiling, Utilization
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from tests.conftest import FakeClock

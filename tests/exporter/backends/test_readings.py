@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from gpu_triage.diagnosis.xid.catalog_data import load_catalog
-from gpu_triage.exporter.backends.families import CLOCK_EVENT, NVLINK_STATE, POWER, POWER_INSTANT, RECOVERY_ACTION
 from gpu_triage.exporter.backends.readings import Clocks, LinkState, Power
+from gpu_triage.exporter.metrics.families import CLOCK_EVENT, NVLINK_STATE, POWER, POWER_INSTANT, RECOVERY_ACTION
 from tests.conftest import REPO
 
 

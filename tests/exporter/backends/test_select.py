@@ -11,7 +11,7 @@ import pytest
 
 from gpu_triage.exporter.backends.base import BackendError, Collector
 from gpu_triage.exporter.backends.dcgm import Address, DcgmBackend, address
-from gpu_triage.exporter.backends.nvml import NvmlBackend
+from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 from gpu_triage.exporter.backends.readings import Profiling
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import SimBackend

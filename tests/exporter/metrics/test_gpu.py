@@ -11,11 +11,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity
-from gpu_triage.exporter.backends.families import FAMILIES
 from gpu_triage.exporter.backends.readings import Activity, Pcie, Processes, ProcessReading, Profiling
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.metrics.exposition import MetricsCache, encode
+from gpu_triage.exporter.metrics.families import FAMILIES
 from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.pipeline import DriverBatch, KernelBatch

@@ -11,7 +11,8 @@ or a bit that backend gets wrong is not reproduced here and the comparison of th
 from __future__ import annotations
 
 from gpu_triage.exporter.backends.sim.activity import activity, memory_controller, pcie
-from gpu_triage.exporter.backends.sim.vgpu_node import (
+from gpu_triage.exporter.backends.sim.view import View
+from gpu_triage.exporter.vgpu.node import (
     ARCH_AMPERE,
     ARCH_BLACKWELL,
     ARCH_HOPPER,
@@ -24,7 +25,6 @@ from gpu_triage.exporter.backends.sim.vgpu_node import (
     Process,
     Query,
 )
-from gpu_triage.exporter.backends.sim.view import View
 
 MIB = 1024 * 1024
 KIB = 1024  # nvml.h: NVML_FI_DEV_NVLINK_THROUGHPUT_* count "in KiB"

@@ -1,32 +1,30 @@
-"""`gpu-triage vgpu`: the simulator drives the virtual GPU (vgpu/, `make vgpu`).
+"""The simulator drives the virtual GPU (vgpu/, `make vgpu`): what `gpu-triage vgpu` runs.
 
 Every tick (a second) it takes each simulated GPU as the simulator's model has it (SimBackend.view)
 and writes it to the vGPU state file that build/vgpu/libnvidia-ml.so.1 maps. Any NVML client started
 with LD_LIBRARY_PATH=build/vgpu and GPU_TRIAGE_VGPU_STATE=<the file> then sees the scenario's GPUs:
 `gpu-triage serve --backend nvml`, nvitop, gpustat.
 
-The values are written by vgpu_image.py, in NVML's own units and meanings as nvml.h documents each
+The values are written by image.py, in NVML's own units and meanings as nvml.h documents each
 call, from the model's physical state: never from gpu-triage's readings, whose conversions the pair
 exists to check. Lasting faults become the record's flags (lost, hung, a stale handle); a reset is a
 GPU that answers GPU_IS_LOST while it lasts and whose MIG handles are invalid after it. XIDs go to the
 file's event ring, where nvmlEventSetWait_v2 finds them. `POST /api/v1/sim/faults` injects faults, as
-on `gpu-triage serve --backend sim`.
+on `gpu-triage serve --backend sim`: exporter/http/vgpu_app.py serves it, so nothing here loads the
+web stack.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from pathlib import Path
 
-from fastapi import FastAPI
-
 from gpu_triage.exporter.backends.base import GpuIdentity
-from gpu_triage.exporter.backends.sim import vgpu_image
-from gpu_triage.exporter.backends.sim import vgpu_state as vs
 from gpu_triage.exporter.backends.sim.backend import SimBackend
 from gpu_triage.exporter.backends.sim.faults import FaultKind
+from gpu_triage.exporter.vgpu import image as vgpu_image
+from gpu_triage.exporter.vgpu import state as vs
 
 log = logging.getLogger(__name__)
 TICK_SECONDS = 1.0
@@ -137,39 +135,3 @@ class VgpuDriver:
                             "compute_instance_id": xid.compute_instance or 0,
                         }
                     self.writer.push_xid(xid.gpu, xid.code, **instance)
-
-
-def driver_app(driver: VgpuDriver) -> FastAPI:
-    from gpu_triage.exporter.http.sim_faults import sim_router  # the web stack loads only when serving
-
-    async def shown() -> None:
-        driver.changed()
-
-    app = FastAPI(title="gpu-triage vgpu", summary="The simulator driving the virtual GPU's state file")
-    app.include_router(sim_router(driver.sim, shown))
-    return app
-
-
-def run(scenario: str, state: Path, listen: str) -> int:
-    """`gpu-triage vgpu`: drive the state file and serve the fault API until SIGTERM or SIGINT."""
-    import uvicorn
-
-    from gpu_triage.exporter.backends.sim.scenario import ScenarioError, load_scenario
-    from gpu_triage.exporter.settings import parse_listen_address
-
-    try:
-        host, port = parse_listen_address(listen)
-        driver = VgpuDriver(SimBackend(load_scenario(scenario)), state)
-    except (ScenarioError, ValueError, OSError, RuntimeError) as e:
-        print(f"gpu-triage vgpu: cannot start: {e}", file=sys.stderr)
-        return 2
-    driver.start()
-    log.info(
-        "driving the virtual GPU",
-        extra={"state": str(state), "gpus": len(driver.gpus), "scenario": scenario, "address": listen},
-    )
-    try:
-        uvicorn.run(driver_app(driver), host=host or "0.0.0.0", port=port, log_config=None, access_log=False)
-    finally:
-        driver.stop()
-    return 0

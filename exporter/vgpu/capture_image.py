@@ -15,8 +15,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from gpu_triage.exporter.backends.sim.capture import Capture, CapturedGpu, CaptureError
-from gpu_triage.exporter.backends.sim.vgpu_node import (
+from gpu_triage.exporter.vgpu.capture import Capture, CapturedGpu, CaptureError
+from gpu_triage.exporter.vgpu.node import (
     ARCH_AMPERE,
     ARCH_BLACKWELL,
     ARCH_HOPPER,

@@ -1,9 +1,9 @@
 """The NVML backend: real GPUs through nvidia-ml-py (the `pynvml` module).
 
-Every call goes through `Query` (nvml_query.py), so the error policy lives in one place. Calls
+Every call goes through `Query` (query.py), so the error policy lives in one place. Calls
 name `pynvml.<function>` at call time rather than importing the functions, so the code that
 runs in production is also what the tests drive with substituted device functions. What each
-collector reads is in nvml_readers.py; this module keeps the handles and the events.
+collector reads is in readers.py; this module keeps the handles and the events.
 
 A GPU being reset is inaccessible, which nvml.h reports as GPU_IS_LOST: it is down until it answers
 again, on the handle it had. A handle that stops naming its GPU (INVALID_ARGUMENT, as after an unbind
@@ -27,10 +27,10 @@ import pynvml
 from gpu_triage.diagnosis.core.pci import canonical_bus_id
 from gpu_triage.exporter.backends.base import BackendError, Collector, DriverXid, GpuIdentity, GpuLostError, Result
 from gpu_triage.exporter.backends.counter_rates import CounterRates
-from gpu_triage.exporter.backends.nvml_events import XidEvents
-from gpu_triage.exporter.backends.nvml_gpm import GpmProfiler
-from gpu_triage.exporter.backends.nvml_mig import MigDevice
-from gpu_triage.exporter.backends.nvml_query import (
+from gpu_triage.exporter.backends.nvml.events import XidEvents
+from gpu_triage.exporter.backends.nvml.gpm import GpmProfiler
+from gpu_triage.exporter.backends.nvml.mig import MigDevice
+from gpu_triage.exporter.backends.nvml.query import (
     BROKEN,
     FieldLog,
     HandleLostError,
@@ -40,8 +40,8 @@ from gpu_triage.exporter.backends.nvml_query import (
     readable,
     text,
 )
-from gpu_triage.exporter.backends.nvml_readers import READERS
-from gpu_triage.exporter.backends.nvml_release import Hold, ReleaseRequests
+from gpu_triage.exporter.backends.nvml.readers import READERS
+from gpu_triage.exporter.backends.nvml.release import Hold, ReleaseRequests
 from gpu_triage.exporter.backends.per_poll import PerPoll
 from gpu_triage.exporter.backends.readings import ThresholdKind
 
@@ -95,7 +95,7 @@ class NvmlBackend:
         self._log = FieldLog()
         self._events = XidEvents(lambda: dict(self._handles))
         self.gpm = GpmProfiler()
-        self.mig_listings: PerPoll[int, list[MigDevice]] = PerPoll()  # by GPU index (nvml_mig.listed)
+        self.mig_listings: PerPoll[int, list[MigDevice]] = PerPoll()  # by GPU index (nvml/mig.listed)
         self._proc = proc
         self._gpus: list[GpuIdentity] = []
         self._releases = ReleaseRequests(release_dir)  # `gpu-triage release`, through the state directory
@@ -228,7 +228,7 @@ class NvmlBackend:
     reports_xids = True
 
     def wait_xids(self, timeout_seconds: float) -> list[DriverXid]:
-        """XIDs from NVML's event API (nvml_events.py). This thread, the one that waits on the event set, is
+        """XIDs from NVML's event API (events.py). This thread, the one that waits on the event set, is
         also the one that lets NVML go for a release and takes it back: no other thread frees the set."""
         hold = self._releases.wanted()
         if hold is not None:

@@ -1,7 +1,8 @@
 """The metric families the readings become, declared in the order they appear on /metrics.
 
 A family is per GPU: every series carries `gpu` and `uuid`, then the family's own labels. MIG
-instances add theirs (`MIG_LABELS`) on the same families (see readings.py for why).
+instances add theirs (`MIG_LABELS`) on the same families (see exporter/backends/readings.py for why).
+The backends fill them (exporter/backends/field_table.py); they live here, with the rest of /metrics.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ POWER_INSTANT = Family(
     "nvidia_gpu_power_instant_watts", "Power drawn by the board at the moment of the read, in watts.", "watts"
 )
 POWER_LIMIT = Family("nvidia_gpu_power_limit_watts", "Enforced power limit, in watts.", "watts")
+POWER_DEFAULT_LIMIT = Family(
+    "nvidia_gpu_power_default_limit_watts",
+    "The power limit the board ships with, in watts; an enforced limit below it was lowered by an administrator "
+    "or another limiter.",
+    "watts",
+)
 ENERGY = Family(
     "nvidia_gpu_energy_joules", "Energy used since the driver was loaded, in joules.", "joules", counter=True
 )

@@ -10,15 +10,22 @@ counters 161-163, which nvml.h says Blackwell and later do not support, and the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pynvml
 
-from gpu_triage.exporter.backends.nvml_query import Query
+from gpu_triage.exporter.backends.counter_rates import CounterRates
+from gpu_triage.exporter.backends.nvml.plain import read_plain
+from gpu_triage.exporter.backends.nvml.query import Query
 from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading
 
-if TYPE_CHECKING:
-    from gpu_triage.exporter.backends.nvml import NvmlBackend
+
+class BusState(Protocol):
+    """What the PCIe and NVLink readers keep in the backend between reads."""
+
+    rates: CounterRates  # the byte counters' last values, for the rates between polls
+    link_counts: dict[int, int]  # NVLink links per GPU, once NVML has said
+
 
 KIB = 1024  # nvml.h: the NVLink throughput fields count "in KiB"
 # Only where the byte counters are missing (older drivers) or have not been read twice yet:
@@ -58,7 +65,7 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def read_pcie(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def read_pcie(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
     counters = [(pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0), (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)]
     ids = counters + [(fid, 0) for fid in _PCIE_ERRORS.values()]
     values = q.fields(h, ids, ["pcie_tx_bytes", "pcie_rx_bytes", *(f"pcie_{kind}" for kind in _PCIE_ERRORS)])
@@ -72,11 +79,7 @@ def read_pcie(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
         rx = None if rx_kb is None else float(rx_kb * PCIE_KB)
     errors = {kind: int(v) for kind, v in zip(_PCIE_ERRORS, values[2:], strict=True) if v is not None}
     return Pcie(
-        link_generation=q("pcie_link_gen", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
-        max_link_generation=q("pcie_max_link_gen", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
-        link_width=q("pcie_link_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
-        max_link_width=q("pcie_max_link_width", pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
-        replay_errors=q("pcie_replay", pynvml.nvmlDeviceGetPcieReplayCounter, h),
+        **read_plain(q, h, "Pcie"),
         tx_bytes_per_second=tx,
         rx_bytes_per_second=rx,
         tx_bytes=tx_bytes,
@@ -85,7 +88,7 @@ def read_pcie(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     )
 
 
-def read_nvlink(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def read_nvlink(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
     links = _link_count(b, q, h, gpu)
     if not links:
         return NvLink(())
@@ -96,7 +99,7 @@ def read_nvlink(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     return NvLink(tuple(_link(b, gpu, link, values[link * n : (link + 1) * n]) for link in range(links)))
 
 
-def _link(b: NvmlBackend, gpu: int, link: int, values: list[float | None]) -> LinkReading:
+def _link(b: BusState, gpu: int, link: int, values: list[float | None]) -> LinkReading:
     state, replay, recovery, crc, events, failed, successful, effective, symbol, tx_kib, rx_kib = map(_int, values)
     tx = None if tx_kib is None else tx_kib * KIB
     rx = None if rx_kib is None else rx_kib * KIB
@@ -119,7 +122,7 @@ def _link(b: NvmlBackend, gpu: int, link: int, values: list[float | None]) -> Li
     )
 
 
-def _link_count(b: NvmlBackend, q: Query, h: Any, gpu: int) -> int:
+def _link_count(b: BusState, q: Query, h: Any, gpu: int) -> int:
     if gpu not in b.link_counts:
         failed = len(q.failed)
         (count,) = q.fields(h, [(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)], ["nvlink_link_count"])

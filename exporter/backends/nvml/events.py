@@ -25,7 +25,7 @@ from typing import Any
 import pynvml
 
 from gpu_triage.exporter.backends.base import BackendError, DriverXid
-from gpu_triage.exporter.backends.nvml_query import LOST, STALE, error_name
+from gpu_triage.exporter.backends.nvml.query import LOST, STALE, error_name
 
 log = logging.getLogger(__name__)
 _XID = pynvml.nvmlEventTypeXidCriticalError

@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpu_triage.exporter.backends.sim import capture_image
-from gpu_triage.exporter.backends.sim import vgpu_state as vs
-from gpu_triage.exporter.backends.sim.capture import MAX_BYTES, CaptureError, parse_capture
+from gpu_triage.exporter.vgpu import capture_image
+from gpu_triage.exporter.vgpu import state as vs
+from gpu_triage.exporter.vgpu.capture import MAX_BYTES, CaptureError, parse_capture
 
 
 def load(path: Path) -> capture_image.Node:

@@ -8,7 +8,7 @@ profiling reads all need them: `listed` lists them once per poll for all three (
 longer: NVML reuses handles when instances are destroyed and created, so a kept handle can point at
 another instance.
 
-These wrap the NVML backend's own readers (nvml_readers.py) and take its `Query`, so NVML's error policy
+These wrap the NVML backend's own readers (readers.py) and take its `Query`, so NVML's error policy
 applies unchanged.
 """
 
@@ -17,19 +17,28 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import pynvml
 
 from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.backends.mig_instance import MigInstance
-from gpu_triage.exporter.backends.nvml_query import Query, text
+from gpu_triage.exporter.backends.nvml.query import Query, text
+from gpu_triage.exporter.backends.per_poll import PerPoll
 from gpu_triage.exporter.backends.readings import InstanceMemory, Memory, Processes, ProcessReading
 
-if TYPE_CHECKING:
-    from gpu_triage.exporter.backends.nvml import NvmlBackend
 
-Reader = Callable[["NvmlBackend", Query, Any, int], Any]
+class MigState(Protocol):
+    """What the MIG readers keep in the backend between reads (the NVML backend is one)."""
+
+    mig_profiles: dict[int, list[Any]]
+    mig_listings: PerPoll[int, list[MigDevice]]
+
+    def process_name(self, pid: int) -> str | None: ...
+
+
+B = TypeVar("B", bound=MigState)
+Reader = Callable[[B, Query, Any, int], Any]  # a reader of the backend B, which keeps at least MigState
 # nvml.h: "In MIG mode, if device handle is provided, the API returns aggregate information, only if the
 # caller has appropriate privileges." Said once, at INFO: it is how the GPU is set up, not a fault.
 MIG_AGGREGATES = (
@@ -67,7 +76,7 @@ def _table_name(profiles: list[Any]) -> str:
     return names[0].removeprefix("MIG ")
 
 
-def profile_table(backend: NvmlBackend, q: Query, h: Any) -> list[Any]:
+def profile_table(backend: MigState, q: Query, h: Any) -> list[Any]:
     """The GPU's GPU-instance profiles, asked once per GPU (they are the board's, not the layout's)."""
     kept = backend.mig_profiles.get(q.gpu)
     if kept is not None:
@@ -84,7 +93,7 @@ def profile_table(backend: NvmlBackend, q: Query, h: Any) -> list[Any]:
     return found
 
 
-def mig_devices(backend: NvmlBackend, q: Query, h: Any) -> list[MigDevice]:
+def mig_devices(backend: MigState, q: Query, h: Any) -> list[MigDevice]:
     """The MIG devices of the GPU behind `h`; none when MIG is off or NVML has no MIG."""
     mode = q("mig_mode", pynvml.nvmlDeviceGetMigMode, h)
     if mode is None or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
@@ -106,7 +115,7 @@ def mig_devices(backend: NvmlBackend, q: Query, h: Any) -> list[MigDevice]:
     return out
 
 
-def listed(backend: NvmlBackend, q: Query, h: Any, reader: Collector) -> list[MigDevice]:
+def listed(backend: MigState, q: Query, h: Any, reader: Collector) -> list[MigDevice]:
     """`mig_devices`, shared by the reads of one poll; a listing with a failed call is not shared."""
 
     def ask() -> tuple[list[MigDevice], bool]:
@@ -117,10 +126,10 @@ def listed(backend: NvmlBackend, q: Query, h: Any, reader: Collector) -> list[Mi
     return backend.mig_listings.get(q.gpu, reader, ask)
 
 
-def with_instance_memory(read_memory: Reader) -> Reader:
+def with_instance_memory(read_memory: Reader[B]) -> Reader[B]:
     """The NVML memory reader, plus each MIG device's memory."""
 
-    def read(backend: NvmlBackend, q: Query, h: Any, gpu: int) -> Memory:
+    def read(backend: B, q: Query, h: Any, gpu: int) -> Memory:
         devices = listed(backend, q, h, Collector.MEMORY)
         if devices:
             q.expect_no_permission(MIG_AGGREGATES, ("memory_v2", "memory"))
@@ -139,10 +148,10 @@ def with_instance_memory(read_memory: Reader) -> Reader:
     return read
 
 
-def with_instance_processes(read_processes: Reader) -> Reader:
+def with_instance_processes(read_processes: Reader[B]) -> Reader[B]:
     """The NVML process reader; on a MIG-enabled GPU, the processes of each MIG device instead."""
 
-    def read(backend: NvmlBackend, q: Query, h: Any, gpu: int) -> Processes:
+    def read(backend: B, q: Query, h: Any, gpu: int) -> Processes:
         devices = listed(backend, q, h, Collector.PROCESSES)
         if not devices:
             processes: Processes = read_processes(backend, q, h, gpu)

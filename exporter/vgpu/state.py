@@ -1,7 +1,7 @@
 """The writer of the virtual GPU's state file, which build/vgpu/libnvidia-ml.so.1 maps.
 
-The simulator describes its GPUs with the dataclasses of vgpu_node.py (exported here too, so that
-`vgpu_state` stays the one name a user of the library needs) and hands them to
+The simulator describes its GPUs with the dataclasses of node.py (exported here too, so that
+`state` stays the one module a user of the library needs) and hands them to
 `StateWriter.write` each tick; every process that has loaded the library with
 GPU_TRIAGE_VGPU_STATE pointing at the file sees the new values on its next NVML call.
 vgpu/README.md documents the layout; vgpu/state.h is its C side.
@@ -9,8 +9,8 @@ vgpu/README.md documents the layout; vgpu/state.h is its C side.
 The file is updated in place, through a shared mapping, under a seqlock: readers keep the
 file mapped, so replacing it (write a temporary, rename) would leave them reading the old
 inode forever. It is created with a rename, though, so that no reader ever opens a file that
-is not whole yet. Stdlib only, and no imports from the project but its two siblings (vgpu_node.py,
-vgpu_records.py: each GPU's record), so the three can move with the simulator wherever the package
+is not whole yet. Stdlib only, and no imports from the project but its two siblings (node.py,
+records.py: each GPU's record), so the three can move with the simulator wherever the package
 layout puts it.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Self
 
-from gpu_triage.exporter.backends.sim.vgpu_node import (
+from gpu_triage.exporter.vgpu.node import (
     ARCH_AMPERE,
     ARCH_BLACKWELL,
     ARCH_HOPPER,
@@ -76,7 +76,7 @@ from gpu_triage.exporter.backends.sim.vgpu_node import (
     h100,
     h100_node,
 )
-from gpu_triage.exporter.backends.sim.vgpu_records import (
+from gpu_triage.exporter.vgpu.records import (
     FIELD_MASK_BITS,
     GPM_SLOTS,
     GPU_SIZE,
@@ -90,9 +90,9 @@ from gpu_triage.exporter.backends.sim.vgpu_records import (
     encode_text,
     gpu_record,
 )
+from gpu_triage.exporter.vgpu.scalars import LAYOUT_VERSION
 
 MAGIC: Final = b"GTVGPUST"
-LAYOUT_VERSION: Final = 3  # 3: the `more` tail of each record; 2: room for 64 GPUs (a 64-GPU bench), 1 had 16
 MAX_GPUS: Final = 64
 EVENT_CAPACITY: Final = 256
 
@@ -108,7 +108,7 @@ _BODY_OFFSET: Final = 48
 _EVENTS_OFFSET: Final = HEADER_SIZE + MAX_GPUS * GPU_SIZE
 
 if _HEADER_FIXED.size + 8 + _HEADER_BODY.size != HEADER_SIZE:  # pragma: no cover
-    raise AssertionError("vgpu_state.py disagrees with vgpu/state.h")
+    raise AssertionError("state.py disagrees with vgpu/state.h")
 
 
 @dataclass(frozen=True)

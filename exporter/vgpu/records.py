@@ -1,7 +1,9 @@
 """A virtual GPU's record in the state file, exactly as vgpu/state.h lays out struct vgpu_gpu.
 
-`encode_gpu` turns a `Gpu` (vgpu_node.py) into its fixed-size record, CRC included; vgpu_state.py
-writes the records into the file. vgpu/README.md documents the layout.
+`encode_gpu` turns a `Gpu` (node.py) into its fixed-size record, CRC included; state.py
+writes the records into the file. vgpu/README.md documents the layout. The scalar members are
+packed by scalars.py, generated with their C side from layout.py; the arrays, strings
+and the `more` tail are laid out here by hand, pinned by the sizes below and the ABI tests.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Final
 
-from gpu_triage.exporter.backends.sim.vgpu_node import (
+from gpu_triage.exporter.vgpu.node import (
     NOT_AVAILABLE,
     FieldOverride,
     Gpu,
@@ -20,6 +22,7 @@ from gpu_triage.exporter.backends.sim.vgpu_node import (
     RetiredPage,
     ValueType,
 )
+from gpu_triage.exporter.vgpu.scalars import SCALARS, SCALARS_OFFSET, pack_scalars
 
 MAX_LINKS: Final = 36
 MAX_MIG: Final = 7
@@ -32,7 +35,6 @@ FIELD_MASK_BITS: Final = 512
 CLOCK_EVENT_COUNTERS: Final = 8
 
 _GPU_HEAD = struct.Struct("<IIQ8QQ7Q32Q32Q32Q")  # crc .. retired_timestamp
-_GPU_SCALARS = struct.Struct("<25I2i8I16I29I")  # retired_count .. reserved0
 _GPU_STRINGS = struct.Struct("<96s96s32s80s32s16s")
 _LINK = struct.Struct("<9Q2I")
 _PROC = struct.Struct("<Q4I")
@@ -49,7 +51,7 @@ _MORE_USED = _MORE_HEAD.size + MAX_MIG * _MIG_ATTRIBUTES.size + MAX_MIG_PROFILES
 _MORE_USED += MAX_LINKS * _LINK_COUNTS.size
 GPU_SIZE: Final = (
     _GPU_HEAD.size
-    + _GPU_SCALARS.size
+    + SCALARS.size
     + _GPU_STRINGS.size
     + MAX_LINKS * _LINK.size
     + (MAX_PROCESSES + MAX_OVERRIDES) * _PROC.size
@@ -57,8 +59,8 @@ GPU_SIZE: Final = (
     + MAX_MIG * (_MIG_HEAD.size + _GPM.size)
     + MORE_SIZE
 )
-if GPU_SIZE != 21648 or _MORE_USED != MORE_SIZE - 1888:  # pragma: no cover
-    raise AssertionError("vgpu_records.py disagrees with vgpu/state.h")
+if GPU_SIZE != 21648 or _MORE_USED != MORE_SIZE - 1888 or _GPU_HEAD.size != SCALARS_OFFSET:  # pragma: no cover
+    raise AssertionError("records.py disagrees with vgpu/state.h")
 
 
 def encode_text(value: str | bytes, size: int, what: str) -> bytes:
@@ -247,68 +249,7 @@ def encode_gpu(gpu: Gpu) -> bytes:
         *_retired(gpu.retired_sbe, "timestamp"),
         *_retired(gpu.retired_dbe, "timestamp"),
     )
-    scalars = _GPU_SCALARS.pack(
-        len(gpu.retired_sbe),
-        len(gpu.retired_dbe),
-        int(gpu.retired_pending),
-        gpu.minor_number,
-        gpu.brand,
-        gpu.architecture,
-        *gpu.cuda_compute_capability,
-        gpu.pci_domain,
-        gpu.pci_bus,
-        gpu.pci_device,
-        gpu.pci_device_id,
-        gpu.pci_subsystem_id,
-        gpu.pci_base_class,
-        gpu.pci_sub_class,
-        gpu.utilization_gpu,
-        gpu.utilization_memory,
-        gpu.utilization_encoder,
-        gpu.utilization_decoder,
-        gpu.power_mw,
-        gpu.power_limit_enforced_mw,
-        gpu.power_limit_mw,
-        gpu.power_limit_min_mw,
-        gpu.power_limit_max_mw,
-        gpu.power_limit_default_mw,
-        gpu.temperature_gpu,
-        gpu.temperature_memory,
-        *gpu.temperature_thresholds,
-        *gpu.clocks_mhz,
-        *gpu.max_clocks_mhz,
-        *gpu.app_clocks_mhz,
-        *gpu.default_app_clocks_mhz,
-        gpu.pstate,
-        gpu.pcie_tx_kbs,
-        gpu.pcie_rx_kbs,
-        gpu.pcie_link_gen,
-        gpu.pcie_link_gen_max,
-        gpu.pcie_link_width,
-        gpu.pcie_link_width_max,
-        gpu.pcie_replay_count,
-        int(gpu.ecc_mode),
-        int(gpu.ecc_mode_pending),
-        gpu.remapped_correctable,
-        gpu.remapped_uncorrectable,
-        int(gpu.remap_pending),
-        int(gpu.remap_failure),
-        gpu.fan_speed,
-        gpu.compute_mode,
-        int(gpu.persistence_mode),
-        int(gpu.display_mode),
-        int(gpu.display_active),
-        gpu.recovery_action,
-        int(gpu.mig_mode),
-        int(gpu.mig_mode_pending),
-        gpu.max_mig_devices,
-        len(gpu.mig_instances),
-        len(gpu.nvlinks),
-        gpu.nvlink_version,
-        len(gpu.processes),
-        len(gpu.field_overrides),
-        0,  # reserved0
-    )
+    scalars = pack_scalars(gpu)
     strings = _GPU_STRINGS.pack(
         encode_text(gpu.name, 96, "name"),
         encode_text(gpu.uuid, 96, "UUID"),

@@ -1,6 +1,6 @@
 """The virtual GPUs as the simulator describes them to the vGPU library: dataclasses in NVML's units.
 
-vgpu_records.py encodes them into the state file's records; vgpu_state.py writes the file. The three
+records.py encodes them into the state file's records; state.py writes the file. The three
 use the stdlib and one another only, so they can move together wherever the package layout puts the
 simulator.
 """

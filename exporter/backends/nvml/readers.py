@@ -1,22 +1,23 @@
 """One reader per collector for the NVML backend: NVML's answers in, readings in base units out.
 
 Units are converted here, once, as nvml.h gives them: mW -> W, mJ -> J, MHz -> Hz, percent -> ratio,
-ns -> s. PCIe and NVLink (nvml_buses.py), MIG devices (nvml_mig.py) and GPM profiling (nvml_gpm.py)
+ns -> s. PCIe and NVLink (buses.py), MIG devices (mig.py) and GPM profiling (gpm.py)
 have modules of their own.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pynvml
 
 from gpu_triage.exporter.backends.base import Collector, require_every_collector
-from gpu_triage.exporter.backends.nvml_buses import read_nvlink, read_pcie
-from gpu_triage.exporter.backends.nvml_gpm import read_profiling
-from gpu_triage.exporter.backends.nvml_mig import with_instance_memory, with_instance_processes
-from gpu_triage.exporter.backends.nvml_query import Query, text
+from gpu_triage.exporter.backends.nvml.buses import BusState, read_nvlink, read_pcie
+from gpu_triage.exporter.backends.nvml.gpm import GpmState, read_profiling
+from gpu_triage.exporter.backends.nvml.mig import with_instance_memory, with_instance_processes
+from gpu_triage.exporter.backends.nvml.plain import read_plain
+from gpu_triage.exporter.backends.nvml.query import Query, text
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     ClockEventReason,
@@ -38,8 +39,13 @@ from gpu_triage.exporter.backends.readings import (
     cuda_version,
 )
 
-if TYPE_CHECKING:
-    from gpu_triage.exporter.backends.nvml import NvmlBackend
+
+class ReaderState(BusState, GpmState, Protocol):
+    """What the NVML backend keeps for its readers between reads: the readers take it, not the backend
+    class, so they import nothing of backend.py (which imports them)."""
+
+    thresholds: dict[int, dict[ThresholdKind, float]]  # the GPU's temperature limits, once read
+
 
 MHZ = 1e6
 NS = 1e-9
@@ -49,18 +55,6 @@ _CLOCKS = {
     ClockDomain.GRAPHICS: pynvml.NVML_CLOCK_GRAPHICS,
     ClockDomain.VIDEO: pynvml.NVML_CLOCK_VIDEO,
 }
-_ECC_FIELDS = (
-    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
-    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
-    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
-    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
-)
-_REMAP_FIELDS = (
-    pynvml.NVML_FI_DEV_REMAPPED_COR,
-    pynvml.NVML_FI_DEV_REMAPPED_UNC,
-    pynvml.NVML_FI_DEV_REMAPPED_PENDING,
-    pynvml.NVML_FI_DEV_REMAPPED_FAILURE,
-)
 # Clock-event (throttle) durations, "All counters are in nanoseconds" (nvml.h).
 _CLOCK_EVENT_FIELDS = {
     ClockEventReason.SW_POWER_CAP: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP,
@@ -94,7 +88,7 @@ def _pstate(value: int | None) -> int | None:
     return None if value is None or value == pynvml.NVML_PSTATE_UNKNOWN else int(value)
 
 
-def _inventory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _inventory(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     mig = q("mig_mode", pynvml.nvmlDeviceGetMigMode, h)
     return Inventory(
         name=text(q("name", pynvml.nvmlDeviceGetName, h)),
@@ -103,8 +97,8 @@ def _inventory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
         driver_version=text(q("driver_version", pynvml.nvmlSystemGetDriverVersion)),
         cuda_driver_version=cuda_version(q("cuda_driver_version", pynvml.nvmlSystemGetCudaDriverVersion)),
         mig_enabled=None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
-        persistence_mode=_flag(q("persistence_mode", pynvml.nvmlDeviceGetPersistenceMode, h)),
         gsp_firmware=_flag(gsp[0] if (gsp := q("gsp_firmware", pynvml.nvmlDeviceGetGspFirmwareMode, h)) else None),
+        **read_plain(q, h, "Inventory"),
     )
 
 
@@ -112,7 +106,7 @@ def _flag(value: int | None) -> bool | None:
     return None if value is None else bool(value)
 
 
-def _utilization(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _utilization(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     rates = q("utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
     encoder = q("encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization, h)  # [percent, sampling period]
     decoder = q("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization, h)
@@ -124,7 +118,7 @@ def _utilization(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     )
 
 
-def _memory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _memory(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     info = q.first(
         ("memory_v2", pynvml.nvmlDeviceGetMemoryInfo, (h, pynvml.nvmlMemory_v2)),
         ("memory", pynvml.nvmlDeviceGetMemoryInfo, (h,)),  # drivers older than the versioned call
@@ -134,35 +128,23 @@ def _memory(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     return Memory(int(info.used), int(info.total), _int(getattr(info, "reserved", None)))
 
 
-def _power(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
-    usage = q("power_usage", pynvml.nvmlDeviceGetPowerUsage, h)
-    limit = q("power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
-    energy = q("energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
-    (instant,) = q.fields(h, [(pynvml.NVML_FI_DEV_POWER_INSTANT, 0)], ["power_instant"])  # scope 0: the GPU
-    return Power(
-        usage_watts=None if usage is None else usage / 1000.0,
-        limit_watts=None if limit is None else limit / 1000.0,
-        energy_joules=None if energy is None else energy / 1000.0,
-        instant_watts=None if instant is None else instant / 1000.0,
-    )
+def _power(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
+    return Power(**read_plain(q, h, "Power"))
 
 
-def _thermal(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _thermal(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     temp = q.first(
         ("temperature", pynvml.nvmlDeviceGetTemperatureV, (h, pynvml.NVML_TEMPERATURE_GPU)),
         ("temperature_legacy", pynvml.nvmlDeviceGetTemperature, (h, pynvml.NVML_TEMPERATURE_GPU)),
     )
-    (memory_temp,) = q.fields(h, [(pynvml.NVML_FI_DEV_MEMORY_TEMP, 0)], ["memory_temperature"])
-    fan = q("fan_speed", pynvml.nvmlDeviceGetFanSpeed, h)
     return Thermal(
         gpu_celsius=None if temp is None else float(temp),
-        memory_celsius=memory_temp,
-        fan_ratio=_ratio(fan),
         thresholds=_thresholds(b, q, h, gpu),
+        **read_plain(q, h, "Thermal"),
     )
 
 
-def _thresholds(b: NvmlBackend, q: Query, h: Any, gpu: int) -> dict[ThresholdKind, float]:
+def _thresholds(b: ReaderState, q: Query, h: Any, gpu: int) -> dict[ThresholdKind, float]:
     """The GPU's own temperature limits: fixed for the board, so read until NVML has answered, then kept."""
     if gpu in b.thresholds:
         return b.thresholds[gpu]
@@ -178,7 +160,7 @@ def _thresholds(b: NvmlBackend, q: Query, h: Any, gpu: int) -> dict[ThresholdKin
     return found
 
 
-def _clocks(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _clocks(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     current, maximum = {}, {}
     for domain, clock in _CLOCKS.items():
         if (mhz := q(f"clock_{domain}", pynvml.nvmlDeviceGetClockInfo, h, clock)) is not None:
@@ -197,16 +179,15 @@ def _clocks(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
     return Clocks(current, maximum, _int(reasons), _pstate(pstate), seconds)
 
 
-def _processes(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _processes(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     procs = q("processes", pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []
     return Processes(
         tuple(ProcessReading(int(p.pid), b.process_name(int(p.pid)), _int(p.usedGpuMemory)) for p in procs)
     )
 
 
-def _recovery(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
-    (action,) = q.fields(h, [(pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)], ["recovery_action"])
-    return Recovery(_int(action), _fabric(q, h))
+def _recovery(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
+    return Recovery(fabric=_fabric(q, h), **read_plain(q, h, "Recovery"))
 
 
 def _fabric(q: Query, h: Any) -> Fabric | None:
@@ -219,14 +200,12 @@ def _fabric(q: Query, h: Any) -> Fabric | None:
     return Fabric(int(info.state), int(info.status), int(info.healthSummary))
 
 
-def _ecc(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
+def _ecc(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
     mode = q("ecc_mode", pynvml.nvmlDeviceGetEccMode, h)
-    names = ["ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate"]
-    sbe_vol, dbe_vol, sbe_agg, dbe_agg = q.fields(h, [(f, 0) for f in _ECC_FIELDS], names)
+    plain = read_plain(q, h, "Ecc")
     retired = pynvml.nvmlDeviceGetRetiredPages
     sbe = q("retired_pages_sbe", retired, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
     dbe = q("retired_pages_dbe", retired, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
-    pending = q("retired_pages_pending", pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
     by_location: dict[str, dict[str, int]] = {}
     if mode is not None and mode[0]:
         for location, where in _ECC_LOCATIONS.items():
@@ -237,26 +216,15 @@ def _ecc(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
                     by_location.setdefault(location, {})[error] = int(count)
     return Ecc(
         enabled=None if mode is None else bool(mode[0]),
-        corrected_volatile=_int(sbe_vol),
-        uncorrected_volatile=_int(dbe_vol),
-        corrected_aggregate=_int(sbe_agg),
-        uncorrected_aggregate=_int(dbe_agg),
         retired_pages_single_bit=None if sbe is None else len(sbe),
         retired_pages_double_bit=None if dbe is None else len(dbe),
-        retired_pages_pending=None if pending is None else bool(pending),
         by_location=by_location,
+        **plain,
     )
 
 
-def _remapping(b: NvmlBackend, q: Query, h: Any, gpu: int) -> Reading:
-    names = ["remapped_correctable", "remapped_uncorrectable", "remap_pending", "remap_failure"]
-    cor, unc, pending, failure = q.fields(h, [(f, 0) for f in _REMAP_FIELDS], names)
-    return Remapping(
-        correctable_rows=_int(cor),
-        uncorrectable_rows=_int(unc),
-        pending=None if pending is None else bool(pending),
-        failure=None if failure is None else bool(failure),
-    )
+def _remapping(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
+    return Remapping(**read_plain(q, h, "Remapping"))
 
 
 READERS = {

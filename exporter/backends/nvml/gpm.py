@@ -23,18 +23,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pynvml
 
 from gpu_triage.exporter.backends.base import Collector
 from gpu_triage.exporter.backends.mig_instance import MigInstance
-from gpu_triage.exporter.backends.nvml_mig import MigDevice, listed
-from gpu_triage.exporter.backends.nvml_query import Query
+from gpu_triage.exporter.backends.nvml.mig import MigDevice, MigState, listed
+from gpu_triage.exporter.backends.nvml.query import Query
 from gpu_triage.exporter.backends.readings import Activity, InstanceActivity, LinkThroughput, Profiling
-
-if TYPE_CHECKING:
-    from gpu_triage.exporter.backends.nvml import NvmlBackend
 
 MIN_GAP_SECONDS = 0.11  # NVML: the two samples "should be greater than 100ms" apart
 MIB = 1024 * 1024
@@ -247,6 +244,12 @@ def _scaled(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor
 
 
-def read_profiling(backend: NvmlBackend, q: Query, h: Any, gpu: int) -> Profiling:
+class GpmState(MigState, Protocol):
+    """What the profiling reader keeps in the backend: the GPM sampler, and the MIG devices it samples."""
+
+    gpm: GpmProfiler
+
+
+def read_profiling(backend: GpmState, q: Query, h: Any, gpu: int) -> Profiling:
     """The NVML backend's profiling reader."""
     return backend.gpm.read(q, h, gpu, lambda: listed(backend, q, h, Collector.PROFILING))
