@@ -155,7 +155,9 @@ def test_readers_never_see_a_torn_record_while_the_writer_updates(nvml: Worker, 
             "ids = [83, 3, 185, (163, 17), 142]\n"
             "seen, torn, reads = set(), [], 0\n"
             "deadline = time.monotonic() + 60\n"
-            "while reads < 10000 and time.monotonic() < deadline:\n"
+            # Read on until the writes were seen to move under the reads, however slowly a loaded machine lets
+            # the writer run: overlap is what the test needs, not a count of reads that happened to have it.
+            "while (reads < 10000 or len(seen) < 50) and time.monotonic() < deadline:\n"
             "    f = n.nvmlDeviceGetFieldValues(h, ids)\n"
             "    k = f[1].value.ullVal\n"
             "    ks = {f[0].value.ullVal - 10**9, k, f[2].value.uiVal - 100000, f[3].value.ullVal, f[4].value.uiVal}\n"
@@ -170,5 +172,5 @@ def test_readers_never_see_a_torn_record_while_the_writer_updates(nvml: Worker, 
         stop.set()
         thread.join()
     assert got["torn"] == []
-    assert got["reads"] == 10000
+    assert got["reads"] >= 10000
     assert got["distinct"] >= 50  # the reads really did overlap the writes
