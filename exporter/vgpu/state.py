@@ -9,9 +9,9 @@ vgpu/README.md documents the layout; vgpu/state.h is its C side.
 The file is updated in place, through a shared mapping, under a seqlock: readers keep the
 file mapped, so replacing it (write a temporary, rename) would leave them reading the old
 inode forever. It is created with a rename, though, so that no reader ever opens a file that
-is not whole yet. Stdlib only, and no imports from the project but its two siblings (node.py,
-records.py: each GPU's record), so the three can move with the simulator wherever the package
-layout puts it.
+is not whole yet. Stdlib only, and no imports from the project but its siblings (node.py,
+records.py and the generated scalars.py: each GPU's record), so they can move together wherever
+the package layout puts them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Which finding leads when several layers report one failure (diagnosis/training/findings/root_cause.py, training_kernel.py)."""
+"""Which finding leads when several layers report one failure (diagnosis/training/findings/root_cause.py, kernel.py)."""
 
 from __future__ import annotations
 

@@ -86,6 +86,7 @@ class Tally:
         for name, value in other.details.items():
             self.details.setdefault(name, value)
         self.inferred = self.inferred or other.inferred
+        self.aborted = self.aborted or other.aborted  # a SIGABRT's death stays one when tallies merge
 
 
 class Collapser:

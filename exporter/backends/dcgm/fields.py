@@ -64,15 +64,10 @@ VBIOS_VERSION = 85  # s
 SM_CLOCK, MEM_CLOCK, VIDEO_CLOCK = 100, 101, 102  # i, MHz
 CLOCK_EVENT_REASONS = 112  # i, the same bits as NVML's clocks-event reasons
 MAX_SM_CLOCK, MAX_MEM_CLOCK, MAX_VIDEO_CLOCK = 113, 114, 115  # i, MHz
-POWER_USAGE = 155  # d, W
 SLOWDOWN_TEMP, SHUTDOWN_TEMP = 158, 159  # i, Celsius: the GPU's own limits
-PSTATE = 190  # i
-FAN_SPEED = 191  # i, percent
 # 200 and 201 (PCIe throughput) are left alone: "Deprecated: Use DCGM_FI_PROF_PCIE_TX_BYTES instead", and
 # DcgmCacheManager answers them "not supported". PCIe traffic comes from the profiling fields below.
-FB_TOTAL, FB_USED, FB_RESERVED = 250, 252, 253  # i, MiB
-RETIRED_SBE, RETIRED_DBE, RETIRED_PENDING = 390, 391, 392  # i
-ROW_REMAP_FAILURE, ROW_REMAP_PENDING = 395, 396  # i, 1/0
+FB_TOTAL, FB_USED = 250, 252  # i, MiB: a MIG instance's memory (the GPU's plain fields are in field_table)
 GPU_RECOVERY_ACTION = 1523  # i, nvmlDeviceGpuRecoveryAction_t; DCGM 4.5 and later only
 
 # Per NVLink link (0..17): the ids are not contiguous (DCGM 3.x dcgm_fields.py).
