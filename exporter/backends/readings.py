@@ -18,7 +18,8 @@ series: its XIDs, ECC errors and health are the parent's, and join on them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import IntEnum, StrEnum
 from typing import Any, ClassVar, NamedTuple
@@ -67,6 +68,15 @@ class Reading:
 
     def more_samples(self) -> Iterator[Sample]:
         return iter(())
+
+    def parts(self) -> Iterator[Part]:
+        """The samples in parts, each with a key, for a writer that keeps what it wrote: a part whose key equals
+        the key of the same part of the last reading of this collector on this GPU has equal samples. One part
+        here, keyed by the reading itself (its fields compared)."""
+        yield self, self.samples
+
+
+Part = tuple[object, Callable[[], Iterable[Sample]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,23 +279,50 @@ class NvLink(Reading, collector=Collector.NVLINK):
     links: tuple[LinkReading, ...]
 
     def more_samples(self) -> Iterator[Sample]:
+        for _, part in self.parts():
+            yield from part()
+
+    def parts(self) -> Iterator[Part]:
+        # A link's state and error counters seldom move, its data counters move at every poll: apart, the first
+        # are written once and kept while they stay the same.
         for link in self.links:
-            n = str(link.link)
-            yield Sample(f.NVLINK_STATE, (n,), link.state)
-            yield Sample(f.NVLINK_UP, (n,), None if link.state is None else link.up)
-            yield Sample(f.NVLINK_ERRORS, (n, "replay"), link.replay_errors)
-            yield Sample(f.NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
-            yield Sample(f.NVLINK_ERRORS, (n, "crc"), link.crc_errors)
-            yield Sample(f.NVLINK_ERRORS, (n, "recovery_failed"), link.recovery_failed)
-            yield Sample(f.NVLINK_ERRORS, (n, "recovery_successful"), link.recovery_successful)
-            yield Sample(f.NVLINK_ERRORS, (n, "effective"), link.effective_errors)
-            yield Sample(f.NVLINK_ERRORS, (n, "symbol"), link.symbol_errors)
-            yield Sample(f.NVLINK_BYTES, (n, "tx"), link.tx_bytes)
-            yield Sample(f.NVLINK_BYTES, (n, "rx"), link.rx_bytes)
-            # Profiling's per-link throughput, where there is profiling, is preferred to this.
-            link_label = (("link", n),)
-            yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, link_label)
-            yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, link_label)
+            state = (
+                link.link,
+                link.state,
+                link.replay_errors,
+                link.recovery_errors,
+                link.crc_errors,
+                link.recovery_failed,
+                link.recovery_successful,
+                link.effective_errors,
+                link.symbol_errors,
+            )
+            yield state, functools.partial(_link_state, link)
+            traffic = (link.link, link.tx_bytes, link.rx_bytes, link.tx_bytes_per_second, link.rx_bytes_per_second)
+            yield traffic, functools.partial(_link_traffic, link)
+
+
+def _link_state(link: LinkReading) -> Iterator[Sample]:
+    n = str(link.link)
+    yield Sample(f.NVLINK_STATE, (n,), link.state)
+    yield Sample(f.NVLINK_UP, (n,), None if link.state is None else link.up)
+    yield Sample(f.NVLINK_ERRORS, (n, "replay"), link.replay_errors)
+    yield Sample(f.NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
+    yield Sample(f.NVLINK_ERRORS, (n, "crc"), link.crc_errors)
+    yield Sample(f.NVLINK_ERRORS, (n, "recovery_failed"), link.recovery_failed)
+    yield Sample(f.NVLINK_ERRORS, (n, "recovery_successful"), link.recovery_successful)
+    yield Sample(f.NVLINK_ERRORS, (n, "effective"), link.effective_errors)
+    yield Sample(f.NVLINK_ERRORS, (n, "symbol"), link.symbol_errors)
+
+
+def _link_traffic(link: LinkReading) -> Iterator[Sample]:
+    n = str(link.link)
+    yield Sample(f.NVLINK_BYTES, (n, "tx"), link.tx_bytes)
+    yield Sample(f.NVLINK_BYTES, (n, "rx"), link.rx_bytes)
+    # Profiling's per-link throughput, where there is profiling, is preferred to this.
+    link_label = (("link", n),)
+    yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, link_label)
+    yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, link_label)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import functools
 import platform
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gpu_triage import __version__
-from gpu_triage.exporter.backends.readings import Inventory
+from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.readings import Inventory, Sample
 from gpu_triage.exporter.metrics.exposition import Preformatted, format_value, series_head
 from gpu_triage.exporter.metrics.families import FAMILIES, UP, Family
-from gpu_triage.exporter.polling.snapshot import Snapshot
+from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 
 GPU_LABELS = ("gpu", "uuid")
 INFO_LABELS = ("pci_bus_id", "model", "serial", "vbios_version", "driver_version", "cuda_driver_version")
@@ -48,32 +52,125 @@ def _head(family: str, gpu: str, uuid: str, labels: tuple[str, ...], extra: tupl
     return series_head(_SAMPLE_NAMES[family], pairs)
 
 
+_Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]  # a series of a GPU: (family, labels, extra)
+_NONE: frozenset[_Key] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """The lines one part of a reading (Reading.parts) gave a page, kept for the next page."""
+
+    key: object
+    preferred: frozenset[_Key]  # its series that beat another source's (Sample.preferred)
+    chunks: tuple[tuple[str, str], ...]  # (family name, its lines joined), in the order they come
+
+
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    overridden: frozenset[_Key]  # the GPU's preferred series: the other sources' samples of them are left out
+    parts: dict[Collector, list[_Written]]
+
+
+class GpuFamilies:
+    """Builds the per-GPU families of each page, writing again only what changed since the last one.
+
+    A part of a reading (Reading.parts: a whole reading, or one NVLink link's state and errors) whose key equals
+    that of the same part of the last page keeps its lines: the slow collectors' readings (ECC, inventory,
+    profiling...) stay the same objects for a minute, and most of the fast ones' values do not move between two
+    polls. Only what the current snapshot holds is kept, so a GPU, a link or a collector that is gone takes its
+    series with it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._written: dict[tuple[int, str], _Gpu] = {}
+
+    def build(self, snapshot: Snapshot) -> list[Metric]:
+        """Every per-GPU family, in a stable order; a value the GPU does not have is left out. Written as lines
+        directly: on a node of 64 GPUs the page has some 18,000 series."""
+        with self._lock:
+            info: list[str] = []
+            lines: dict[str, list[str]] = {f.name: [] for f in FAMILIES}
+            up = lines[UP.name]
+            written: dict[tuple[int, str], _Gpu] = {}
+            for state in snapshot.gpus:
+                g = state.identity
+                gpu = str(g.index)
+                inv = state.get(Inventory)
+                described = (
+                    (inv.name, inv.serial, inv.vbios_version, inv.driver_version, inv.cuda_driver_version)
+                    if inv
+                    else ()
+                )
+                values = [gpu, g.uuid, g.pci_bus_id, *(d or "" for d in described or ("",) * 5)]
+                info.append(series_head("nvidia_gpu_info", zip(_INFO_NAMES, values, strict=True)) + "1.0\n")
+                up.append(_head(UP.name, gpu, g.uuid, (), ()) + ("1.0\n" if state.up else "0.0\n"))
+                mine = written[(g.index, g.uuid)] = _gpu(state, gpu, self._written.get((g.index, g.uuid)))
+                for parts in mine.parts.values():
+                    for part in parts:
+                        for name, chunk in part.chunks:
+                            lines[name].append(chunk)
+            self._written = written
+        return [Preformatted(_INFO, info), *(Preformatted(_METRICS[name], rows) for name, rows in lines.items())]
+
+
+class _Fresh(NamedTuple):
+    """A part whose key is new: its samples that have a value, still to be written."""
+
+    key: object
+    samples: list[Sample]
+    preferred: frozenset[_Key]
+
+    def write(self, gpu: str, uuid: str, overridden: frozenset[_Key]) -> _Written:
+        return _Written(self.key, self.preferred, _chunks(self.samples, gpu, uuid, overridden))
+
+
+def _fresh(key: object, make: Callable[[], Iterable[Sample]]) -> _Fresh:
+    samples = [s for s in make() if s.value is not None]
+    # By family name: hashing a Family hashes every field of it.
+    preferred = frozenset([(s.family.name, s.labels, s.extra) for s in samples if s.preferred]) or _NONE
+    return _Fresh(key, samples, preferred)
+
+
+def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
+    """One GPU's lines by collector and part, from the last page's where a part's key is the same."""
+    last = before.parts if before is not None else {}
+    found: dict[Collector, list[_Written | _Fresh]] = {}
+    for collector, reading in state.readings.items():
+        old = last.get(collector, ())
+        found[collector] = [
+            old[i] if i < len(old) and (old[i].key is key or old[i].key == key) else _fresh(key, make)
+            for i, (key, make) in enumerate(reading.parts())
+        ]
+    overridden = frozenset().union(*(p.preferred for parts in found.values() for p in parts)) or _NONE
+    if before is not None and overridden == before.overridden:
+        overridden = before.overridden
+    elif before is not None:  # another source's preferred series came or went: every line is written again
+        found = {c: [_fresh(key, make) for key, make in r.parts()] for c, r in state.readings.items()}
+    uuid = state.identity.uuid
+    return _Gpu(
+        overridden,
+        {c: [p if isinstance(p, _Written) else p.write(gpu, uuid, overridden) for p in ps] for c, ps in found.items()},
+    )
+
+
+def _chunks(samples: list[Sample], gpu: str, uuid: str, overridden: frozenset[_Key]) -> tuple[tuple[str, str], ...]:
+    """A part's lines, joined by family in the order they come."""
+    rows: dict[str, list[str]] = {}
+    for family, labels, value, extra, better in samples:
+        name = family.name
+        if overridden and not better and (name, labels, extra) in overridden:
+            continue  # a more precise source gave this series
+        line = f"{_head(name, gpu, uuid, labels, extra)}{format_value(float(value))}\n"  # type: ignore[arg-type]
+        if (row := rows.get(name)) is None:
+            rows[name] = [line]
+        else:
+            row.append(line)
+    return tuple((name, "".join(row)) for name, row in rows.items())
+
+
 def gpu_families(snapshot: Snapshot) -> list[Metric]:
-    """Every per-GPU family, in a stable order; a value the GPU does not have is left out. Written as lines
-    directly: on a node of 64 GPUs the page has some 18,000 series."""
-    info: list[str] = []
-    lines: dict[str, list[str]] = {f.name: [] for f in FAMILIES}
-    up = lines[UP.name]
-    for state in snapshot.gpus:
-        g = state.identity
-        gpu = str(g.index)
-        inv = state.get(Inventory)
-        described = (
-            (inv.name, inv.serial, inv.vbios_version, inv.driver_version, inv.cuda_driver_version) if inv else ()
-        )
-        values = [gpu, g.uuid, g.pci_bus_id, *(d or "" for d in described or ("",) * 5)]
-        info.append(series_head("nvidia_gpu_info", zip(_INFO_NAMES, values, strict=True)) + "1.0\n")
-        up.append(_head(UP.name, gpu, g.uuid, (), ()) + ("1.0\n" if state.up else "0.0\n"))
-        samples = [s for reading in state.readings.values() for s in reading.samples() if s.value is not None]
-        # By family name: hashing a Family hashes every field of it, for every sample of the page.
-        preferred = {(s.family.name, s.labels, s.extra) for s in samples if s.preferred}
-        overridden = {name for name, _, _ in preferred}  # the families to look in `preferred` for
-        for family, labels, value, extra, better in samples:
-            name = family.name
-            if name in overridden and not better and (name, labels, extra) in preferred:
-                continue  # a more precise source gave this series
-            lines[name].append(f"{_head(name, gpu, g.uuid, labels, extra)}{format_value(float(value))}\n")  # type: ignore[arg-type]
-    return [Preformatted(_INFO, info), *(Preformatted(_METRICS[name], rows) for name, rows in lines.items())]
+    """Every per-GPU family of `snapshot`, all written afresh (see GpuFamilies for a page after page)."""
+    return GpuFamilies().build(snapshot)
 
 
 _INFO_NAMES = (*GPU_LABELS, *INFO_LABELS)
