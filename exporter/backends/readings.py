@@ -18,7 +18,7 @@ series: its XIDs, ECC errors and health are the parent's, and join on them.
 
 from __future__ import annotations
 
-import functools
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import IntEnum, StrEnum
@@ -283,23 +283,19 @@ class NvLink(Reading, collector=Collector.NVLINK):
             yield from part()
 
     def parts(self) -> Iterator[Part]:
-        # A link's state and error counters seldom move, its data counters move at every poll: apart, the first
-        # are written once and kept while they stay the same.
-        for link in self.links:
-            state = (
-                link.link,
-                link.state,
-                link.replay_errors,
-                link.recovery_errors,
-                link.crc_errors,
-                link.recovery_failed,
-                link.recovery_successful,
-                link.effective_errors,
-                link.symbol_errors,
-            )
-            yield state, functools.partial(_link_state, link)
-            traffic = (link.link, link.tx_bytes, link.rx_bytes, link.tx_bytes_per_second, link.rx_bytes_per_second)
-            yield traffic, functools.partial(_link_traffic, link)
+        # The links' states and error counters seldom move, their data counters at every poll: apart, the first
+        # are written once and kept while they stay the same. (The two parts' families are not the same ones, so
+        # each family's series keep the order of the links.)
+        yield tuple(map(_STATE_KEY, self.links)), lambda: (s for link in self.links for s in _link_state(link))
+        yield tuple(map(_TRAFFIC_KEY, self.links)), lambda: (s for link in self.links for s in _link_traffic(link))
+
+
+# What each part's samples are made of, read at C speed: a page compares them for every link of every GPU.
+_STATE_KEY = operator.attrgetter(
+    "link", "state", "replay_errors", "recovery_errors", "crc_errors", "recovery_failed", "recovery_successful",
+    "effective_errors", "symbol_errors",
+)  # fmt: skip
+_TRAFFIC_KEY = operator.attrgetter("link", "tx_bytes", "rx_bytes", "tx_bytes_per_second", "rx_bytes_per_second")
 
 
 def _link_state(link: LinkReading) -> Iterator[Sample]:
