@@ -52,8 +52,12 @@ def format_value(v: float) -> str:
         return "0.0"
     # floatToGoString is repr() but for infinities, NaN and Go's exponent from 1e7 on (a "." past the 7th place).
     text = repr(v)
-    if 0 < text.find(".") <= 6:
+    dot = text.find(".")
+    if 0 < dot <= 6:
         return text
+    if dot > 6 and v > 0:  # floatToGoString's own words, without its checks again: a page has thousands of these
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
     return floatToGoString(v)  # type: ignore[no-untyped-call,no-any-return]
 
 
@@ -102,7 +106,7 @@ def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
 
 
 # Per family: (its name in the classic format, TYPE there, escaped help, OpenMetrics name, type, unit, samples)
-_Part = tuple[str, str, str, str, str, str, str]
+_Part = tuple[str, str, str, str, str, str, bytes]
 
 
 def _check_types(families: list[Metric]) -> None:
@@ -113,26 +117,31 @@ def _check_types(families: list[Metric]) -> None:
 
 def _parts(families: list[Metric]) -> list[_Part]:
     """Families whose types `_check_types` passed."""
-    out = []
+    out: list[_Part] = []
     for metric in families:
         name = metric.name + _TEXT_SUFFIX.get(metric.type, "")
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        out.append((name, _TEXT_TYPES[metric.type], doc, metric.name, metric.type, metric.unit, _sample_lines(metric)))
+        # Encoded once for both formats: the sample lines are most of the page.
+        samples = _sample_lines(metric).encode()
+        out.append((name, _TEXT_TYPES[metric.type], doc, metric.name, metric.type, metric.unit, samples))
     return out
 
 
 def _text(parts: list[_Part]) -> bytes:
-    return "".join(f"# HELP {n} {doc}\n# TYPE {n} {kind}\n{samples}" for n, kind, doc, *_, samples in parts).encode()
+    out: list[bytes] = []
+    for n, kind, doc, *_, samples in parts:
+        out += (f"# HELP {n} {doc}\n# TYPE {n} {kind}\n".encode(), samples)
+    return b"".join(out)
 
 
 def _openmetrics(parts: list[_Part]) -> bytes:
-    out = []
+    out: list[bytes] = []
     for _, _, doc, name, kind, unit, samples in parts:
         om_doc = doc.replace('"', r"\"")
         units = f"# UNIT {name} {unit}\n" if unit else ""
-        out.append(f"# HELP {name} {om_doc}\n# TYPE {name} {kind}\n{units}{samples}")
-    out.append("# EOF\n")
-    return "".join(out).encode()
+        out += (f"# HELP {name} {om_doc}\n# TYPE {name} {kind}\n{units}".encode(), samples)
+    out.append(b"# EOF\n")
+    return b"".join(out)
 
 
 class _Render:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import functools
 import platform
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
@@ -113,59 +112,49 @@ class GpuFamilies:
         return [Preformatted(_INFO, info), *(Preformatted(_METRICS[name], rows) for name, rows in lines.items())]
 
 
-class _Fresh(NamedTuple):
-    """A part whose key is new: its samples that have a value, still to be written."""
-
-    key: object
-    samples: list[Sample]
-    preferred: frozenset[_Key]
-
-    def write(self, gpu: str, uuid: str, overridden: frozenset[_Key]) -> _Written:
-        return _Written(self.key, self.preferred, _chunks(self.samples, gpu, uuid, overridden))
-
-
-def _fresh(key: object, make: Callable[[], Iterable[Sample]]) -> _Fresh:
-    samples = [s for s in make() if s.value is not None]
-    # By family name: hashing a Family hashes every field of it.
-    preferred = frozenset([(s.family.name, s.labels, s.extra) for s in samples if s.preferred]) or _NONE
-    return _Fresh(key, samples, preferred)
-
-
 def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
     """One GPU's lines by collector and part, from the last page's where a part's key is the same."""
     last = before.parts if before is not None else {}
-    found: dict[Collector, list[_Written | _Fresh]] = {}
+    overridden = before.overridden if before is not None else _NONE  # as it was: it seldom changes
+    uuid = state.identity.uuid
+    out: dict[Collector, list[_Written]] = {}
     for collector, reading in state.readings.items():
         old = last.get(collector, ())
-        found[collector] = [
-            old[i] if i < len(old) and (old[i].key is key or old[i].key == key) else _fresh(key, make)
+        out[collector] = [
+            old[i]
+            if i < len(old) and (old[i].key is key or old[i].key == key)
+            else _write(key, make(), gpu, uuid, overridden)
             for i, (key, make) in enumerate(reading.parts())
         ]
-    overridden = frozenset().union(*(p.preferred for parts in found.values() for p in parts)) or _NONE
-    if before is not None and overridden == before.overridden:
-        overridden = before.overridden
-    elif before is not None:  # another source's preferred series came or went: every line is written again
-        found = {c: [_fresh(key, make) for key, make in r.parts()] for c, r in state.readings.items()}
-    uuid = state.identity.uuid
-    return _Gpu(
-        overridden,
-        {c: [p if isinstance(p, _Written) else p.write(gpu, uuid, overridden) for p in ps] for c, ps in found.items()},
-    )
+    now = frozenset().union(*(p.preferred for parts in out.values() for p in parts)) or _NONE
+    if now != overridden:  # another source's preferred series came or went: every line is written again
+        overridden = now
+        out = {
+            c: [_write(key, make(), gpu, uuid, overridden) for key, make in r.parts()]
+            for c, r in state.readings.items()
+        }
+    return _Gpu(overridden, out)
 
 
-def _chunks(samples: list[Sample], gpu: str, uuid: str, overridden: frozenset[_Key]) -> tuple[tuple[str, str], ...]:
-    """A part's lines, joined by family in the order they come."""
+def _write(key: object, samples: Iterable[Sample], gpu: str, uuid: str, overridden: frozenset[_Key]) -> _Written:
+    """A part's lines, joined by family in the order they come; a value the GPU does not have is left out."""
     rows: dict[str, list[str]] = {}
+    preferred: list[_Key] = []
     for family, labels, value, extra, better in samples:
-        name = family.name
-        if overridden and not better and (name, labels, extra) in overridden:
+        if value is None:
+            continue
+        name = family.name  # by name: hashing a Family hashes every field of it
+        if better:
+            preferred.append((name, labels, extra))
+        elif overridden and (name, labels, extra) in overridden:
             continue  # a more precise source gave this series
-        line = f"{_head(name, gpu, uuid, labels, extra)}{format_value(float(value))}\n"  # type: ignore[arg-type]
+        line = f"{_head(name, gpu, uuid, labels, extra)}{format_value(float(value))}\n"
         if (row := rows.get(name)) is None:
             rows[name] = [line]
         else:
             row.append(line)
-    return tuple((name, "".join(row)) for name, row in rows.items())
+    chunks = tuple((name, "".join(row)) for name, row in rows.items())
+    return _Written(key, frozenset(preferred) if preferred else _NONE, chunks)
 
 
 def gpu_families(snapshot: Snapshot) -> list[Metric]:
