@@ -69,20 +69,22 @@ def series_head(name: str, labels: Iterable[tuple[str, str]]) -> str:
     return name + "{" + ",".join([f'{k}="{_label_value(v)}"' for k, v in pairs]) + "} "
 
 
-def _sample_lines(metric: Metric) -> str:
+def _sample_lines(metric: Metric) -> bytes:
     if isinstance(metric, Preformatted):
-        return metric.text
-    return "".join([f"{series_head(s.name, s.labels.items())}{format_value(s.value)}\n" for s in metric.samples])
+        return metric.data
+    return "".join(
+        [f"{series_head(s.name, s.labels.items())}{format_value(s.value)}\n" for s in metric.samples]
+    ).encode()
 
 
 class Preformatted(Metric):
-    """A family whose sample lines are written already (series_head + format_value + newline, each), for the
-    families with thousands of series on a big node. Its `samples` are read back from those lines, for what
-    wants them as values (tests, prometheus_client's own encoders)."""
+    """A family whose sample lines are written already (series_head + format_value + newline, each; `data` is
+    them encoded), for the families with thousands of series on a big node. Its `samples` are read back from
+    those lines, for what wants them as values (tests, prometheus_client's own encoders)."""
 
-    def __init__(self, like: Metric, lines: list[str]) -> None:
+    def __init__(self, like: Metric, data: bytes) -> None:
         super().__init__(like.name, like.documentation, like.type, like.unit)
-        self.text = "".join(lines)
+        self.data = data
 
     @property
     def samples(self) -> list[Sample]:
@@ -122,8 +124,7 @@ def _parts(families: list[Metric]) -> list[_Part]:
         name = metric.name + _TEXT_SUFFIX.get(metric.type, "")
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
         # Encoded once for both formats: the sample lines are most of the page.
-        samples = _sample_lines(metric).encode()
-        out.append((name, _TEXT_TYPES[metric.type], doc, metric.name, metric.type, metric.unit, samples))
+        out.append((name, _TEXT_TYPES[metric.type], doc, metric.name, metric.type, metric.unit, _sample_lines(metric)))
     return out
 
 

@@ -61,7 +61,7 @@ class _Written:
 
     key: object
     preferred: frozenset[_Key]  # its series that beat another source's (Sample.preferred)
-    chunks: tuple[tuple[str, str], ...]  # (family name, its lines joined), in the order they come
+    chunks: tuple[tuple[str, bytes], ...]  # (family name, its lines joined and encoded), in the order they come
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +88,8 @@ class GpuFamilies:
         directly: on a node of 64 GPUs the page has some 18,000 series."""
         with self._lock:
             info: list[str] = []
-            lines: dict[str, list[str]] = {f.name: [] for f in FAMILIES}
-            up = lines[UP.name]
+            lines: dict[str, list[bytes]] = {f.name: [] for f in FAMILIES}
+            up: list[str] = []
             written: dict[tuple[int, str], _Gpu] = {}
             for state in snapshot.gpus:
                 g = state.identity
@@ -109,7 +109,9 @@ class GpuFamilies:
                         for name, chunk in part.chunks:
                             lines[name].append(chunk)
             self._written = written
-        return [Preformatted(_INFO, info), *(Preformatted(_METRICS[name], rows) for name, rows in lines.items())]
+            lines[UP.name].append("".join(up).encode())
+        info_family = Preformatted(_INFO, "".join(info).encode())
+        return [info_family, *(Preformatted(_METRICS[name], b"".join(rows)) for name, rows in lines.items())]
 
 
 def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
@@ -153,7 +155,7 @@ def _write(key: object, samples: Iterable[Sample], gpu: str, uuid: str, overridd
             rows[name] = [line]
         else:
             row.append(line)
-    chunks = tuple((name, "".join(row)) for name, row in rows.items())
+    chunks = tuple((name, "".join(row).encode()) for name, row in rows.items())
     return _Written(key, frozenset(preferred) if preferred else _NONE, chunks)
 
 

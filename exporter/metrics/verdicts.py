@@ -47,8 +47,8 @@ def verdict_families(snapshot: Snapshot, node: NodeVerdict) -> Iterator[Metric]:
         now_action = verdict.action if verdict else None
         health += [f"{head}{'1.0' if h is now_health else '0.0'}\n" for h, head in healths]
         action += [f"{head}{'1.0' if a is now_action else '0.0'}\n" for a, head in actions]
-    yield Preformatted(_HEALTH, health)
-    yield Preformatted(_ACTION, action)
+    yield Preformatted(_HEALTH, "".join(health).encode())
+    yield Preformatted(_ACTION, "".join(action).encode())
     node_health = GaugeMetricFamily(
         "gpu_triage_node_health",
         "1 for the node's health (its worst GPU or NVSwitch), 0 for the others.",
