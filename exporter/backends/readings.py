@@ -57,6 +57,10 @@ class Reading:
             cls.collector = collector
 
     def samples(self) -> Iterator[Sample]:
+        yield from self.plain_samples()
+        yield from self.more_samples()
+
+    def plain_samples(self) -> Iterator[Sample]:
         cls = type(self)
         plain = cls.__dict__.get("_plain")
         if plain is None:  # once per class: a page asks some 300 readings per GPU
@@ -64,7 +68,6 @@ class Reading:
             cls._plain = plain
         for name, family, labels, preferred in plain:
             yield Sample(family, labels, getattr(self, name), (), preferred)
-        yield from self.more_samples()
 
     def more_samples(self) -> Iterator[Sample]:
         return iter(())
@@ -236,6 +239,14 @@ class Pcie(Reading, collector=Collector.PCIE):
     def more_samples(self) -> Iterator[Sample]:
         for kind, count in self.errors.items():
             yield Sample(f.PCIE_ERRORS, (kind,), count)
+
+    def parts(self) -> Iterator[Part]:
+        # The byte counters move at every poll, the error counters seldom.
+        yield _PCIE_PLAIN(self), self.plain_samples
+        yield tuple(self.errors.items()), self.more_samples
+
+
+_PCIE_PLAIN = operator.attrgetter(*(spec.attr for spec in field_table.of("Pcie")))
 
 
 class LinkState(IntEnum):

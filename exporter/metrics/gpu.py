@@ -100,8 +100,7 @@ class GpuFamilies:
                     if inv
                     else ()
                 )
-                values = [gpu, g.uuid, g.pci_bus_id, *(d or "" for d in described or ("",) * 5)]
-                info.append(series_head("nvidia_gpu_info", zip(_INFO_NAMES, values, strict=True)) + "1.0\n")
+                info.append(_info_line((gpu, g.uuid, g.pci_bus_id, *(d or "" for d in described or ("",) * 5))))
                 up.append(_head(UP.name, gpu, g.uuid, (), ()) + ("1.0\n" if state.up else "0.0\n"))
                 mine = written[(g.index, g.uuid)] = _gpu(state, gpu, self._written.get((g.index, g.uuid)))
                 for parts in mine.parts.values():
@@ -157,6 +156,11 @@ def _write(key: object, samples: Iterable[Sample], gpu: str, uuid: str, overridd
             row.append(line)
     chunks = tuple((name, "".join(row).encode()) for name, row in rows.items())
     return _Written(key, frozenset(preferred) if preferred else _NONE, chunks)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _info_line(values: tuple[str, ...]) -> str:
+    return series_head("nvidia_gpu_info", zip(_INFO_NAMES, values, strict=True)) + "1.0\n"
 
 
 def gpu_families(snapshot: Snapshot) -> list[Metric]:
