@@ -18,6 +18,7 @@ series: its XIDs, ECC errors and health are the parent's, and join on them.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -297,8 +298,8 @@ class NvLink(Reading, collector=Collector.NVLINK):
         # The links' states and error counters seldom move, their data counters at every poll: apart, the first
         # are written once and kept while they stay the same. (The two parts' families are not the same ones, so
         # each family's series keep the order of the links.)
-        yield tuple(map(_STATE_KEY, self.links)), lambda: (s for link in self.links for s in _link_state(link))
-        yield tuple(map(_TRAFFIC_KEY, self.links)), lambda: (s for link in self.links for s in _link_traffic(link))
+        yield tuple(map(_STATE_KEY, self.links)), functools.partial(_link_states, self.links)
+        yield tuple(map(_TRAFFIC_KEY, self.links)), functools.partial(_link_traffic, self.links)
 
 
 # What each part's samples are made of, read at C speed: a page compares them for every link of every GPU.
@@ -309,27 +310,29 @@ _STATE_KEY = operator.attrgetter(
 _TRAFFIC_KEY = operator.attrgetter("link", "tx_bytes", "rx_bytes", "tx_bytes_per_second", "rx_bytes_per_second")
 
 
-def _link_state(link: LinkReading) -> Iterator[Sample]:
-    n = str(link.link)
-    yield Sample(f.NVLINK_STATE, (n,), link.state)
-    yield Sample(f.NVLINK_UP, (n,), None if link.state is None else link.up)
-    yield Sample(f.NVLINK_ERRORS, (n, "replay"), link.replay_errors)
-    yield Sample(f.NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
-    yield Sample(f.NVLINK_ERRORS, (n, "crc"), link.crc_errors)
-    yield Sample(f.NVLINK_ERRORS, (n, "recovery_failed"), link.recovery_failed)
-    yield Sample(f.NVLINK_ERRORS, (n, "recovery_successful"), link.recovery_successful)
-    yield Sample(f.NVLINK_ERRORS, (n, "effective"), link.effective_errors)
-    yield Sample(f.NVLINK_ERRORS, (n, "symbol"), link.symbol_errors)
+def _link_states(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
+    for link in links:
+        n = str(link.link)
+        yield Sample(f.NVLINK_STATE, (n,), link.state)
+        yield Sample(f.NVLINK_UP, (n,), None if link.state is None else link.up)
+        yield Sample(f.NVLINK_ERRORS, (n, "replay"), link.replay_errors)
+        yield Sample(f.NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
+        yield Sample(f.NVLINK_ERRORS, (n, "crc"), link.crc_errors)
+        yield Sample(f.NVLINK_ERRORS, (n, "recovery_failed"), link.recovery_failed)
+        yield Sample(f.NVLINK_ERRORS, (n, "recovery_successful"), link.recovery_successful)
+        yield Sample(f.NVLINK_ERRORS, (n, "effective"), link.effective_errors)
+        yield Sample(f.NVLINK_ERRORS, (n, "symbol"), link.symbol_errors)
 
 
-def _link_traffic(link: LinkReading) -> Iterator[Sample]:
-    n = str(link.link)
-    yield Sample(f.NVLINK_BYTES, (n, "tx"), link.tx_bytes)
-    yield Sample(f.NVLINK_BYTES, (n, "rx"), link.rx_bytes)
-    # Profiling's per-link throughput, where there is profiling, is preferred to this.
-    link_label = (("link", n),)
-    yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, link_label)
-    yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, link_label)
+def _link_traffic(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
+    for link in links:
+        n = str(link.link)
+        yield Sample(f.NVLINK_BYTES, (n, "tx"), link.tx_bytes)
+        yield Sample(f.NVLINK_BYTES, (n, "rx"), link.rx_bytes)
+        # Profiling's per-link throughput, where there is profiling, is preferred to this.
+        link_label = (("link", n),)
+        yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, link_label)
+        yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, link_label)
 
 
 @dataclass(frozen=True, slots=True)
