@@ -76,7 +76,8 @@ class Reading:
     def parts(self) -> Iterator[Part]:
         """The samples in parts, each with a key, for a writer that keeps what it wrote: a part whose key equals
         the key of the same part of the last reading of this collector on this GPU has equal samples. One part
-        here, keyed by the reading itself (its fields compared)."""
+        here, keyed by the reading itself (its fields compared). Equal is Python's: a kept line may write 0.0
+        for a -0.0, or a mapping's series in the order it had on the last page, the same values to Prometheus."""
         yield self, self.samples
 
 
