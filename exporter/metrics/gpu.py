@@ -1,7 +1,8 @@
 """Snapshot -> Prometheus metric families: names, units and labels as the readings declare them.
 
-Families are built fresh for each snapshot, never kept as long-lived gauges, so a GPU or a link
-that disappears takes its series with it. Values are what the last background poll read:
+Families are built for each snapshot from its readings alone, never kept as long-lived gauges, so a
+GPU or a link that disappears takes its series with it (the lines of what did not change since the last
+page are kept, see GpuFamilies). Values are what the last background poll read:
 `gpu_triage_last_poll_timestamp_seconds` says when. Which value goes to which family is declared
 once, in exporter/backends/field_table.py (plain values) or a reading's `more_samples` (the rest).
 """
@@ -73,11 +74,11 @@ class _Gpu:
 class GpuFamilies:
     """Builds the per-GPU families of each page, writing again only what changed since the last one.
 
-    A part of a reading (Reading.parts: a whole reading, or one NVLink link's state and errors) whose key equals
-    that of the same part of the last page keeps its lines: the slow collectors' readings (ECC, inventory,
-    profiling...) stay the same objects for a minute, and most of the fast ones' values do not move between two
-    polls. Only what the current snapshot holds is kept, so a GPU, a link or a collector that is gone takes its
-    series with it."""
+    A part of a reading (Reading.parts: a whole reading, or NVLink's link states and errors apart from its byte
+    counters) whose key equals that of the same part of the last page keeps its lines: the slow collectors'
+    readings (ECC, inventory, profiling...) stay the same objects for a minute, and many of the fast ones'
+    values do not move between two polls. Only what the current snapshot holds is kept, so a GPU, a link or a
+    collector that is gone takes its series with it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
