@@ -25,7 +25,7 @@ from gpu_triage.exporter.backends.base import GpuBackend, XidEventSource
 from gpu_triage.exporter.cache_store import store_from_env
 from gpu_triage.exporter.http.api_models import Diagnosis
 from gpu_triage.exporter.metrics.exposition import MetricsCache
-from gpu_triage.exporter.metrics.gpu import daemon_families, gpu_families
+from gpu_triage.exporter.metrics.gpu import GpuFamilies, daemon_families
 from gpu_triage.exporter.metrics.performance import performance_families
 from gpu_triage.exporter.metrics.verdicts import verdict_families
 from gpu_triage.exporter.metrics.workloads import workload_families
@@ -157,8 +157,9 @@ class Daemon:
         # Everything /metrics shows, in page order; a new producer of families registers here.
         self.registry = CollectorRegistry(auto_describe=False)
         self._frame = Frame(self.snapshot, self.verdicts.node, {})
+        gpu_page = GpuFamilies()  # keeps the lines of the readings that did not change, for the next page
         for build in (
-            lambda: gpu_families(self._frame.snapshot),
+            lambda: gpu_page.build(self._frame.snapshot),
             lambda: workload_families(self._frame.snapshot, self._frame.workloads, self.workloads),
             lambda: performance_families(self._frame.snapshot, self._frame.performance, self.performance.accounts),
             lambda: xid_families(self.xid_totals()),

@@ -18,7 +18,9 @@ series: its XIDs, ECC errors and health are the parent's, and join on them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import IntEnum, StrEnum
 from typing import Any, ClassVar, NamedTuple
@@ -56,6 +58,10 @@ class Reading:
             cls.collector = collector
 
     def samples(self) -> Iterator[Sample]:
+        yield from self.plain_samples()
+        yield from self.more_samples()
+
+    def plain_samples(self) -> Iterator[Sample]:
         cls = type(self)
         plain = cls.__dict__.get("_plain")
         if plain is None:  # once per class: a page asks some 300 readings per GPU
@@ -63,10 +69,19 @@ class Reading:
             cls._plain = plain
         for name, family, labels, preferred in plain:
             yield Sample(family, labels, getattr(self, name), (), preferred)
-        yield from self.more_samples()
 
     def more_samples(self) -> Iterator[Sample]:
         return iter(())
+
+    def parts(self) -> Iterator[Part]:
+        """The samples in parts, each with a key, for a writer that keeps what it wrote: a part whose key equals
+        the key of the same part of the last reading of this collector on this GPU has equal samples. One part
+        here, keyed by the reading itself (its fields compared). Equal is Python's: a kept line may write 0.0
+        for a -0.0, or a mapping's series in the order it had on the last page, the same values to Prometheus."""
+        yield self, self.samples
+
+
+Part = tuple[object, Callable[[], Iterable[Sample]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +242,14 @@ class Pcie(Reading, collector=Collector.PCIE):
         for kind, count in self.errors.items():
             yield Sample(f.PCIE_ERRORS, (kind,), count)
 
+    def parts(self) -> Iterator[Part]:
+        # The byte counters move at every poll, the error counters seldom.
+        yield _PCIE_PLAIN(self), self.plain_samples
+        yield tuple(self.errors.items()), self.more_samples
+
+
+_PCIE_PLAIN = operator.attrgetter(*(spec.attr for spec in field_table.of("Pcie")))
+
 
 class LinkState(IntEnum):
     """NVML_FI_DEV_NVLINK_GET_STATE's values (NVML_NVLINK_STATE_*)."""
@@ -269,23 +292,48 @@ class NvLink(Reading, collector=Collector.NVLINK):
     links: tuple[LinkReading, ...]
 
     def more_samples(self) -> Iterator[Sample]:
-        for link in self.links:
-            n = str(link.link)
-            yield Sample(f.NVLINK_STATE, (n,), link.state)
-            yield Sample(f.NVLINK_UP, (n,), None if link.state is None else link.up)
-            yield Sample(f.NVLINK_ERRORS, (n, "replay"), link.replay_errors)
-            yield Sample(f.NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
-            yield Sample(f.NVLINK_ERRORS, (n, "crc"), link.crc_errors)
-            yield Sample(f.NVLINK_ERRORS, (n, "recovery_failed"), link.recovery_failed)
-            yield Sample(f.NVLINK_ERRORS, (n, "recovery_successful"), link.recovery_successful)
-            yield Sample(f.NVLINK_ERRORS, (n, "effective"), link.effective_errors)
-            yield Sample(f.NVLINK_ERRORS, (n, "symbol"), link.symbol_errors)
-            yield Sample(f.NVLINK_BYTES, (n, "tx"), link.tx_bytes)
-            yield Sample(f.NVLINK_BYTES, (n, "rx"), link.rx_bytes)
-            # Profiling's per-link throughput, where there is profiling, is preferred to this.
-            link_label = (("link", n),)
-            yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, link_label)
-            yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, link_label)
+        for _, part in self.parts():
+            yield from part()
+
+    def parts(self) -> Iterator[Part]:
+        # The links' states and error counters seldom move, their data counters at every poll: apart, the first
+        # are written once and kept while they stay the same. (The two parts' families are not the same ones, so
+        # each family's series keep the order of the links.)
+        yield tuple(map(_STATE_KEY, self.links)), functools.partial(_link_states, self.links)
+        yield tuple(map(_TRAFFIC_KEY, self.links)), functools.partial(_link_traffic, self.links)
+
+
+# What each part's samples are made of, read at C speed: a page compares them for every link of every GPU.
+_STATE_KEY = operator.attrgetter(
+    "link", "state", "replay_errors", "recovery_errors", "crc_errors", "recovery_failed", "recovery_successful",
+    "effective_errors", "symbol_errors",
+)  # fmt: skip
+_TRAFFIC_KEY = operator.attrgetter("link", "tx_bytes", "rx_bytes", "tx_bytes_per_second", "rx_bytes_per_second")
+
+
+def _link_states(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
+    for link in links:
+        n = str(link.link)
+        yield Sample(f.NVLINK_STATE, (n,), link.state)
+        yield Sample(f.NVLINK_UP, (n,), None if link.state is None else link.up)
+        yield Sample(f.NVLINK_ERRORS, (n, "replay"), link.replay_errors)
+        yield Sample(f.NVLINK_ERRORS, (n, "recovery"), link.recovery_errors)
+        yield Sample(f.NVLINK_ERRORS, (n, "crc"), link.crc_errors)
+        yield Sample(f.NVLINK_ERRORS, (n, "recovery_failed"), link.recovery_failed)
+        yield Sample(f.NVLINK_ERRORS, (n, "recovery_successful"), link.recovery_successful)
+        yield Sample(f.NVLINK_ERRORS, (n, "effective"), link.effective_errors)
+        yield Sample(f.NVLINK_ERRORS, (n, "symbol"), link.symbol_errors)
+
+
+def _link_traffic(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
+    for link in links:
+        n = str(link.link)
+        yield Sample(f.NVLINK_BYTES, (n, "tx"), link.tx_bytes)
+        yield Sample(f.NVLINK_BYTES, (n, "rx"), link.rx_bytes)
+        # Profiling's per-link throughput, where there is profiling, is preferred to this.
+        link_label = (("link", n),)
+        yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, link_label)
+        yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, link_label)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,8 +52,12 @@ def format_value(v: float) -> str:
         return "0.0"
     # floatToGoString is repr() but for infinities, NaN and Go's exponent from 1e7 on (a "." past the 7th place).
     text = repr(v)
-    if 0 < text.find(".") <= 6:
+    dot = text.find(".")
+    if 0 < dot <= 6:
         return text
+    if dot > 6 and v > 0:  # floatToGoString's own words, without its checks again: a page has thousands of these
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
     return floatToGoString(v)  # type: ignore[no-untyped-call,no-any-return]
 
 
@@ -65,20 +69,22 @@ def series_head(name: str, labels: Iterable[tuple[str, str]]) -> str:
     return name + "{" + ",".join([f'{k}="{_label_value(v)}"' for k, v in pairs]) + "} "
 
 
-def _sample_lines(metric: Metric) -> str:
+def _sample_lines(metric: Metric) -> bytes:
     if isinstance(metric, Preformatted):
-        return metric.text
-    return "".join([f"{series_head(s.name, s.labels.items())}{format_value(s.value)}\n" for s in metric.samples])
+        return metric.data
+    return "".join(
+        [f"{series_head(s.name, s.labels.items())}{format_value(s.value)}\n" for s in metric.samples]
+    ).encode()
 
 
 class Preformatted(Metric):
-    """A family whose sample lines are written already (series_head + format_value + newline, each), for the
-    families with thousands of series on a big node. Its `samples` are read back from those lines, for what
-    wants them as values (tests, prometheus_client's own encoders)."""
+    """A family whose sample lines are written already (series_head + format_value + newline, each; `data` is
+    them encoded), for the families with thousands of series on a big node. Its `samples` are read back from
+    those lines, for what wants them as values (tests, prometheus_client's own encoders)."""
 
-    def __init__(self, like: Metric, lines: list[str]) -> None:
+    def __init__(self, like: Metric, data: bytes) -> None:
         super().__init__(like.name, like.documentation, like.type, like.unit)
-        self.text = "".join(lines)
+        self.data = data
 
     @property
     def samples(self) -> list[Sample]:
@@ -102,7 +108,7 @@ def encode(families: Iterable[Metric]) -> tuple[bytes, bytes]:
 
 
 # Per family: (its name in the classic format, TYPE there, escaped help, OpenMetrics name, type, unit, samples)
-_Part = tuple[str, str, str, str, str, str, str]
+_Part = tuple[str, str, str, str, str, str, bytes]
 
 
 def _check_types(families: list[Metric]) -> None:
@@ -113,26 +119,30 @@ def _check_types(families: list[Metric]) -> None:
 
 def _parts(families: list[Metric]) -> list[_Part]:
     """Families whose types `_check_types` passed."""
-    out = []
+    out: list[_Part] = []
     for metric in families:
         name = metric.name + _TEXT_SUFFIX.get(metric.type, "")
         doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        # Encoded once for both formats: the sample lines are most of the page.
         out.append((name, _TEXT_TYPES[metric.type], doc, metric.name, metric.type, metric.unit, _sample_lines(metric)))
     return out
 
 
 def _text(parts: list[_Part]) -> bytes:
-    return "".join(f"# HELP {n} {doc}\n# TYPE {n} {kind}\n{samples}" for n, kind, doc, *_, samples in parts).encode()
+    out: list[bytes] = []
+    for n, kind, doc, *_, samples in parts:
+        out += (f"# HELP {n} {doc}\n# TYPE {n} {kind}\n".encode(), samples)
+    return b"".join(out)
 
 
 def _openmetrics(parts: list[_Part]) -> bytes:
-    out = []
+    out: list[bytes] = []
     for _, _, doc, name, kind, unit, samples in parts:
         om_doc = doc.replace('"', r"\"")
         units = f"# UNIT {name} {unit}\n" if unit else ""
-        out.append(f"# HELP {name} {om_doc}\n# TYPE {name} {kind}\n{units}{samples}")
-    out.append("# EOF\n")
-    return "".join(out).encode()
+        out += (f"# HELP {name} {om_doc}\n# TYPE {name} {kind}\n{units}".encode(), samples)
+    out.append(b"# EOF\n")
+    return b"".join(out)
 
 
 class _Render:

@@ -1,7 +1,8 @@
 """Snapshot -> Prometheus metric families: names, units and labels as the readings declare them.
 
-Families are built fresh for each snapshot, never kept as long-lived gauges, so a GPU or a link
-that disappears takes its series with it. Values are what the last background poll read:
+Families are built for each snapshot from its readings alone, never kept as long-lived gauges, so a
+GPU or a link that disappears takes its series with it (the lines of what did not change since the last
+page are kept, see GpuFamilies). Values are what the last background poll read:
 `gpu_triage_last_poll_timestamp_seconds` says when. Which value goes to which family is declared
 once, in exporter/backends/field_table.py (plain values) or a reading's `more_samples` (the rest).
 """
@@ -10,15 +11,18 @@ from __future__ import annotations
 
 import functools
 import platform
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gpu_triage import __version__
-from gpu_triage.exporter.backends.readings import Inventory
+from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.readings import Inventory, Sample
 from gpu_triage.exporter.metrics.exposition import Preformatted, format_value, series_head
 from gpu_triage.exporter.metrics.families import FAMILIES, UP, Family
-from gpu_triage.exporter.polling.snapshot import Snapshot
+from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 
 GPU_LABELS = ("gpu", "uuid")
 INFO_LABELS = ("pci_bus_id", "model", "serial", "vbios_version", "driver_version", "cuda_driver_version")
@@ -48,32 +52,121 @@ def _head(family: str, gpu: str, uuid: str, labels: tuple[str, ...], extra: tupl
     return series_head(_SAMPLE_NAMES[family], pairs)
 
 
+_Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]  # a series of a GPU: (family, labels, extra)
+_NONE: frozenset[_Key] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """The lines one part of a reading (Reading.parts) gave a page, kept for the next page."""
+
+    key: object
+    preferred: frozenset[_Key]  # its series that beat another source's (Sample.preferred)
+    chunks: tuple[tuple[str, bytes], ...]  # (family name, its lines joined and encoded), in the order they come
+
+
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    overridden: frozenset[_Key]  # the GPU's preferred series: the other sources' samples of them are left out
+    parts: dict[Collector, list[_Written]]
+
+
+class GpuFamilies:
+    """Builds the per-GPU families of each page, writing again only what changed since the last one.
+
+    A part of a reading (Reading.parts: a whole reading, or NVLink's link states and errors apart from its byte
+    counters) whose key equals that of the same part of the last page keeps its lines: the slow collectors'
+    readings (ECC, inventory, profiling...) stay the same objects for a minute, and many of the fast ones'
+    values do not move between two polls. Only what the current snapshot holds is kept, so a GPU, a link or a
+    collector that is gone takes its series with it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._written: dict[tuple[int, str], _Gpu] = {}
+
+    def build(self, snapshot: Snapshot) -> list[Metric]:
+        """Every per-GPU family, in a stable order; a value the GPU does not have is left out. Written as lines
+        directly: on a node of 64 GPUs the page has some 18,000 series."""
+        with self._lock:
+            info: list[str] = []
+            lines: dict[str, list[bytes]] = {f.name: [] for f in FAMILIES}
+            up: list[str] = []
+            written: dict[tuple[int, str], _Gpu] = {}
+            for state in snapshot.gpus:
+                g = state.identity
+                gpu = str(g.index)
+                inv = state.get(Inventory)
+                described = (
+                    (inv.name, inv.serial, inv.vbios_version, inv.driver_version, inv.cuda_driver_version)
+                    if inv
+                    else ()
+                )
+                info.append(_info_line((gpu, g.uuid, g.pci_bus_id, *(d or "" for d in described or ("",) * 5))))
+                up.append(_head(UP.name, gpu, g.uuid, (), ()) + ("1.0\n" if state.up else "0.0\n"))
+                mine = written[(g.index, g.uuid)] = _gpu(state, gpu, self._written.get((g.index, g.uuid)))
+                for parts in mine.parts.values():
+                    for part in parts:
+                        for name, chunk in part.chunks:
+                            lines[name].append(chunk)
+            self._written = written
+            lines[UP.name].append("".join(up).encode())
+        info_family = Preformatted(_INFO, "".join(info).encode())
+        return [info_family, *(Preformatted(_METRICS[name], b"".join(rows)) for name, rows in lines.items())]
+
+
+def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
+    """One GPU's lines by collector and part, from the last page's where a part's key is the same."""
+    last = before.parts if before is not None else {}
+    overridden = before.overridden if before is not None else _NONE  # as it was: it seldom changes
+    uuid = state.identity.uuid
+    out: dict[Collector, list[_Written]] = {}
+    for collector, reading in state.readings.items():
+        old = last.get(collector, ())
+        out[collector] = [
+            old[i]
+            if i < len(old) and (old[i].key is key or old[i].key == key)
+            else _write(key, make(), gpu, uuid, overridden)
+            for i, (key, make) in enumerate(reading.parts())
+        ]
+    now = frozenset().union(*(p.preferred for parts in out.values() for p in parts)) or _NONE
+    if now != overridden:  # another source's preferred series came or went: every line is written again
+        overridden = now
+        out = {
+            c: [_write(key, make(), gpu, uuid, overridden) for key, make in r.parts()]
+            for c, r in state.readings.items()
+        }
+    return _Gpu(overridden, out)
+
+
+def _write(key: object, samples: Iterable[Sample], gpu: str, uuid: str, overridden: frozenset[_Key]) -> _Written:
+    """A part's lines, joined by family in the order they come; a value the GPU does not have is left out."""
+    rows: dict[str, list[str]] = {}
+    preferred: list[_Key] = []
+    for family, labels, value, extra, better in samples:
+        if value is None:
+            continue
+        name = family.name  # by name: hashing a Family hashes every field of it
+        if better:
+            preferred.append((name, labels, extra))
+        elif overridden and (name, labels, extra) in overridden:
+            continue  # a more precise source gave this series
+        line = f"{_head(name, gpu, uuid, labels, extra)}{format_value(float(value))}\n"
+        if (row := rows.get(name)) is None:
+            rows[name] = [line]
+        else:
+            row.append(line)
+    chunks = tuple((name, "".join(row).encode()) for name, row in rows.items())
+    return _Written(key, frozenset(preferred) if preferred else _NONE, chunks)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _info_line(values: tuple[str, ...]) -> str:
+    return series_head("nvidia_gpu_info", zip(_INFO_NAMES, values, strict=True)) + "1.0\n"
+
+
 def gpu_families(snapshot: Snapshot) -> list[Metric]:
-    """Every per-GPU family, in a stable order; a value the GPU does not have is left out. Written as lines
-    directly: on a node of 64 GPUs the page has some 18,000 series."""
-    info: list[str] = []
-    lines: dict[str, list[str]] = {f.name: [] for f in FAMILIES}
-    up = lines[UP.name]
-    for state in snapshot.gpus:
-        g = state.identity
-        gpu = str(g.index)
-        inv = state.get(Inventory)
-        described = (
-            (inv.name, inv.serial, inv.vbios_version, inv.driver_version, inv.cuda_driver_version) if inv else ()
-        )
-        values = [gpu, g.uuid, g.pci_bus_id, *(d or "" for d in described or ("",) * 5)]
-        info.append(series_head("nvidia_gpu_info", zip(_INFO_NAMES, values, strict=True)) + "1.0\n")
-        up.append(_head(UP.name, gpu, g.uuid, (), ()) + ("1.0\n" if state.up else "0.0\n"))
-        samples = [s for reading in state.readings.values() for s in reading.samples() if s.value is not None]
-        # By family name: hashing a Family hashes every field of it, for every sample of the page.
-        preferred = {(s.family.name, s.labels, s.extra) for s in samples if s.preferred}
-        overridden = {name for name, _, _ in preferred}  # the families to look in `preferred` for
-        for family, labels, value, extra, better in samples:
-            name = family.name
-            if name in overridden and not better and (name, labels, extra) in preferred:
-                continue  # a more precise source gave this series
-            lines[name].append(f"{_head(name, gpu, g.uuid, labels, extra)}{format_value(float(value))}\n")  # type: ignore[arg-type]
-    return [Preformatted(_INFO, info), *(Preformatted(_METRICS[name], rows) for name, rows in lines.items())]
+    """Every per-GPU family of `snapshot`, all written afresh (see GpuFamilies for a page after page)."""
+    return GpuFamilies().build(snapshot)
 
 
 _INFO_NAMES = (*GPU_LABELS, *INFO_LABELS)

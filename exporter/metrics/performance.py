@@ -22,6 +22,7 @@ caps pods per GPU (128 here), and the daemon tracks 2048 at most.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gpu_triage.diagnosis.core.findings import Workload
 from gpu_triage.diagnosis.performance.data import CLASSES
 from gpu_triage.diagnosis.performance.engine import Account, PerformanceReport
+from gpu_triage.exporter.metrics.exposition import Preformatted, series_head
 from gpu_triage.exporter.polling.snapshot import Snapshot
 
 _LABELS = ["gpu", "uuid", "namespace", "pod", "job_id", "user"]
@@ -44,6 +46,20 @@ _COUNTERS = (
 )  # fmt: skip
 
 
+_FINDING = GaugeMetricFamily(
+    "nvidia_gpu_performance_finding",
+    "1 while a performance finding of this class holds for the GPU (why a job is slow, an idle GPU held), "
+    "0 otherwise; never a health verdict. Classes: " + ", ".join(CLASSES) + ".",
+    labels=["gpu", "uuid", "class"],
+)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _finding_heads(gpu: str, uuid: str) -> tuple[tuple[str, str], ...]:
+    """A GPU's series of the finding family, written once: a node's GPUs are the same from one page to the next."""
+    return tuple((cls, series_head(_FINDING.name, (("gpu", gpu), ("uuid", uuid), ("class", cls)))) for cls in CLASSES)
+
+
 def _labels(gpu: int, uuid: str, w: Workload) -> list[str]:
     if w.kind == "pod":
         return [str(gpu), uuid, w.namespace, w.name, "", ""]
@@ -53,20 +69,16 @@ def _labels(gpu: int, uuid: str, w: Workload) -> list[str]:
 def performance_families(
     snapshot: Snapshot, report: PerformanceReport, accounts: Mapping[tuple[str, Workload], Account]
 ) -> Iterator[Metric]:
-    finding = GaugeMetricFamily(
-        "nvidia_gpu_performance_finding",
-        "1 while a performance finding of this class holds for the GPU (why a job is slow, an idle GPU held), "
-        "0 otherwise; never a health verdict. Classes: " + ", ".join(CLASSES) + ".",
-        labels=["gpu", "uuid", "class"],
-    )
+    finding: list[str] = []
     for state in snapshot.gpus:
         if not state.up:
             continue
         g = state.identity
         holding = {f.cls for f in report.by_gpu.get(g.uuid, ())}
-        for cls in CLASSES:
-            finding.add_metric([str(g.index), g.uuid, cls], 1.0 if cls in holding else 0.0)
-    yield finding
+        finding += [
+            f"{head}{'1.0' if cls in holding else '0.0'}\n" for cls, head in _finding_heads(str(g.index), g.uuid)
+        ]
+    yield Preformatted(_FINDING, "".join(finding).encode())
     for name, doc, unit, attr in _COUNTERS:
         family = CounterMetricFamily(name, doc, labels=_LABELS, unit=unit)
         for (uuid, workload), account in sorted(accounts.items(), key=lambda item: (item[1].gpu, item[0][1].name)):
