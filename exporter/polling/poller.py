@@ -18,14 +18,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from gpu_triage.diagnosis.core.actions import GpuStatus
 from gpu_triage.exporter.backends.base import BackendError, Collector, GpuBackend, GpuIdentity, GpuLostError, Result
 from gpu_triage.exporter.backends.readings import Reading
-from gpu_triage.exporter.polling.gpu_reads import GpuReads, PollReads, Read
+from gpu_triage.exporter.polling.gpu_reads import GpuReads, PollReads, Read, Turns
 from gpu_triage.exporter.polling.readpool import ReadPool
 from gpu_triage.exporter.polling.snapshot import CollectorStatus, GpuState, Lost, Snapshot, gpu_status
 from gpu_triage.exporter.worker import Worker
@@ -35,9 +34,9 @@ log = logging.getLogger(__name__)
 FAST = tuple(c for c in Collector if not c.slow)
 SLOW = tuple(c for c in Collector if c.slow)
 CLOCK_STEP_SECONDS = 1.0  # the wall clock moving this much more or less than the monotonic one: a step
-# The share of the deadline after which a GPU whose reads are not all back gets a second task on them, so
-# one read that hangs does not hold up the GPU's other collectors until the deadline.
-SECOND_TASK_AFTER = 0.25
+# The share of the deadline after which a poll whose reads are not all back reads side by side (gpu_reads.py):
+# one read that hangs holds up no other until the deadline.
+SPREAD_AFTER = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,18 +143,15 @@ class Poller:
             collectors += self._cleared_slow()
         now, monotonic = self._clock(), self._monotonic()
         self._check_wall_clock(now, monotonic)
-        poll, reads, gpus, tasks = self._submit(collectors)
+        poll, reads, turns = self._submit(collectors)
         started = time.monotonic()
-        if not poll.wait(self.timeout * SECOND_TASK_AFTER):
-            assert self._pool is not None
-            for batch, task in zip(gpus, list(tasks), strict=True):
-                if batch.waiting() and task.running():
-                    tasks.append(self._pool.submit(batch.take_turns, self._read, lane=batch.gpu.index))
+        if not poll.wait(self.timeout * SPREAD_AFTER):
+            turns.spread()
             poll.wait(started + self.timeout - time.monotonic())
         poll.closed = True  # reads not started by now wait for the next poll
         outcomes = {key: read.outcome for key, read in reads.items()}
         assert self._pool is not None
-        for task in tasks:
+        for task in list(turns.tasks):
             if task.running():
                 self._pool.write_off(task)
         with self._lock:
@@ -190,27 +186,32 @@ class Poller:
 
     def _submit(
         self, collectors: tuple[Collector, ...]
-    ) -> tuple[PollReads, dict[tuple[int, Collector], Read[_Outcome]], list[GpuReads[_Outcome]], list[Future[None]]]:
-        """Start each GPU's due reads as one task; a read still stuck from an earlier poll is not started again."""
+    ) -> tuple[PollReads, dict[tuple[int, Collector], Read[_Outcome]], Turns[_Outcome]]:
+        """Start the GPUs' due reads; a read still stuck from an earlier poll is not started again."""
         assert self._pool is not None, "discover() first"
         reads: dict[tuple[int, Collector], Read[_Outcome]] = {}
-        due: list[tuple[GpuIdentity, list[Read[_Outcome]]]] = []
+        due: list[tuple[GpuIdentity, list[Read[_Outcome]], bool]] = []
         with self._lock:
             for gpu in self.gpus:
-                fresh = []
+                fresh, stuck = [], False
                 for collector in collectors:
                     key = (gpu.index, collector)
                     read = self._inflight.get(key)
                     if read is None or read.done():
                         read = self._inflight[key] = Read(collector)
                         fresh.append(read)
+                    else:
+                        stuck = True
                     reads[key] = read
                 if fresh:
-                    due.append((gpu, fresh))
-        poll = PollReads(sum(len(fresh) for _, fresh in due))
-        gpus = [GpuReads(gpu, fresh, poll) for gpu, fresh in due]
-        tasks = [self._pool.submit(batch.take_turns, self._read, lane=batch.gpu.index) for batch in gpus]
-        return poll, reads, gpus, tasks
+                    due.append((gpu, fresh, stuck))
+        poll = PollReads(sum(len(fresh) for _, fresh, _ in due))
+        turns = Turns(self._pool, self._read, poll)
+        turns.start(
+            [GpuReads(gpu, fresh, poll) for gpu, fresh, stuck in due if not stuck],
+            alone=[GpuReads(gpu, fresh, poll) for gpu, fresh, stuck in due if stuck],
+        )
+        return poll, reads, turns
 
     def _read(self, gpu: GpuIdentity, collector: Collector) -> _Outcome:
         t0 = time.perf_counter()

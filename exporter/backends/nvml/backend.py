@@ -158,7 +158,8 @@ class NvmlBackend:
         finally:
             with self._reads_done:
                 self._reading -= 1
-                self._reads_done.notify_all()
+                if not self._reading:  # what a release waits for
+                    self._reads_done.notify_all()
 
     def _read(self, gpu: GpuIdentity, collector: Collector) -> Result:
         handle = self._handle(gpu, collector)
