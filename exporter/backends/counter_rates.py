@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 
 
 class CounterRates:
@@ -29,6 +29,24 @@ class CounterRates:
         if before is None or value < before[0] or now <= before[1]:
             return None
         return (value - before[0]) * per_unit / (now - before[1])
+
+    def rates(self, keys: Sequence[Hashable], values: Sequence[float | None]) -> list[float | None]:
+        """`rate` of each counter, all read at one time: one clock read and one lock for a GPU's links."""
+        now = self._clock()
+        out: list[float | None] = []
+        with self._lock:
+            last = self._last
+            for key, value in zip(keys, values, strict=True):
+                if value is None:
+                    out.append(None)
+                    continue
+                before = last.get(key)
+                last[key] = (value, now)
+                if before is None or value < before[0] or now <= before[1]:
+                    out.append(None)
+                else:
+                    out.append((value - before[0]) / (now - before[1]))
+        return out
 
     def forget(self, gpu: int) -> None:
         """Drop a GPU's counters (keys start with its index): a new handle may count from anywhere."""

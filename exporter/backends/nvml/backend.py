@@ -47,6 +47,7 @@ from gpu_triage.exporter.backends.readings import ThresholdKind
 
 log = logging.getLogger(__name__)
 _READS_END_SECONDS = 30.0  # at most, for reads in flight to end before NVML is shut down for a release
+_READS_LOOK_EVERY = 0.01  # seconds between looks, while a release waits for them
 
 
 def _released(hold: Hold) -> str:
@@ -101,7 +102,8 @@ class NvmlBackend:
         self._releases = ReleaseRequests(release_dir)  # `gpu-triage release`, through the state directory
         self._released: Hold | None = None  # NVML let go of until then
         self._reading = 0  # reads in flight: NVML is shut down only once none is
-        self._reads_done = threading.Condition()
+        # A plain lock, not a condition: every read takes it twice, and only a release (rare) waits for none.
+        self._reading_lock = threading.Lock()
         # In a container with a PID namespace of its own, /proc/<pid> of an NVML PID is some other
         # process or none: the process label is left out rather than wrong.
         self._names_visible = host_pid_namespace(proc)
@@ -151,14 +153,13 @@ class NvmlBackend:
         hold = self._releases.wanted() or self._released
         if hold is not None:
             raise BackendError(_released(hold))
-        with self._reads_done:
+        with self._reading_lock:
             self._reading += 1
         try:
             return self._read(gpu, collector)
         finally:
-            with self._reads_done:
+            with self._reading_lock:
                 self._reading -= 1
-                self._reads_done.notify_all()
 
     def _read(self, gpu: GpuIdentity, collector: Collector) -> Result:
         handle = self._handle(gpu, collector)
@@ -240,8 +241,10 @@ class NvmlBackend:
         return self._events.wait(timeout_seconds)
 
     def _let_go(self, hold: Hold) -> None:
-        with self._reads_done:  # new reads refuse already; those in flight end by their own deadline
-            self._reads_done.wait_for(lambda: self._reading == 0, timeout=_READS_END_SECONDS)
+        # New reads refuse already; those in flight end by their own deadline.
+        give_up = time.monotonic() + _READS_END_SECONDS
+        while self._reading and time.monotonic() < give_up:
+            time.sleep(_READS_LOOK_EVERY)
         self._events.close()
         self.gpm.close()
         with contextlib.suppress(pynvml.NVMLError):

@@ -10,6 +10,8 @@ counters 161-163, which nvml.h says Blackwell and later do not support, and the 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Hashable
 from typing import Any, Protocol
 
 import pynvml
@@ -92,17 +94,32 @@ def read_nvlink(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
     links = _link_count(b, q, h, gpu)
     if not links:
         return NvLink(())
-    ids = [(field, link) for link in range(links) for field in _LINK_FIELDS]
-    names = [f"nvlink_{link}_{field}" for link in range(links) for field in _LINK_FIELDS]
-    values = q.fields(h, ids, names)
+    ids, names, keys = _link_request(gpu, links)
+    values = [None if v is None else int(v) for v in q.fields(h, ids, names)]
     n = len(_LINK_FIELDS)
-    return NvLink(tuple(_link(b, gpu, link, values[link * n : (link + 1) * n]) for link in range(links)))
+    moved = [None if v is None else v * KIB for v in values[n - 2 :: n] + values[n - 1 :: n]]  # every tx, every rx
+    rates = b.rates.rates(keys, moved)
+    return NvLink(
+        tuple(
+            _link(link, values[link * n : (link + 1) * n], moved[link], moved[links + link], rates, links)
+            for link in range(links)
+        )
+    )
 
 
-def _link(b: BusState, gpu: int, link: int, values: list[float | None]) -> LinkReading:
-    state, replay, recovery, crc, events, failed, successful, effective, symbol, tx_kib, rx_kib = map(_int, values)
-    tx = None if tx_kib is None else tx_kib * KIB
-    rx = None if rx_kib is None else rx_kib * KIB
+@functools.cache
+def _link_request(gpu: int, links: int) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...], tuple[Hashable, ...]]:
+    """The field ids, their names and the rate counters' keys of a GPU's `links` links, made once."""
+    ids = tuple((field, link) for link in range(links) for field in _LINK_FIELDS)
+    names = tuple(f"nvlink_{link}_{field}" for link in range(links) for field in _LINK_FIELDS)
+    keys = tuple((gpu, way, link) for way in ("nvlink_tx", "nvlink_rx") for link in range(links))
+    return ids, names, keys
+
+
+def _link(
+    link: int, values: list[int | None], tx: int | None, rx: int | None, rates: list[float | None], links: int
+) -> LinkReading:
+    state, replay, recovery, crc, events, failed, successful, effective, symbol, _, _ = values
     # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The count is of
     # links the GPU has, cabled or not: an uncabled one is inactive for good.
     return LinkReading(
@@ -117,8 +134,8 @@ def _link(b: BusState, gpu: int, link: int, values: list[float | None]) -> LinkR
         symbol_errors=symbol,
         tx_bytes=tx,
         rx_bytes=rx,
-        tx_bytes_per_second=b.rates.rate((gpu, "nvlink_tx", link), tx),
-        rx_bytes_per_second=b.rates.rate((gpu, "nvlink_rx", link), rx),
+        tx_bytes_per_second=rates[link],
+        rx_bytes_per_second=rates[links + link],
     )
 
 

@@ -7,6 +7,8 @@ is silently never read.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -25,21 +27,36 @@ def _convert(value: Any, spec: FieldSpec, per: int) -> Any:
     return int(value) if spec.kind is int else value
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How one reading's plain fields are read: its getters, then its field values in one batch."""
+
+    getters: tuple[tuple[FieldSpec, Getter], ...]
+    batched: tuple[tuple[FieldSpec, NvmlField], ...]
+    ids: tuple[tuple[int, int], ...]  # scope 0: the whole GPU
+    names: tuple[str, ...]
+
+
+@functools.cache
+def _plan(reading: str) -> _Plan:
+    """Worked out once per reading, not at every read: the table does not change while the daemon runs."""
+    specs = of(reading)
+    getters = tuple((s, s.nvml) for s in specs if isinstance(s.nvml, Getter))
+    batched = tuple((s, s.nvml) for s in specs if isinstance(s.nvml, NvmlField))
+    ids = tuple((getattr(pynvml, how.field), 0) for _, how in batched)
+    return _Plan(getters, batched, ids, tuple(how.query for _, how in batched))
+
+
 def read_plain(q: Query, h: Any, reading: str) -> dict[str, Any]:
     """The reading's plain attributes NVML answers directly: each getter, then the field values in one call."""
+    plan = _plan(reading)
     out: dict[str, Any] = {}
-    batched: list[tuple[FieldSpec, NvmlField]] = []
-    for spec in of(reading):
-        how = spec.nvml
-        if isinstance(how, Getter):
-            out[spec.attr] = _convert(q(how.query, getattr(pynvml, how.function), h), spec, how.per)
-        elif isinstance(how, NvmlField):
-            batched.append((spec, how))
-    if batched:
-        ids = [(getattr(pynvml, how.field), 0) for _, how in batched]  # scope 0: the whole GPU
-        values = q.fields(h, ids, [how.query for _, how in batched])
-        for (spec, how), value in zip(batched, values, strict=True):
-            out[spec.attr] = _convert(value, spec, how.per)
+    for spec, how in plan.getters:
+        out[spec.attr] = _convert(q(how.query, getattr(pynvml, how.function), h), spec, how.per)
+    if plan.batched:
+        values = q.fields(h, plan.ids, plan.names)
+        for (spec, field), value in zip(plan.batched, values, strict=True):
+            out[spec.attr] = _convert(value, spec, field.per)
     return out
 
 

@@ -140,21 +140,18 @@ class Query:
         values = self("field_values", _field_values(), handle, ids)
         if values is None:
             return [None] * len(ids)
-        out: list[float | None] = []
         absent = self._log.absent
-        for name, (code, value) in zip(names, values, strict=True):
-            if code != _SUCCESS:
-                out.append(None)
-                if (self.gpu, name, code) in absent:
-                    continue
-                failed = len(self.failed)
-                # A field's own INVALID_ARGUMENT: a field or link this GPU does not have.
-                self._fail(name, _error(code), absent=code == _INVALID_ARGUMENT)
-                if len(self.failed) == failed:  # neither raised nor failed: absent
-                    absent.add((self.gpu, name, code))
-            else:
-                out.append(value)
-        return out
+        # Most fields answer: the policy is applied to the few that did not, the values taken as they are.
+        for i in [i for i, (code, _) in enumerate(values) if code != _SUCCESS]:
+            code, name = values[i][0], names[i]
+            if (self.gpu, name, code) in absent:
+                continue
+            failed = len(self.failed)
+            # A field's own INVALID_ARGUMENT: a field or link this GPU does not have.
+            self._fail(name, _error(code), absent=code == _INVALID_ARGUMENT)
+            if len(self.failed) == failed:  # neither raised nor failed: absent
+                absent.add((self.gpu, name, code))
+        return [value for _, value in values]
 
     def _handle_answers(self) -> bool:
         """After INVALID_ARGUMENT: does the handle itself still answer? Raises if the GPU is gone."""
@@ -281,6 +278,8 @@ _AS_INTEGER = struct.Struct("=24xIIQ")
 _AS_DOUBLE = struct.Struct("=32xd")
 _DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
 _SIGNED_64, _SIGNED_32 = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_SIGNED_INT
+_NOT_UNSIGNED = frozenset({_DOUBLE, _SIGNED_64, _SIGNED_32})
+_ALL_BITS = 0xFFFFFFFFFFFFFFFF
 # The unsigned types by their width (c_ulong is pynvml's ulVal: 8 bytes where it runs); any other type is read
 # as ullVal, as field_value reads it.
 _UNSIGNED_MASK = {
@@ -292,19 +291,38 @@ _UNSIGNED_MASK = {
 _DECODABLE = sys.byteorder == "little" and ctypes.sizeof(_FieldValue) == _AS_INTEGER.size == _AS_DOUBLE.size
 
 
+@functools.lru_cache(maxsize=64)
+def _columns(count: int) -> tuple[struct.Struct, struct.Struct]:
+    """`count` records read at once, as integers and as doubles: one C call each, not one per field."""
+    return struct.Struct("=" + "24xIIQ" * count), struct.Struct("=" + "32xd" * count)
+
+
 def decode(raw: bytes) -> list[tuple[int, float | None]]:
     """(return code, value or None) of each nvmlFieldValue_t in `raw`: what field_value reads, field by field."""
-    out: list[tuple[int, float | None]] = []
-    for (kind, code, bits), (double,) in zip(_AS_INTEGER.iter_unpack(raw), _AS_DOUBLE.iter_unpack(raw), strict=True):
-        if code != _SUCCESS:
-            out.append((code, None))
-        elif kind == _DOUBLE:
-            out.append((code, double))
-        elif kind == _SIGNED_64:
-            out.append((code, float(bits - (1 << 64) if bits >> 63 else bits)))
-        elif kind == _SIGNED_32:
-            low = bits & 0xFFFFFFFF
-            out.append((code, float(low - (1 << 32) if low >> 31 else low)))
-        else:
-            out.append((code, float(bits & _UNSIGNED_MASK.get(kind, 0xFFFFFFFFFFFFFFFF))))
-    return out
+    as_integers, as_doubles = _columns(len(raw) // _AS_INTEGER.size)
+    flat = as_integers.unpack(raw)
+    kinds, codes, bits = flat[0::3], flat[1::3], flat[2::3]
+    mask = _UNSIGNED_MASK.get
+    if _DOUBLE in kinds or _SIGNED_64 in kinds or _SIGNED_32 in kinds:
+        doubles = as_doubles.unpack(raw)
+        return [
+            (code, None)
+            if code != _SUCCESS
+            else (code, _signed_or_double(kind, value, double))
+            if kind in _NOT_UNSIGNED
+            else (code, float(value & mask(kind, _ALL_BITS)))
+            for kind, code, value, double in zip(kinds, codes, bits, doubles, strict=True)
+        ]
+    return [
+        (code, None) if code != _SUCCESS else (code, float(value & mask(kind, _ALL_BITS)))
+        for kind, code, value in zip(kinds, codes, bits, strict=True)
+    ]
+
+
+def _signed_or_double(kind: int, bits: int, double: float) -> float:
+    if kind == _DOUBLE:
+        return double
+    if kind == _SIGNED_64:
+        return float(bits - (1 << 64) if bits >> 63 else bits)
+    low = bits & 0xFFFFFFFF
+    return float(low - (1 << 32) if low >> 31 else low)
