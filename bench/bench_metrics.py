@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.polling.poller import FAST

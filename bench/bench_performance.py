@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_triage.diagnosis.core.findings import Workload
 from gpu_triage.diagnosis.performance.data import load_performance
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
 from gpu_triage.exporter.metrics.performance import performance_families
 from gpu_triage.exporter.performance import Performance

@@ -28,7 +28,7 @@ _CHILD = r"""
 import logging, sys, time
 # The first full poll of many GPUs overruns its deadline (each GPU's first GPM sample waits), and says so per GPU.
 logging.getLogger("gpu_triage").setLevel(logging.ERROR)
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 from gpu_triage.exporter.polling.poller import FAST, Poller
 polls = int(sys.argv[1])

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pynvml
 import pytest
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.dcgm import Address, DcgmBackend
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 from gpu_triage.exporter.backends.nvml.gpm import GpmProfiler

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
 from gpu_triage.exporter.polling.poller import Poller
 from gpu_triage.exporter.settings import load_settings

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_triage.exporter.backends.base import Collector, GpuLostError
+from gpu_triage.exporter.backends.base import GpuLostError
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import (
     ClockEventReason,
     Clocks,

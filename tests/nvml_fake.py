@@ -21,7 +21,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpu_triage.exporter.backends.base import Collector, GpuIdentity, GpuLostError
+from gpu_triage.exporter.backends.base import GpuIdentity, GpuLostError
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import (
     ClockDomain,
     Clocks,

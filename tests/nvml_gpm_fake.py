@@ -22,7 +22,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Activity, Memory, Processes, Profiling
 from gpu_triage.exporter.backends.sim import SimBackend
 from gpu_triage.exporter.backends.sim.mig import SimInstance, instances

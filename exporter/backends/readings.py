@@ -26,7 +26,7 @@ from enum import IntEnum, StrEnum
 from typing import Any, ClassVar, NamedTuple
 
 from gpu_triage.exporter.backends import field_table
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.mig_instance import MigInstance
 from gpu_triage.exporter.metrics import families as f
 

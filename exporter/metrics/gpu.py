@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gpu_triage import __version__
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Inventory, Sample
 from gpu_triage.exporter.metrics.exposition import Preformatted, format_value, series_head
 from gpu_triage.exporter.metrics.families import FAMILIES, UP, Family

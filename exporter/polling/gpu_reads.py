@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Generic, TypeVar
 
-from gpu_triage.exporter.backends.base import Collector, GpuIdentity
+from gpu_triage.exporter.backends.base import GpuIdentity
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.polling.readpool import ReadPool
 
 T = TypeVar("T")

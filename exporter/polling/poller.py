@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from gpu_triage.diagnosis.core.actions import GpuStatus
-from gpu_triage.exporter.backends.base import BackendError, Collector, GpuBackend, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.base import BackendError, GpuBackend, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Reading
 from gpu_triage.exporter.polling.gpu_reads import GpuReads, PollReads, Read, Turns
 from gpu_triage.exporter.polling.readpool import ReadPool

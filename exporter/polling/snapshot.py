@@ -12,7 +12,8 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from gpu_triage.diagnosis.core.actions import GpuStatus
-from gpu_triage.exporter.backends.base import Collector, GpuIdentity
+from gpu_triage.exporter.backends.base import GpuIdentity
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Reading
 
 R = TypeVar("R", bound=Reading)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import MappingProxyType
 
-from gpu_triage.exporter.backends.base import Collector, GpuIdentity
+from gpu_triage.exporter.backends.base import GpuIdentity
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import LinkReading, LinkState, NvLink
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.sources.journal import Event, Journal

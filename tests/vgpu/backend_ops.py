@@ -10,7 +10,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from gpu_triage.exporter.backends.base import BackendError, Collector, GpuIdentity, GpuLostError
+from gpu_triage.exporter.backends.base import BackendError, GpuIdentity, GpuLostError
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 
 

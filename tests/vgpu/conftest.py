@@ -20,9 +20,9 @@ import pytest
 from gpu_triage.exporter.vgpu import state as vs
 
 NVML_BACKEND_MODULE = "gpu_triage.exporter.backends.nvml.backend"
-BACKEND_BASE_MODULE = "gpu_triage.exporter.backends.base"
+COLLECTORS_MODULE = "gpu_triage.exporter.backends.collectors"
 
-__all__ = ["BACKEND_BASE_MODULE", "NVML_BACKEND_MODULE", "H", "Worker", "vs"]
+__all__ = ["COLLECTORS_MODULE", "NVML_BACKEND_MODULE", "H", "Worker", "vs"]
 
 REPO = Path(__file__).resolve().parents[2]
 LIB_DIR = REPO / "build" / "vgpu"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.vgpu.conftest import BACKEND_BASE_MODULE, NVML_BACKEND_MODULE, Worker, vs
+from tests.vgpu.conftest import COLLECTORS_MODULE, NVML_BACKEND_MODULE, Worker, vs
 
 OPEN_BACKEND = (
     "import importlib\n"
     f"nvml_backend = importlib.import_module({NVML_BACKEND_MODULE!r})\n"
-    f"base = importlib.import_module({BACKEND_BASE_MODULE!r})\n"
+    f"collectors = importlib.import_module({COLLECTORS_MODULE!r})\n"
     "backend = H['backend'] = nvml_backend.NvmlBackend()\n"
     "gpus = H['gpus'] = backend.discover()\n"
 )
@@ -25,11 +25,11 @@ def test_every_collector_reads_without_a_failed_field(worker: Callable[..., Work
     got = nvml.run(
         OPEN_BACKEND + "result = {\n"
         "    'gpus': [(g.index, g.uuid, g.pci_bus_id) for g in gpus],\n"
-        "    'failed': {c.value: list(backend.read(gpus[2], c).failed_fields) for c in base.Collector},\n"
-        "    'power': backend.read(gpus[2], base.Collector.POWER).reading.usage_watts,\n"
+        "    'failed': {c.value: list(backend.read(gpus[2], c).failed_fields) for c in collectors.Collector},\n"
+        "    'power': backend.read(gpus[2], collectors.Collector.POWER).reading.usage_watts,\n"
         "    'links': [(k.link, k.state, k.replay_errors)\n"
-        "              for k in backend.read(gpus[2], base.Collector.NVLINK).reading.links[2:5]],\n"
-        "    'remap': backend.read(gpus[2], base.Collector.REMAPPING).reading.uncorrectable_rows,\n"
+        "              for k in backend.read(gpus[2], collectors.Collector.NVLINK).reading.links[2:5]],\n"
+        "    'remap': backend.read(gpus[2], collectors.Collector.REMAPPING).reading.uncorrectable_rows,\n"
         "}"
     )
     assert [tuple(g) for g in got["gpus"]] == [(i, g.uuid, f"0000:{g.pci_bus:02x}:00.0") for i, g in enumerate(node)]

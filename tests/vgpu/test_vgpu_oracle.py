@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
 from gpu_triage.exporter.vgpu.driver import VgpuDriver
 from tests.conftest import START, FakeClock

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_triage.exporter.backends.base import BackendError, Collector, DriverXid, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.base import BackendError, DriverXid, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.dcgm import bindings, fields
 from gpu_triage.exporter.backends.dcgm.address import Address
 from gpu_triage.exporter.backends.dcgm.connection import Connection

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpu_triage.exporter.backends import field_table
-from gpu_triage.exporter.backends.base import Collector, GpuBackend, GpuIdentity, GpuLostError, require_every_collector
+from gpu_triage.exporter.backends.base import GpuBackend, GpuIdentity, GpuLostError
+from gpu_triage.exporter.backends.collectors import Collector, require_every_collector
 from gpu_triage.exporter.backends.dcgm import fields as fid
 from gpu_triage.exporter.backends.dcgm.fields import Entity
 from gpu_triage.exporter.backends.dcgm.health import HealthBook

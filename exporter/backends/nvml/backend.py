@@ -25,7 +25,8 @@ from typing import Any
 import pynvml
 
 from gpu_triage.diagnosis.core.pci import canonical_bus_id
-from gpu_triage.exporter.backends.base import BackendError, Collector, DriverXid, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.base import BackendError, DriverXid, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.counter_rates import CounterRates
 from gpu_triage.exporter.backends.nvml.events import XidEvents
 from gpu_triage.exporter.backends.nvml.gpm import GpmProfiler

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import pynvml
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.mig_instance import MigInstance
 from gpu_triage.exporter.backends.nvml.mig import MigDevice, MigState, listed
 from gpu_triage.exporter.backends.nvml.query import Query

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import pynvml
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.mig_instance import MigInstance
 from gpu_triage.exporter.backends.nvml.query import Query, text
 from gpu_triage.exporter.backends.per_poll import PerPoll

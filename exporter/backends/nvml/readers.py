@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import pynvml
 
-from gpu_triage.exporter.backends.base import Collector, require_every_collector
+from gpu_triage.exporter.backends.collectors import Collector, require_every_collector
 from gpu_triage.exporter.backends.nvml.buses import BusState, read_nvlink, read_pcie
 from gpu_triage.exporter.backends.nvml.gpm import GpmState, read_profiling
 from gpu_triage.exporter.backends.nvml.mig import with_instance_memory, with_instance_processes

@@ -18,7 +18,8 @@ from dataclasses import replace
 
 from gpu_triage.diagnosis.core.findings import Workload
 from gpu_triage.diagnosis.core.pci import canonical_bus_id
-from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity, GpuLostError, Result
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.mig_instance import MigInstance
 from gpu_triage.exporter.backends.sim.faults import ActiveFault, FaultBook, FaultKind, FaultSpec
 from gpu_triage.exporter.backends.sim.mig import instances

@@ -16,7 +16,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 
 # A hung call waits on a threading timeout, which overflows (every poll) far below 1e300 s; 30 days is
 # longer than any fault needs to last. No node has more GPUs than MAX_GPU.

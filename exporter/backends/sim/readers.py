@@ -8,7 +8,7 @@ from operator import attrgetter
 from typing import Any
 
 from gpu_triage.exporter.backends import field_table
-from gpu_triage.exporter.backends.base import Collector, require_every_collector
+from gpu_triage.exporter.backends.collectors import Collector, require_every_collector
 from gpu_triage.exporter.backends.readings import (
     Activity,
     ClockEventReason,

@@ -17,7 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_triage.exporter.backends.base import BackendError, Collector, GpuLostError
+from gpu_triage.exporter.backends.base import BackendError, GpuLostError
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.dcgm import Address, DcgmBackend, bindings
 from gpu_triage.exporter.backends.dcgm.connection import initialise
 from gpu_triage.exporter.backends.dcgm.health import HOLD_SECONDS

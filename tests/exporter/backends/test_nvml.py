@@ -12,7 +12,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_triage.exporter.backends.base import BackendError, Collector, GpuLostError
+from gpu_triage.exporter.backends.base import BackendError, GpuLostError
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.nvml import query as nvml_query
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 from gpu_triage.exporter.backends.nvml.query import field_value

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
-from gpu_triage.exporter.backends.base import Collector, GpuLostError
+from gpu_triage.exporter.backends.base import GpuLostError
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 from gpu_triage.exporter.backends.nvml.gpm import MIN_GAP_SECONDS, GpmProfiler
 from gpu_triage.exporter.backends.readings import Activity, Memory, Processes, Profiling, Utilization

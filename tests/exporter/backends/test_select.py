@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_triage.exporter.backends.base import BackendError, Collector
+from gpu_triage.exporter.backends.base import BackendError
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.dcgm import Address, DcgmBackend, address
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 from gpu_triage.exporter.backends.readings import Profiling

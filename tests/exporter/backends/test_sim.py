@@ -8,7 +8,8 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from gpu_triage.exporter.backends.base import Collector, GpuLostError
+from gpu_triage.exporter.backends.base import GpuLostError
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import (
     ClockEventReason,
     Ecc,

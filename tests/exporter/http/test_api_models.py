@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpu_triage.diagnosis.training.diagnose import diagnose
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.fr_decode import SandboxDecoder
 from gpu_triage.exporter.http.api_models import DiagnoseReport, Diagnosis, GpuReadings, JournalEvent

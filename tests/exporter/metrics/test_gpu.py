@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_triage.exporter.backends.base import Collector, DriverXid, GpuIdentity
+from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Activity, Pcie, Processes, ProcessReading, Profiling
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.core import InfoMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Inventory, NvLink, Processes, ProcessReading
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon

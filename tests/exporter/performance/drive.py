@@ -7,7 +7,8 @@ from types import MappingProxyType
 
 from gpu_triage.diagnosis.core.actions import GpuStatus
 from gpu_triage.diagnosis.performance.data import load_performance
-from gpu_triage.exporter.backends.base import Collector, GpuLostError
+from gpu_triage.exporter.backends.base import GpuLostError
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Reading
 from gpu_triage.exporter.backends.sim.backend import SimBackend
 from gpu_triage.exporter.backends.sim.scenario import load_scenario

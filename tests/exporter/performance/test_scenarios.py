@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_triage.exporter.backends.base import Collector
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
 from gpu_triage.exporter.backends.sim.scenario import builtin_scenarios
 from gpu_triage.exporter.daemon import Daemon

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from gpu_triage.diagnosis.core.actions import GpuStatus
-from gpu_triage.exporter.backends.base import BackendError, Collector, GpuIdentity, Result
+from gpu_triage.exporter.backends.base import BackendError, GpuIdentity, Result
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Power
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.polling.poller import FAST, SLOW, Poller

@@ -12,7 +12,8 @@ from types import MappingProxyType
 import pytest
 
 from gpu_triage.diagnosis.core.findings import Workload
-from gpu_triage.exporter.backends.base import Collector, GpuIdentity
+from gpu_triage.exporter.backends.base import GpuIdentity
+from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import MigInstance, Processes
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 from gpu_triage.exporter.workloads.placement import Assignment, DeviceIndex
