@@ -1,12 +1,11 @@
 """The background poller: reads every GPU through the backend and publishes Snapshots.
 
-Each GPU's reads run in a worker thread, one after another (gpu_reads.py), and the poll waits for all
-of them up to a deadline; each (GPU, collector) read keeps its own outcome. A read that misses the
-deadline marks its collector failed and that GPU hung; its stale values are dropped rather than
-served, the other reads are used, and the next poll starts on time. A read that is still stuck at the
-next poll is not started again, so a hung driver call costs one thread, not one per poll; once it
-returns, the next fast poll reads that collector again, even a slow one, so the GPU is back within
-seconds.
+Each (GPU, collector) read runs in a worker thread and the poll waits for all of them up to a
+deadline. A read that misses it marks its collector failed and that GPU hung; its stale values
+are dropped rather than served, the other reads are used, and the next poll starts on time. A
+read that is still stuck at the next poll is not started again, so a hung driver call costs one
+thread, not one per poll; once it returns, the next fast poll reads that collector again, even a slow
+one, so the GPU is back within seconds.
 
 Polls are scheduled on the monotonic clock: setting the wall clock (NTP stepping it, `date -s`) changes
 the times reported, never when the next poll runs. A step is logged once.
@@ -18,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -25,7 +25,6 @@ from gpu_triage.diagnosis.core.actions import GpuStatus
 from gpu_triage.exporter.backends.base import BackendError, GpuBackend, GpuIdentity, GpuLostError, Result
 from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Reading
-from gpu_triage.exporter.polling.gpu_reads import GpuReads, PollReads, Read, Turns
 from gpu_triage.exporter.polling.readpool import ReadPool
 from gpu_triage.exporter.polling.snapshot import CollectorStatus, GpuState, Lost, Snapshot, gpu_status
 from gpu_triage.exporter.worker import Worker
@@ -35,9 +34,6 @@ log = logging.getLogger(__name__)
 FAST = tuple(c for c in Collector if not c.slow)
 SLOW = tuple(c for c in Collector if c.slow)
 CLOCK_STEP_SECONDS = 1.0  # the wall clock moving this much more or less than the monotonic one: a step
-# The share of the deadline after which a poll whose reads are not all back reads side by side (gpu_reads.py):
-# one read that hangs holds up no other until the deadline.
-SPREAD_AFTER = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +66,7 @@ class Poller:
         self.last_poll_monotonic: float | None = None  # for liveness: the loop is turning
         self.gpus: list[GpuIdentity] = []  # found by discover(), fixed for the daemon's life
         self._failing: dict[tuple[int, Collector], str] = {}  # the error last logged per read, to log a change once
-        self._inflight: dict[tuple[int, Collector], Read[_Outcome]] = {}  # the last read started of each
+        self._inflight: dict[tuple[int, Collector], Future[_Outcome]] = {}
         self._lock = threading.Lock()
         self._pool: ReadPool | None = None
         self._wall_offset: float | None = None  # wall minus monotonic time at the last poll
@@ -144,17 +140,13 @@ class Poller:
             collectors += self._cleared_slow()
         now, monotonic = self._clock(), self._monotonic()
         self._check_wall_clock(now, monotonic)
-        poll, reads, turns = self._submit(collectors)
-        started = time.monotonic()
-        if not poll.wait(self.timeout * SPREAD_AFTER):
-            turns.spread()
-            poll.wait(started + self.timeout - time.monotonic())
-        poll.closed = True  # reads not started by now wait for the next poll
-        outcomes = {key: read.outcome for key, read in reads.items()}
+        tasks = self._submit(collectors)
+        wait(list(tasks.values()), timeout=self.timeout)
+        outcomes = {key: fut.result() if fut.done() else None for key, fut in tasks.items()}
         assert self._pool is not None
-        for task in list(turns.tasks):
-            if task.running():
-                self._pool.write_off(task)
+        for fut in tasks.values():
+            if fut.running():
+                self._pool.write_off(fut)
         with self._lock:
             snapshot = self._merge(collectors, outcomes, now, monotonic)
             self.snapshot = snapshot
@@ -185,34 +177,19 @@ class Poller:
                 extra={"seconds": round(self._wall_offset - before, 3), "note": "polls keep to their schedule"},
             )
 
-    def _submit(
-        self, collectors: tuple[Collector, ...]
-    ) -> tuple[PollReads, dict[tuple[int, Collector], Read[_Outcome]], Turns[_Outcome]]:
-        """Start the GPUs' due reads; a read still stuck from an earlier poll is not started again."""
+    def _submit(self, collectors: tuple[Collector, ...]) -> dict[tuple[int, Collector], Future[_Outcome]]:
         assert self._pool is not None, "discover() first"
-        reads: dict[tuple[int, Collector], Read[_Outcome]] = {}
-        due: list[tuple[GpuIdentity, list[Read[_Outcome]], bool]] = []
+        tasks = {}
         with self._lock:
             for gpu in self.gpus:
-                fresh, stuck = [], False
                 for collector in collectors:
                     key = (gpu.index, collector)
-                    read = self._inflight.get(key)
-                    if read is None or read.done():
-                        read = self._inflight[key] = Read(collector)
-                        fresh.append(read)
-                    else:
-                        stuck = True
-                    reads[key] = read
-                if fresh:
-                    due.append((gpu, fresh, stuck))
-        poll = PollReads(sum(len(fresh) for _, fresh, _ in due))
-        turns = Turns(self._pool, self._read, poll)
-        turns.start(
-            [GpuReads(gpu, fresh, poll) for gpu, fresh, stuck in due if not stuck],
-            alone=[GpuReads(gpu, fresh, poll) for gpu, fresh, stuck in due if stuck],
-        )
-        return poll, reads, turns
+                    running = self._inflight.get(key)
+                    if running is None or running.done():
+                        running = self._pool.submit(self._read, gpu, collector, lane=gpu.index)
+                        self._inflight[key] = running
+                    tasks[key] = running
+        return tasks
 
     def _read(self, gpu: GpuIdentity, collector: Collector) -> _Outcome:
         t0 = time.perf_counter()

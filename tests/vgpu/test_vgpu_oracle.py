@@ -153,7 +153,7 @@ def test_a_wrong_unit_in_a_reader_is_caught(
     nvml = worker(state_file)
     nvml.run(
         "import dataclasses\nimport gpu_triage.exporter.backends.nvml.readers as r\n"
-        f"from gpu_triage.exporter.backends.base import Collector as C\n{patch}"
+        f"from gpu_triage.exporter.backends.collectors import Collector as C\n{patch}"
     )
     found = compare(nvml, sim, driver, clock)
     assert any(d.startswith(where) for d in found), found

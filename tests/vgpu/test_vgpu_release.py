@@ -16,7 +16,8 @@ UNINITIALIZED = 1
 OPEN = (
     "import pathlib\n"
     "from gpu_triage.exporter.backends.nvml.backend import NvmlBackend\n"
-    "from gpu_triage.exporter.backends.base import BackendError, Collector\n"
+    "from gpu_triage.exporter.backends.base import BackendError\n"
+    "from gpu_triage.exporter.backends.collectors import Collector\n"
     "b = H['b'] = NvmlBackend(release_dir=pathlib.Path({dir!r}))\n"
     "H['gpus'] = b.discover()\n"
 )
@@ -24,7 +25,8 @@ OPEN = (
 
 def attempt(nvml: Worker, code: str) -> str:
     return nvml.run(
-        "from gpu_triage.exporter.backends.base import BackendError, Collector\n"
+        "from gpu_triage.exporter.backends.base import BackendError\n"
+        "from gpu_triage.exporter.backends.collectors import Collector\n"
         f"try:\n    {code}\n    result = 'ok'\nexcept BackendError as e:\n    result = str(e)"
     )
 
