@@ -158,3 +158,25 @@ def test_what_is_gone_takes_its_series_with_it(node: tuple[Daemon, SimBackend, F
 )  # fmt: skip
 def test_format_value_is_prometheus_clients(value: float) -> None:
     assert format_value(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
+
+
+def test_a_source_that_stops_overriding_and_a_new_gpu_in_an_old_place(
+    node: tuple[Daemon, SimBackend, FakeClock],
+) -> None:
+    """The profiling reading going away alone (its per-link figures no longer win over NVLink's own rates, whose
+    key did not change), and another GPU at the same index (a swap, or a reset that renumbered): each page is
+    still prometheus_client's for its snapshot."""
+    daemon, _, clock = node
+    clock.advance(100)
+    full = daemon.poller.poll(Collector)
+    builder = GpuFamilies()
+    before = check_page(builder, full)
+    g0 = full.gpus[0]
+    assert Collector.PROFILING in g0.readings
+    unprofiled = {c: r for c, r in g0.readings.items() if c is not Collector.PROFILING}
+    page = check_page(builder, _drop(full, gpus=(GpuState(g0.identity, unprofiled), *full.gpus[1:])))
+    assert page != before  # the preferred set did change
+    assert check_page(builder, full) == before
+    swapped = dataclasses.replace(g0.identity, uuid="GPU-00000000-0000-0000-0000-0000000000aa")
+    page = check_page(builder, _drop(full, gpus=(GpuState(swapped, g0.readings), *full.gpus[1:])))
+    assert g0.identity.uuid.encode() not in page and swapped.uuid.encode() in page
