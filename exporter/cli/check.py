@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import ssl
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, TextIO
@@ -40,6 +41,8 @@ from gpu_triage.exporter.http.api_models import Diagnosis, FindingOut, WorkloadO
 from gpu_triage.exporter.verdict_report import name_blind, name_places
 
 FORMATS = ("text", "json", "reason")
+# A verdict is kilobytes (64 GPUs with 30,000 unknown devices: under 100 KiB); more is another server.
+MAX_ANSWER_BYTES: Final = 16 << 20
 Word = Literal["OK", "WARNING", "CRITICAL", "UNKNOWN"]
 NAGIOS: dict[Health, Word] = {
     Health.HEALTHY: "OK",
@@ -78,14 +81,30 @@ class DaemonClient:
             if self.user is not None:
                 password = Path(self.password_file).read_text().strip() if self.password_file else ""
                 auth = (self.user, password)
-            answer = httpx.get(f"{self.base}/api/v1/diagnosis", timeout=self.timeout, verify=verify, auth=auth)
-            answer.raise_for_status()
+            content = self._get(f"{self.base}/api/v1/diagnosis", verify, auth)
         except (httpx.HTTPError, httpx.InvalidURL, ValueError, OSError) as e:
             raise NoVerdictError(f"cannot get a verdict from gpu-triage at {self.base}: {e}") from None
         try:
-            return Diagnosis.model_validate_json(answer.content)
+            return Diagnosis.model_validate_json(content)
         except ValidationError as e:  # another server on the port, or a daemon whose verdict this one cannot read
             raise NoVerdictError(f"gpu-triage at {self.base} answered no verdict: {_first_problem(e)}") from None
+
+    def _get(self, url: str, verify: ssl.SSLContext | bool, auth: tuple[str, str] | None) -> bytes:
+        """The body, read within `timeout` in all and up to MAX_ANSWER_BYTES: httpx's timeout bounds each read,
+        so a peer that trickles, or answers without end, would otherwise hold `check` (and the node-condition
+        sidecar, which asks again and again) for ever, or fill its memory."""
+        deadline = time.monotonic() + self.timeout
+        with httpx.stream("GET", url, timeout=self.timeout, verify=verify, auth=auth) as answer:
+            answer.raise_for_status()
+            chunks, size = [], 0
+            for chunk in answer.iter_bytes():  # decoded: a compressed answer is bounded by what it unpacks to
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise ValueError(f"the answer is over {MAX_ANSWER_BYTES // (1 << 20)} MiB")
+                if time.monotonic() > deadline:
+                    raise ValueError(f"the answer took over {self.timeout:g} s")
+                chunks.append(chunk)
+        return b"".join(chunks)
 
 
 def _first_problem(e: ValidationError) -> str:

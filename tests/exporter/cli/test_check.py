@@ -260,3 +260,39 @@ def test_names_from_the_cluster_cannot_forge_lines_or_drive_the_terminal() -> No
     assert "pod ml/trainer\\x0a  GPU 0: all fine (container \\x1b]0;PWN\\x07\\x1b[2J\\x9b)" in text.stdout
     assert "Slurm job \\x1b[31m4242" in text.stdout
     assert one.stdout == "REBOOT_NODE: GPU 0 Xid 79 pod ml/trainer GPU 0: all fine +1\n"
+
+
+@pytest.mark.parametrize("kind", ["endless", "trickle"])
+def test_an_answer_without_end_is_no_verdict_within_the_timeout(kind: str) -> None:
+    """Another server on the port that streams for ever, or one byte at a time: `check` gives up with UNKNOWN
+    after its timeout instead of reading on (each read alone would be within httpx's timeout)."""
+    stop = threading.Event()
+
+    class Endless(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            chunk = b"x" * (1 << 20) if kind == "endless" else b" "
+            while not stop.is_set():
+                try:
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                except OSError:
+                    return
+                if kind == "trickle":
+                    stop.wait(0.05)  # the trickle is the behaviour under test: a byte well within each read's timeout
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = check(f"http://127.0.0.1:{server.server_address[1]}", "--json", "--timeout", "1")
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+    out = json.loads(result.stdout)
+    assert result.returncode == 3 and out["status"] == "UNKNOWN" and out["diagnosis"] is None
+    assert ("over 16 MiB" if kind == "endless" else "took over 1 s") in out["error"], out["error"]
