@@ -63,15 +63,19 @@ _LINK_FIELDS = (
 )
 
 
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
+# The byte counters, then the error counters, and the names their failures are reported under.
+_PCIE_IDS = (
+    (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
+    (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
+    *((fid, 0) for fid in _PCIE_ERRORS.values()),
+)
+_PCIE_NAMES = ("pcie_tx_bytes", "pcie_rx_bytes", *(f"pcie_{kind}" for kind in _PCIE_ERRORS))
+_LINK_COUNT_IDS, _LINK_COUNT_NAMES = ((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0),), ("nvlink_link_count",)
 
 
 def read_pcie(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
-    counters = [(pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0), (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)]
-    ids = counters + [(fid, 0) for fid in _PCIE_ERRORS.values()]
-    values = q.fields(h, ids, ["pcie_tx_bytes", "pcie_rx_bytes", *(f"pcie_{kind}" for kind in _PCIE_ERRORS)])
-    tx_bytes, rx_bytes = _int(values[0]), _int(values[1])
+    values = q.counts(h, _PCIE_IDS, _PCIE_NAMES)
+    tx_bytes, rx_bytes = values[0], values[1]
     tx, rx = b.rates.rate((gpu, "pcie_tx"), tx_bytes), b.rates.rate((gpu, "pcie_rx"), rx_bytes)
     if tx is None or rx is None:
         # Each call samples a 20 ms window, which is why PCIe is a collector of its own.
@@ -79,7 +83,7 @@ def read_pcie(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
         rx_kb = q("pcie_rx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
         tx = None if tx_kb is None else float(tx_kb * PCIE_KB)
         rx = None if rx_kb is None else float(rx_kb * PCIE_KB)
-    errors = {kind: int(v) for kind, v in zip(_PCIE_ERRORS, values[2:], strict=True) if v is not None}
+    errors = {kind: v for kind, v in zip(_PCIE_ERRORS, values[2:], strict=True) if v is not None}
     return Pcie(
         **read_plain(q, h, "Pcie"),
         tx_bytes_per_second=tx,
@@ -95,7 +99,7 @@ def read_nvlink(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
     if not links:
         return NvLink(())
     ids, names, keys = _link_request(gpu, links)
-    values = [None if v is None else int(v) for v in q.fields(h, ids, names)]
+    values = q.counts(h, ids, names)
     n = len(_LINK_FIELDS)
     moved = [None if v is None else v * KIB for v in values[n - 2 :: n] + values[n - 1 :: n]]  # every tx, every rx
     rates = b.rates.rates(keys, moved)
@@ -142,7 +146,7 @@ def _link(
 def _link_count(b: BusState, q: Query, h: Any, gpu: int) -> int:
     if gpu not in b.link_counts:
         failed = len(q.failed)
-        (count,) = q.fields(h, [(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)], ["nvlink_link_count"])
+        (count,) = q.counts(h, _LINK_COUNT_IDS, _LINK_COUNT_NAMES)
         if len(q.failed) > failed:
             return 0  # a failed read, not an answer: ask again next poll
         b.link_counts[gpu] = int(count or 0)

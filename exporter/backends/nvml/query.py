@@ -24,7 +24,7 @@ import struct
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import pynvml
 
@@ -90,6 +90,9 @@ class FieldLog:
         # the same again, it is absent again, with nothing to log. A GPU without some NVLink counters answers
         # dozens of them so at every poll.
         self.absent: set[tuple[int, str, int]] = set()
+        # (GPU, the request's field names) -> the return codes of an answer whose every field that did not answer
+        # was absent: the same codes again need no look at each field.
+        self.quiet: dict[tuple[int, tuple[str, ...]], tuple[int, ...]] = {}
 
     def first(self, gpu: int, field: str, error: str) -> bool:
         key = (gpu, field, error)
@@ -135,23 +138,52 @@ class Query:
                 return value
         return None
 
-    def fields(self, handle: Any, ids: Sequence[tuple[int, int]], names: Sequence[str]) -> list[float | None]:
+    def fields(self, handle: Any, ids: Sequence[tuple[int, int]], names: tuple[str, ...]) -> list[float | None]:
         """Batched field values (one driver call); each field's own return code gets the policy."""
-        values = self("field_values", _field_values(), handle, ids)
-        if values is None:
+        answered = self._answered(handle, ids, names)
+        if answered is None:
             return [None] * len(ids)
+        numbers = answered.numbers
+        if answered.answered_all:
+            return list(map(float, cast(list[float], numbers)))
+        return [None if n is None else float(n) for n in numbers]
+
+    def counts(self, handle: Any, ids: Sequence[tuple[int, int]], names: tuple[str, ...]) -> list[int | None]:
+        """`fields` as integers, for counters: an integer type's value exactly as NVML gave it, not by way of
+        a float (exact above 2**53 too); a double's truncated, as int() of `fields` would."""
+        answered = self._answered(handle, ids, names)
+        if answered is None:
+            return [None] * len(ids)
+        numbers = cast(list[int | None], answered.numbers)
+        for i in answered.doubles:
+            if (n := numbers[i]) is not None:
+                numbers[i] = int(n)
+        return numbers
+
+    def _answered(self, handle: Any, ids: Sequence[tuple[int, int]], names: tuple[str, ...]) -> Answers | None:
+        """The driver's answer, after the policy for each field that did not answer; None if the call failed."""
+        answered: Answers | None = self("field_values", _field_values(), handle, ids)
+        if answered is None or answered.answered_all:
+            return answered
+        # A request answered with the very codes it had when every field that did not answer was absent has
+        # nothing new to say: a GPU without some NVLink counters answers dozens of them so at every poll.
+        codes, quiet, key = answered.codes, self._log.quiet, (self.gpu, names)
+        if quiet.get(key) == codes:
+            return answered
         absent = self._log.absent
-        # Most fields answer: the policy is applied to the few that did not, the values taken as they are.
-        for i in [i for i, (code, _) in enumerate(values) if code != _SUCCESS]:
-            code, name = values[i][0], names[i]
+        failed = len(self.failed)
+        for i in [i for i, code in enumerate(codes) if code != _SUCCESS]:
+            code, name = codes[i], names[i]
             if (self.gpu, name, code) in absent:
                 continue
-            failed = len(self.failed)
+            before = len(self.failed)
             # A field's own INVALID_ARGUMENT: a field or link this GPU does not have.
             self._fail(name, _error(code), absent=code == _INVALID_ARGUMENT)
-            if len(self.failed) == failed:  # neither raised nor failed: absent
+            if len(self.failed) == before:  # neither raised nor failed: absent
                 absent.add((self.gpu, name, code))
-        return [value for _, value in values]
+        if len(self.failed) == failed:
+            quiet[key] = codes
+        return answered
 
     def _handle_answers(self) -> bool:
         """After INVALID_ARGUMENT: does the handle itself still answer? Raises if the GPU is gone."""
@@ -209,9 +241,10 @@ _VALUE_MEMBER = {
 }
 
 
-def field_value(fv: Any) -> float:
-    """The number in a c_nvmlFieldValue_t, read by its value type."""
-    return float(getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal")))
+def field_number(fv: Any) -> int | float:
+    """The number in a c_nvmlFieldValue_t, read by its value type: an int, or a float for a double."""
+    number: int | float = getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal"))
+    return number
 
 
 def text(value: Any) -> str | None:
@@ -222,6 +255,7 @@ def text(value: Any) -> str | None:
 
 
 _SUCCESS, _INVALID_ARGUMENT = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_INVALID_ARGUMENT
+_DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
 
 
 @functools.cache
@@ -241,19 +275,33 @@ class _FieldValue(ctypes.Structure):
 _REAL_FIELD_VALUES = pynvml.nvmlDeviceGetFieldValues
 
 
-FieldValues = Callable[[Any, Sequence[tuple[int, int]]], list[tuple[int, float | None]]]
+class Answers(NamedTuple):
+    """nvmlDeviceGetFieldValues' answer, field by field."""
+
+    codes: tuple[int, ...]  # each field's return code
+    numbers: list[int | float | None]  # its value (an int, a float for a double), None unless it answered
+    doubles: tuple[int, ...]  # the positions of fields of type double
+
+    @property
+    def answered_all(self) -> bool:
+        return self.codes.count(_SUCCESS) == len(self.codes)
+
+
+FieldValues = Callable[[Any, Sequence[tuple[int, int]]], Answers]
 
 
 def _field_values() -> FieldValues:
-    """nvmlDeviceGetFieldValues as (return code, value or None) per field; through plain structures, decoded in
+    """nvmlDeviceGetFieldValues as each field's return code and value; through plain structures, decoded in
     bulk, unless pynvml's function has been substituted."""
     plain = _DECODABLE and pynvml.nvmlDeviceGetFieldValues is _REAL_FIELD_VALUES
     return _plain_field_values if plain else _through_pynvml
 
 
-def _through_pynvml(handle: Any, ids: Sequence[tuple[int, int]]) -> list[tuple[int, float | None]]:
+def _through_pynvml(handle: Any, ids: Sequence[tuple[int, int]]) -> Answers:
     values = pynvml.nvmlDeviceGetFieldValues(handle, list(ids))
-    return [(fv.nvmlReturn, field_value(fv) if fv.nvmlReturn == _SUCCESS else None) for fv in values]
+    codes = tuple(int(fv.nvmlReturn) for fv in values)
+    numbers = [field_number(fv) if code == _SUCCESS else None for fv, code in zip(values, codes, strict=True)]
+    return Answers(codes, numbers, tuple(i for i, fv in enumerate(values) if fv.valueType == _DOUBLE))
 
 
 @functools.lru_cache(maxsize=256)
@@ -263,66 +311,54 @@ def _request(ids: tuple[tuple[int, int], ...]) -> tuple[type[ctypes.Array[_Field
     return array, bytes(array(*(_FieldValue(field, scope) for field, scope in ids)))
 
 
-def _plain_field_values(handle: Any, ids: Sequence[tuple[int, int]]) -> list[tuple[int, float | None]]:
-    array, request = _request(tuple(ids))
+def _plain_field_values(handle: Any, ids: Sequence[tuple[int, int]]) -> Answers:
+    array, request = _request(ids if isinstance(ids, tuple) else tuple(ids))
     values = array.from_buffer_copy(request)
     fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
     pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(ids)), ctypes.byref(values)))
     return decode(bytes(values))
 
 
-# A field value's record, read twice in C: (valueType, nvmlReturn, the value's 8 bytes as an unsigned integer),
-# then the same 8 bytes as a double. Native byte order and standard sizes, no padding: the layout of
-# nvmlFieldValue_t (checked at import below), as the library wrote it.
-_AS_INTEGER = struct.Struct("=24xIIQ")
-_AS_DOUBLE = struct.Struct("=32xd")
-_DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
-_SIGNED_64, _SIGNED_32 = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_SIGNED_INT
-_NOT_UNSIGNED = frozenset({_DOUBLE, _SIGNED_64, _SIGNED_32})
-_ALL_BITS = 0xFFFFFFFFFFFFFFFF
-# The unsigned types by their width (c_ulong is pynvml's ulVal: 8 bytes where it runs); any other type is read
-# as ullVal, as field_value reads it.
-_UNSIGNED_MASK = {
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: 0xFFFFFFFF,
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: 0xFFFF,
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: (1 << 8 * ctypes.sizeof(ctypes.c_ulong)) - 1,
+# A field value's record, as the library wrote it: valueType and nvmlReturn at bytes 24-31, the value's 8 bytes
+# (a union) at 32-39. Native byte order and standard sizes, no padding: the layout of nvmlFieldValue_t (checked
+# at import below). The value is read by its type, as field_value reads it: a narrower member is the union's
+# first bytes (little-endian), and any other type is read as ullVal.
+_RECORD = struct.calcsize("=24xII8x")
+_HEAD = "24xII8x"
+_VALUE_FORMAT = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "32xd",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "32xI4x",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "32xQ" if ctypes.sizeof(ctypes.c_ulong) == 8 else "32xI4x",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "32xQ",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "32xq",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "32xi4x",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "32xH6x",
 }
 # Read so only where the bytes are as this reads them; elsewhere every field goes through pynvml's structures.
-_DECODABLE = sys.byteorder == "little" and ctypes.sizeof(_FieldValue) == _AS_INTEGER.size == _AS_DOUBLE.size
+_DECODABLE = sys.byteorder == "little" and ctypes.sizeof(_FieldValue) == _RECORD
 
 
 @functools.lru_cache(maxsize=64)
-def _columns(count: int) -> tuple[struct.Struct, struct.Struct]:
-    """`count` records read at once, as integers and as doubles: one C call each, not one per field."""
-    return struct.Struct("=" + "24xIIQ" * count), struct.Struct("=" + "32xd" * count)
+def _heads(count: int) -> struct.Struct:
+    """The type and return code of `count` records, read in one C call."""
+    return struct.Struct("=" + _HEAD * count)
 
 
-def decode(raw: bytes) -> list[tuple[int, float | None]]:
-    """(return code, value or None) of each nvmlFieldValue_t in `raw`: what field_value reads, field by field."""
-    as_integers, as_doubles = _columns(len(raw) // _AS_INTEGER.size)
-    flat = as_integers.unpack(raw)
-    kinds, codes, bits = flat[0::3], flat[1::3], flat[2::3]
-    mask = _UNSIGNED_MASK.get
-    if _DOUBLE in kinds or _SIGNED_64 in kinds or _SIGNED_32 in kinds:
-        doubles = as_doubles.unpack(raw)
-        return [
-            (code, None)
-            if code != _SUCCESS
-            else (code, _signed_or_double(kind, value, double))
-            if kind in _NOT_UNSIGNED
-            else (code, float(value & mask(kind, _ALL_BITS)))
-            for kind, code, value, double in zip(kinds, codes, bits, doubles, strict=True)
-        ]
-    return [
-        (code, None) if code != _SUCCESS else (code, float(value & mask(kind, _ALL_BITS)))
-        for kind, code, value in zip(kinds, codes, bits, strict=True)
-    ]
+@functools.lru_cache(maxsize=256)
+def _values(kinds: tuple[int, ...]) -> tuple[struct.Struct, tuple[int, ...]]:
+    """The values of records of these types, each read as its type says, in one C call; and where the doubles
+    are. A request answers with the same types poll after poll, so there are about as many of these as requests."""
+    values = struct.Struct("=" + "".join(_VALUE_FORMAT.get(kind, "32xQ") for kind in kinds))
+    return values, tuple(i for i, kind in enumerate(kinds) if kind == _DOUBLE)
 
 
-def _signed_or_double(kind: int, bits: int, double: float) -> float:
-    if kind == _DOUBLE:
-        return double
-    if kind == _SIGNED_64:
-        return float(bits - (1 << 64) if bits >> 63 else bits)
-    low = bits & 0xFFFFFFFF
-    return float(low - (1 << 32) if low >> 31 else low)
+def decode(raw: bytes) -> Answers:
+    """The return code and the value (None unless it answered) of each nvmlFieldValue_t in `raw`: what
+    field_number reads, field by field."""
+    heads = _heads(len(raw) // _RECORD).unpack(raw)
+    codes = heads[1::2]
+    values, doubles = _values(heads[0::2])
+    numbers = values.unpack(raw)
+    if codes.count(_SUCCESS) == len(codes):
+        return Answers(codes, list(numbers), doubles)
+    return Answers(codes, [None if c != _SUCCESS else n for c, n in zip(codes, numbers, strict=True)], doubles)

@@ -16,7 +16,7 @@ from gpu_triage.exporter.backends.base import BackendError, GpuLostError
 from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.nvml import query as nvml_query
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
-from gpu_triage.exporter.backends.nvml.query import field_value
+from gpu_triage.exporter.backends.nvml.query import field_number
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from tests.conftest import FakeClock
@@ -213,7 +213,7 @@ def test_a_link_state_and_a_link_error_come_through_per_link(fake: FakeNvml, nvm
         (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -(2**63)),
         (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "siVal", -5),
         (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "usVal", 0xFFFF),
-        (99, "ullVal", 2**53),  # a type newer than this code: read as ullVal, as field_value reads it
+        (99, "ullVal", 2**53),  # a type newer than this code: read as ullVal, as field_number reads it
     ],
 )
 def test_field_values_decoded_in_bulk_are_what_pynvml_structures_hold(
@@ -225,9 +225,31 @@ def test_field_values_decoded_in_bulk_are_what_pynvml_structures_hold(
         fv.value.ullVal = 0xA5A5A5A5A5A5A5A5  # bytes the narrower members do not cover must not leak in
         setattr(fv.value, member, value)
     values[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-    decoded = nvml_query.decode(bytes(values))
-    assert decoded == [
-        (pynvml.NVML_SUCCESS, field_value(values[0])),
-        (pynvml.NVML_ERROR_NOT_SUPPORTED, None),
-        (pynvml.NVML_SUCCESS, field_value(values[2])),
-    ]
+    codes, numbers, doubles = nvml_query.decode(bytes(values))
+    assert codes == (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_SUCCESS)
+    assert numbers == [field_number(values[0]), None, field_number(values[2])]
+    assert [type(n) for n in numbers[::2]] == [float if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else int] * 2
+    assert doubles == ((0, 1, 2) if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else ())
+    values[1].nvmlReturn = pynvml.NVML_SUCCESS  # every field answered: the values as they are
+    assert nvml_query.decode(bytes(values)).numbers == [field_number(fv) for fv in values]
+
+
+def test_field_values_of_every_type_in_one_answer_are_each_read_as_their_own_type() -> None:
+    members = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: ("dVal", -0.5),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: ("uiVal", 0xFFFFFFFE),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: ("ulVal", 2**40 + 7),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: ("ullVal", 2**63 + 2**12),
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: ("sllVal", -(2**40)),
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: ("siVal", -7),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("usVal", 0xFFFE),
+    }
+    kinds = [*members, *reversed(members)]  # each type next to different neighbours
+    values = (pynvml.c_nvmlFieldValue_t * len(kinds))()
+    for fv, kind in zip(values, kinds, strict=True):
+        fv.valueType, fv.nvmlReturn = kind, pynvml.NVML_SUCCESS
+        fv.value.ullVal = 0x5A5A5A5A5A5A5A5A
+        setattr(fv.value, *members[kind])
+    decoded = nvml_query.decode(bytes(values)).numbers
+    assert decoded == [field_number(fv) for fv in values]
+    assert decoded[: len(members)] == [value for _, value in members.values()]
