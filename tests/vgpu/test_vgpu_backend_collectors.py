@@ -104,7 +104,15 @@ def test_init_errors_tell_the_user_what_to_do(
 
 def test_field_values_read_through_plain_structures_are_what_pynvml_reads(nvml: Worker, state: vs.StateWriter) -> None:
     node = vs.h100_node()
-    node[0].field_overrides = [vs.FieldOverride(field_id=230, nvml_return=3)]  # RECOVERY_ACTION: NOT_SUPPORTED
+    node[0].field_overrides = [
+        vs.FieldOverride(field_id=230, nvml_return=3),  # RECOVERY_ACTION: NOT_SUPPORTED
+        # The types no GPU field of the library's own has, each answered by a field of the request.
+        vs.FieldOverride(field_id=82, value=-2.75, value_type=vs.ValueType.DOUBLE),
+        vs.FieldOverride(field_id=142, value=-(2**40), value_type=vs.ValueType.SIGNED_LONG_LONG),
+        vs.FieldOverride(field_id=144, value=-3, value_type=vs.ValueType.SIGNED_INT),
+        vs.FieldOverride(field_id=91, value=0xFFFE, value_type=vs.ValueType.UNSIGNED_SHORT),
+        vs.FieldOverride(field_id=139, scope_id=3, value=2**40 + 1, value_type=vs.ValueType.UNSIGNED_LONG),
+    ]
     state.write(node)
     nvml.init()
     # Power, memory temperature, ECC, remapping, NVLink link count and one link's counters, recovery action, and
@@ -118,5 +126,6 @@ result = [q._plain_field_values(H["0"], {ids!r}), q._through_pynvml(H["0"], {ids
     plain, through_pynvml, fast = nvml.run(code)
     assert plain == through_pynvml
     assert set(plain[0]) >= {0, 3}, "answered and not-supported fields both compared"
-    assert plain[2], "a double compared"
+    assert [plain[1][i] for i in (1, 4, 5, 6, 8)] == [-2.75, -(2**40), -3, 0xFFFE, 2**40 + 1]
+    assert plain[2] == [1], "the double is known as one"
     assert fast, "pynvml's function is not substituted here: the plain structures are used"

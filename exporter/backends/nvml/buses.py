@@ -10,8 +10,8 @@ counters 161-163, which nvml.h says Blackwell and later do not support, and the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Hashable
 from typing import Any, Protocol
 
 import pynvml
@@ -47,7 +47,7 @@ _PCIE_ERRORS = {
     "unsupported_request": pynvml.NVML_FI_DEV_PCIE_COUNT_UNSUPPORTED_REQ,
     "lcrc": pynvml.NVML_FI_DEV_PCIE_COUNT_LCRC_ERROR,
 }
-# Per-link fields, scoped by link index, in the order _link() takes them.
+# Per-link fields, scoped by link index, in the order read_nvlink takes them.
 _LINK_FIELDS = (
     pynvml.NVML_FI_DEV_NVLINK_GET_STATE,
     pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
@@ -98,49 +98,65 @@ def read_nvlink(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
     links = _link_count(b, q, h, gpu)
     if not links:
         return NvLink(())
-    ids, names, keys = _link_request(gpu, links)
+    ids, names = _link_request(links)
     values = q.counts(h, ids, names)
     n = len(_LINK_FIELDS)
-    moved = [None if v is None else v * KIB for v in values[n - 2 :: n] + values[n - 1 :: n]]  # every tx, every rx
-    rates = b.rates.rates(keys, moved)
+    # Each field's column, one value per link, in _LINK_FIELDS' order.
+    state, replay, recovery, crc, events, failed, successful, effective, symbol, tx, rx = (
+        values[i::n] for i in range(n)
+    )
+    moved = [None if v is None else v * KIB for v in tx + rx]  # every tx, then every rx
+    rates = b.rates.rates((gpu, "nvlink"), moved)
+    # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The count is of
+    # links the GPU has, cabled or not: an uncabled one is inactive for good.
     return NvLink(
         tuple(
-            _link(link, values[link * n : (link + 1) * n], moved[link], moved[links + link], rates, links)
-            for link in range(links)
+            map(
+                LinkReading,  # positionally, in its fields' order (checked at import below)
+                range(links),
+                state,
+                replay,
+                # Blackwell: every recovery, whatever its outcome
+                [r if r is not None else e for r, e in zip(recovery, events, strict=True)],
+                crc,
+                failed,
+                successful,
+                effective,
+                symbol,
+                moved[:links],
+                moved[links:],
+                rates[:links],
+                rates[links:],
+            )
         )
     )
 
 
 @functools.cache
-def _link_request(gpu: int, links: int) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...], tuple[Hashable, ...]]:
-    """The field ids, their names and the rate counters' keys of a GPU's `links` links, made once."""
+def _link_request(links: int) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
+    """The field ids and their names for `links` links, made once."""
     ids = tuple((field, link) for link in range(links) for field in _LINK_FIELDS)
     names = tuple(f"nvlink_{link}_{field}" for link in range(links) for field in _LINK_FIELDS)
-    keys = tuple((gpu, way, link) for way in ("nvlink_tx", "nvlink_rx") for link in range(links))
-    return ids, names, keys
+    return ids, names
 
 
-def _link(
-    link: int, values: list[int | None], tx: int | None, rx: int | None, rates: list[float | None], links: int
-) -> LinkReading:
-    state, replay, recovery, crc, events, failed, successful, effective, symbol, _, _ = values
-    # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The count is of
-    # links the GPU has, cabled or not: an uncabled one is inactive for good.
-    return LinkReading(
-        link,
-        state,
-        replay,
-        recovery if recovery is not None else events,  # Blackwell: every recovery, whatever its outcome
-        crc,
-        recovery_failed=failed,
-        recovery_successful=successful,
-        effective_errors=effective,
-        symbol_errors=symbol,
-        tx_bytes=tx,
-        rx_bytes=rx,
-        tx_bytes_per_second=rates[link],
-        rx_bytes_per_second=rates[links + link],
-    )
+_LINK_READING = (
+    "link",
+    "state",
+    "replay_errors",
+    "recovery_errors",
+    "crc_errors",
+    "recovery_failed",
+    "recovery_successful",
+    "effective_errors",
+    "symbol_errors",
+    "tx_bytes",
+    "rx_bytes",
+    "tx_bytes_per_second",
+    "rx_bytes_per_second",
+)
+if tuple(f.name for f in dataclasses.fields(LinkReading)) != _LINK_READING:
+    raise ImportError("LinkReading's fields are not in the order read_nvlink passes them")
 
 
 def _link_count(b: BusState, q: Query, h: Any, gpu: int) -> int:

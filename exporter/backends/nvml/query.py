@@ -20,10 +20,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import operator
 import struct
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, cast
 
 import pynvml
@@ -154,11 +156,10 @@ class Query:
         answered = self._answered(handle, ids, names)
         if answered is None:
             return [None] * len(ids)
-        numbers = cast(list[int | None], answered.numbers)
+        numbers = answered.numbers
         for i in answered.doubles:
-            if (n := numbers[i]) is not None:
-                numbers[i] = int(n)
-        return numbers
+            numbers[i] = int(cast(float, numbers[i]))
+        return cast(list[int | None], numbers)
 
     def _answered(self, handle: Any, ids: Sequence[tuple[int, int]], names: tuple[str, ...]) -> Answers | None:
         """The driver's answer, after the policy for each field that did not answer; None if the call failed."""
@@ -255,7 +256,7 @@ def text(value: Any) -> str | None:
 
 
 _SUCCESS, _INVALID_ARGUMENT = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_INVALID_ARGUMENT
-_DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
+_ANSWERED_DOUBLE = (pynvml.NVML_VALUE_TYPE_DOUBLE, _SUCCESS)
 
 
 @functools.cache
@@ -280,11 +281,8 @@ class Answers(NamedTuple):
 
     codes: tuple[int, ...]  # each field's return code
     numbers: list[int | float | None]  # its value (an int, a float for a double), None unless it answered
-    doubles: tuple[int, ...]  # the positions of fields of type double
-
-    @property
-    def answered_all(self) -> bool:
-        return self.codes.count(_SUCCESS) == len(self.codes)
+    doubles: tuple[int, ...]  # the positions of the fields that answered a double
+    answered_all: bool  # every field answered
 
 
 FieldValues = Callable[[Any, Sequence[tuple[int, int]]], Answers]
@@ -301,7 +299,8 @@ def _through_pynvml(handle: Any, ids: Sequence[tuple[int, int]]) -> Answers:
     values = pynvml.nvmlDeviceGetFieldValues(handle, list(ids))
     codes = tuple(int(fv.nvmlReturn) for fv in values)
     numbers = [field_number(fv) if code == _SUCCESS else None for fv, code in zip(values, codes, strict=True)]
-    return Answers(codes, numbers, tuple(i for i, fv in enumerate(values) if fv.valueType == _DOUBLE))
+    doubles = tuple(i for i, fv in enumerate(values) if (fv.valueType, fv.nvmlReturn) == _ANSWERED_DOUBLE)
+    return Answers(codes, numbers, doubles, codes.count(_SUCCESS) == len(codes))
 
 
 @functools.lru_cache(maxsize=256)
@@ -321,7 +320,7 @@ def _plain_field_values(handle: Any, ids: Sequence[tuple[int, int]]) -> Answers:
 
 # A field value's record, as the library wrote it: valueType and nvmlReturn at bytes 24-31, the value's 8 bytes
 # (a union) at 32-39. Native byte order and standard sizes, no padding: the layout of nvmlFieldValue_t (checked
-# at import below). The value is read by its type, as field_value reads it: a narrower member is the union's
+# at import below). The value is read by its type, as field_number reads it: a narrower member is the union's
 # first bytes (little-endian), and any other type is read as ullVal.
 _RECORD = struct.calcsize("=24xII8x")
 _HEAD = "24xII8x"
@@ -344,21 +343,36 @@ def _heads(count: int) -> struct.Struct:
     return struct.Struct("=" + _HEAD * count)
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """How an answer whose records have these types and return codes is read."""
+
+    codes: tuple[int, ...]
+    values: struct.Struct  # every record's value, each read as its type says, in one C call
+    doubles: tuple[int, ...]
+    gather: Callable[[tuple[Any, ...]], Sequence[Any]] | None  # None where a field did not answer; None: all did
+
+
 @functools.lru_cache(maxsize=256)
-def _values(kinds: tuple[int, ...]) -> tuple[struct.Struct, tuple[int, ...]]:
-    """The values of records of these types, each read as its type says, in one C call; and where the doubles
-    are. A request answers with the same types poll after poll, so there are about as many of these as requests."""
+def _layout(heads: tuple[int, ...]) -> _Layout:
+    """Worked out once per (types, return codes): a request answers with the same ones poll after poll, so there
+    are about as many layouts as requests."""
+    kinds, codes = heads[0::2], heads[1::2]
     values = struct.Struct("=" + "".join(_VALUE_FORMAT.get(kind, "32xQ") for kind in kinds))
-    return values, tuple(i for i, kind in enumerate(kinds) if kind == _DOUBLE)
+    doubles = tuple(i for i, head in enumerate(zip(kinds, codes, strict=True)) if head == _ANSWERED_DOUBLE)
+    if codes.count(_SUCCESS) == len(codes):
+        return _Layout(codes, values, doubles, None)
+    # Each field's value, or the None appended after the last: one C call, not a Python step per field.
+    picks = [i if code == _SUCCESS else len(codes) for i, code in enumerate(codes)]
+    gather = operator.itemgetter(*picks) if len(picks) > 1 else lambda numbers: (numbers[picks[0]],)
+    return _Layout(codes, values, doubles, gather)
 
 
 def decode(raw: bytes) -> Answers:
     """The return code and the value (None unless it answered) of each nvmlFieldValue_t in `raw`: what
     field_number reads, field by field."""
-    heads = _heads(len(raw) // _RECORD).unpack(raw)
-    codes = heads[1::2]
-    values, doubles = _values(heads[0::2])
-    numbers = values.unpack(raw)
-    if codes.count(_SUCCESS) == len(codes):
-        return Answers(codes, list(numbers), doubles)
-    return Answers(codes, [None if c != _SUCCESS else n for c, n in zip(codes, numbers, strict=True)], doubles)
+    layout = _layout(_heads(len(raw) // _RECORD).unpack(raw))
+    numbers = layout.values.unpack(raw)
+    if layout.gather is None:
+        return Answers(layout.codes, list(numbers), layout.doubles, True)
+    return Answers(layout.codes, list(layout.gather((*numbers, None))), layout.doubles, False)

@@ -140,8 +140,12 @@ def test_invalid_argument_from_a_gpu_whose_handle_answers_is_an_absent_value(fak
     result = nvml.read(nvml.discover()[1], Collector.CLOCKS)
     assert result.failed_fields == () and result.reading.max_hz == {}  # type: ignore[union-attr]
     fake.errors[("nvmlDeviceGetUUID", 1)] = pynvml.NVML_ERROR_INVALID_ARGUMENT  # now the handle itself is bad
-    with pytest.raises(GpuLostError, match="no longer valid"):
-        nvml.read(nvml.discover()[1], Collector.CLOCKS)
+    fresh = NvmlBackend()  # which asks for the maxima at its first read (they are kept a while: nvml/kept.py)
+    try:
+        with pytest.raises(GpuLostError, match="no longer valid"):
+            fresh.read(fresh.discover()[1], Collector.CLOCKS)
+    finally:
+        fresh.close()
 
 
 def test_an_xid_names_its_gpu_even_when_nvml_cannot_index_it(fake: FakeNvml, nvml: NvmlBackend) -> None:
@@ -225,11 +229,11 @@ def test_field_values_decoded_in_bulk_are_what_pynvml_structures_hold(
         fv.value.ullVal = 0xA5A5A5A5A5A5A5A5  # bytes the narrower members do not cover must not leak in
         setattr(fv.value, member, value)
     values[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-    codes, numbers, doubles = nvml_query.decode(bytes(values))
+    codes, numbers, doubles, answered_all = nvml_query.decode(bytes(values))
     assert codes == (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_SUCCESS)
     assert numbers == [field_number(values[0]), None, field_number(values[2])]
     assert [type(n) for n in numbers[::2]] == [float if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else int] * 2
-    assert doubles == ((0, 1, 2) if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else ())
+    assert doubles == ((0, 2) if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else ()) and not answered_all
     values[1].nvmlReturn = pynvml.NVML_SUCCESS  # every field answered: the values as they are
     assert nvml_query.decode(bytes(values)).numbers == [field_number(fv) for fv in values]
 
@@ -253,3 +257,11 @@ def test_field_values_of_every_type_in_one_answer_are_each_read_as_their_own_typ
     decoded = nvml_query.decode(bytes(values)).numbers
     assert decoded == [field_number(fv) for fv in values]
     assert decoded[: len(members)] == [value for _, value in members.values()]
+
+
+def test_an_answer_of_one_field_is_decoded_whether_it_answered_or_not() -> None:
+    values = (pynvml.c_nvmlFieldValue_t * 1)()
+    values[0].valueType, values[0].value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 7
+    assert nvml_query.decode(bytes(values)) == ((pynvml.NVML_SUCCESS,), [7], (), True)
+    values[0].nvmlReturn = pynvml.NVML_ERROR_UNKNOWN
+    assert nvml_query.decode(bytes(values)) == ((pynvml.NVML_ERROR_UNKNOWN,), [None], (), False)
