@@ -184,8 +184,9 @@ def _clocks(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
 def _max_clocks(
     b: ReaderState, q: Query, h: Any, gpu: int, current: dict[ClockDomain, float]
 ) -> dict[ClockDomain, float]:
-    """The maximum clocks, kept between reads (kept.py) while every current clock answers and none is above its
-    kept maximum: a current clock that does not answer may mean the maxima would not either."""
+    """The maximum clocks, kept between reads (kept.py) once every domain has answered, while every current clock
+    answers and none is above its kept maximum: a current clock that does not answer may mean the maxima would not
+    either."""
     kept = b.max_clocks.get(gpu)
     if kept is not None and len(current) == len(_CLOCKS) and all(current[d] <= hz for d, hz in kept.items()):
         return dict(kept)
@@ -194,8 +195,10 @@ def _max_clocks(
     for domain, clock in _CLOCKS.items():
         if (mhz := q(f"max_clock_{domain}", pynvml.nvmlDeviceGetMaxClockInfo, h, clock)) is not None:
             maximum[domain] = mhz * MHZ
-    if len(q.failed) == failed:
+    if len(q.failed) == failed and len(maximum) == len(_CLOCKS):  # whole: "not supported" is asked again
         b.max_clocks.keep(gpu, dict(maximum), asked)
+    else:  # what was kept is not what the driver says now
+        b.max_clocks.forget(gpu)
     return maximum
 
 

@@ -17,6 +17,7 @@ from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.nvml import query as nvml_query
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
 from gpu_triage.exporter.backends.nvml.query import field_number
+from gpu_triage.exporter.backends.readings import ClockDomain
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from tests.conftest import FakeClock
@@ -146,6 +147,22 @@ def test_invalid_argument_from_a_gpu_whose_handle_answers_is_an_absent_value(fak
             fresh.read(fresh.discover()[1], Collector.CLOCKS)
     finally:
         fresh.close()
+
+
+def test_a_failed_maximum_clock_is_reported_failed_and_asked_again_at_the_next_read(
+    fake: FakeNvml, nvml: NvmlBackend
+) -> None:
+    gpu = nvml.discover()[2]
+    fake.errors[("nvmlDeviceGetMaxClockInfo", 2)] = pynvml.NVML_ERROR_UNKNOWN
+    failed = nvml.read(gpu, Collector.CLOCKS)
+    assert failed.failed_fields == tuple(f"max_clock_{d}" for d in ClockDomain)
+    assert failed.reading.max_hz == {}  # type: ignore[union-attr]
+    del fake.errors[("nvmlDeviceGetMaxClockInfo", 2)]
+    answered = nvml.read(gpu, Collector.CLOCKS)  # not kept: asked again
+    assert answered.failed_fields == () and set(answered.reading.max_hz) == set(ClockDomain)  # type: ignore[union-attr]
+    fake.errors[("nvmlDeviceGetMaxClockInfo", 2)] = pynvml.NVML_ERROR_UNKNOWN
+    kept = nvml.read(gpu, Collector.CLOCKS)  # kept now (nvml/kept.py): the call is not made
+    assert kept.failed_fields == () and kept.reading.max_hz == answered.reading.max_hz  # type: ignore[union-attr]
 
 
 def test_an_xid_names_its_gpu_even_when_nvml_cannot_index_it(fake: FakeNvml, nvml: NvmlBackend) -> None:
