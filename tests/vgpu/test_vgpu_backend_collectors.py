@@ -32,6 +32,31 @@ def test_batched_field_values_have_their_own_return_codes(nvml: Worker, state: v
     assert "GpuIsLost" in nvml.run("result = ops.read(2, 'remapping')")["lost"]
 
 
+def test_a_field_that_was_absent_at_every_poll_and_then_fails_is_reported_failed(
+    nvml: Worker, state: vs.StateWriter
+) -> None:
+    """An H100 answers the NVLink5 counters NOT_SUPPORTED at every poll, which is not looked at field by field
+    again while the answer's codes stay the same: one code that changes is."""
+    node = vs.h100_node()
+    state.write(node)
+    nvml.run("ops.start()")
+    for _ in range(2):
+        read = nvml.run("result = ops.read(6, 'nvlink')")
+        assert read["failed"] == [] and read["reading"]["links"][3]["symbol_errors"] is None
+    symbol = 221  # NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, scoped by link
+    node[6].field_overrides = [vs.FieldOverride(field_id=symbol, scope_id=3, nvml_return=999)]  # UNKNOWN
+    state.write(node)
+    assert nvml.run("result = ops.read(6, 'nvlink')")["failed"] == [f"nvlink_3_{symbol}"]
+    node[6].field_overrides = [vs.FieldOverride(field_id=symbol, scope_id=3, value=12)]
+    state.write(node)
+    read = nvml.run("result = ops.read(6, 'nvlink')")
+    assert read["failed"] == [] and read["reading"]["links"][3]["symbol_errors"] == 12
+    node[6].field_overrides = []
+    state.write(node)
+    read = nvml.run("result = ops.read(6, 'nvlink')")
+    assert read["failed"] == [] and read["reading"]["links"][3]["symbol_errors"] is None
+
+
 def test_a_failed_link_count_is_asked_again(nvml: Worker, state: vs.StateWriter) -> None:
     node = vs.h100_node()
     node[4].field_overrides = [vs.FieldOverride(field_id=91, nvml_return=999)]  # NVLINK_LINK_COUNT: UNKNOWN
