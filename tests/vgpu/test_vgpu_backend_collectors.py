@@ -144,12 +144,14 @@ def test_field_values_read_through_plain_structures_are_what_pynvml_reads(nvml: 
     # ids no GPU has: every value type and several return codes.
     ids = [(186, 0), (82, 0), (3, 0), (4, 0), (142, 0), (144, 0), (91, 0), (138, 0), (139, 3), (230, 0), (99999, 0)]
     code = f"""
-from gpu_triage.exporter.backends.nvml import query as q
-result = [q._plain_field_values(H["0"], {ids!r}), q._through_pynvml(H["0"], {ids!r}),
-          q._field_values() is q._plain_field_values]
+from gpu_triage.exporter.backends.nvml import field_values as f
+request = f.FieldRequest({ids!r}, [str(i) for i in range({len(ids)})])
+first = f.plain_field_values(H["0"], request)  # and again, through the layout the request keeps
+result = [f.plain_field_values(H["0"], request), f.through_pynvml(H["0"], request), first,
+          f.field_values() is f.plain_field_values]
 """
-    plain, through_pynvml, fast = nvml.run(code)
-    assert plain == through_pynvml
+    plain, through_pynvml, first, fast = nvml.run(code)
+    assert plain == through_pynvml == first
     assert set(plain[0]) >= {0, 3}, "answered and not-supported fields both compared"
     assert [plain[1][i] for i in (1, 4, 5, 6, 8)] == [-2.75, -(2**40), -3, 0xFFFE, 2**40 + 1]
     assert plain[2] == [1], "the double is known as one"

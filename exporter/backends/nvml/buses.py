@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import pynvml
 
 from gpu_triage.exporter.backends.counter_rates import CounterRates
+from gpu_triage.exporter.backends.nvml.field_values import FieldRequest
 from gpu_triage.exporter.backends.nvml.plain import read_plain
 from gpu_triage.exporter.backends.nvml.query import Query
 from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading
@@ -63,18 +64,20 @@ _LINK_FIELDS = (
 )
 
 
-# The byte counters, then the error counters, and the names their failures are reported under.
-_PCIE_IDS = (
-    (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
-    (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
-    *((fid, 0) for fid in _PCIE_ERRORS.values()),
+# The byte counters, then the error counters.
+_PCIE = FieldRequest(
+    [
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
+        *((fid, 0) for fid in _PCIE_ERRORS.values()),
+    ],
+    ["pcie_tx_bytes", "pcie_rx_bytes", *(f"pcie_{kind}" for kind in _PCIE_ERRORS)],
 )
-_PCIE_NAMES = ("pcie_tx_bytes", "pcie_rx_bytes", *(f"pcie_{kind}" for kind in _PCIE_ERRORS))
-_LINK_COUNT_IDS, _LINK_COUNT_NAMES = ((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0),), ("nvlink_link_count",)
+_LINK_COUNT = FieldRequest([(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)], ["nvlink_link_count"])
 
 
 def read_pcie(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
-    values = q.counts(h, _PCIE_IDS, _PCIE_NAMES)
+    values = q.counts(h, _PCIE)
     tx_bytes, rx_bytes = values[0], values[1]
     tx, rx = b.rates.rate((gpu, "pcie_tx"), tx_bytes), b.rates.rate((gpu, "pcie_rx"), rx_bytes)
     if tx is None or rx is None:
@@ -98,8 +101,7 @@ def read_nvlink(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
     links = _link_count(b, q, h, gpu)
     if not links:
         return NvLink(())
-    ids, names = _link_request(links)
-    values = q.counts(h, ids, names)
+    values = q.counts(h, _link_request(links))
     n = len(_LINK_FIELDS)
     # Each field's column, one value per link, in _LINK_FIELDS' order.
     state, replay, recovery, crc, events, failed, successful, effective, symbol, tx, rx = (
@@ -133,11 +135,10 @@ def read_nvlink(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
 
 
 @functools.cache
-def _link_request(links: int) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
-    """The field ids and their names for `links` links, made once."""
-    ids = tuple((field, link) for link in range(links) for field in _LINK_FIELDS)
-    names = tuple(f"nvlink_{link}_{field}" for link in range(links) for field in _LINK_FIELDS)
-    return ids, names
+def _link_request(links: int) -> FieldRequest:
+    """The fields of `links` links, made once."""
+    ids = [(field, link) for link in range(links) for field in _LINK_FIELDS]
+    return FieldRequest(ids, [f"nvlink_{link}_{field}" for link in range(links) for field in _LINK_FIELDS])
 
 
 _LINK_READING = (
@@ -162,7 +163,7 @@ if tuple(f.name for f in dataclasses.fields(LinkReading)) != _LINK_READING:
 def _link_count(b: BusState, q: Query, h: Any, gpu: int) -> int:
     if gpu not in b.link_counts:
         failed = len(q.failed)
-        (count,) = q.counts(h, _LINK_COUNT_IDS, _LINK_COUNT_NAMES)
+        (count,) = q.counts(h, _LINK_COUNT)
         if len(q.failed) > failed:
             return 0  # a failed read, not an answer: ask again next poll
         b.link_counts[gpu] = int(count or 0)

@@ -17,20 +17,16 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
-import operator
-import struct
-import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import pynvml
 
 from gpu_triage.exporter.backends.base import BackendError, GpuLostError
+from gpu_triage.exporter.backends.nvml.field_values import Answers, FieldRequest, field_values
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,9 +88,9 @@ class FieldLog:
         # the same again, it is absent again, with nothing to log. A GPU without some NVLink counters answers
         # dozens of them so at every poll.
         self.absent: set[tuple[int, str, int]] = set()
-        # (GPU, the request's field names) -> the return codes of an answer whose every field that did not answer
-        # was absent: the same codes again need no look at each field.
-        self.quiet: dict[tuple[int, tuple[str, ...]], tuple[int, ...]] = {}
+        # (GPU, request) -> the return codes of an answer whose every field that did not answer was absent: the
+        # same codes again need no look at each field.
+        self.quiet: dict[tuple[int, FieldRequest], tuple[int, ...]] = {}
 
     def first(self, gpu: int, field: str, error: str) -> bool:
         key = (gpu, field, error)
@@ -140,35 +136,35 @@ class Query:
                 return value
         return None
 
-    def fields(self, handle: Any, ids: Sequence[tuple[int, int]], names: tuple[str, ...]) -> list[float | None]:
+    def fields(self, handle: Any, request: FieldRequest) -> list[float | None]:
         """Batched field values (one driver call); each field's own return code gets the policy."""
-        answered = self._answered(handle, ids, names)
+        answered = self._answered(handle, request)
         if answered is None:
-            return [None] * len(ids)
+            return [None] * len(request)
         numbers = answered.numbers
         if answered.answered_all:
             return list(map(float, cast(list[float], numbers)))
         return [None if n is None else float(n) for n in numbers]
 
-    def counts(self, handle: Any, ids: Sequence[tuple[int, int]], names: tuple[str, ...]) -> list[int | None]:
+    def counts(self, handle: Any, request: FieldRequest) -> list[int | None]:
         """`fields` as integers, for counters: an integer type's value exactly as NVML gave it, not by way of
         a float (exact above 2**53 too); a double's truncated, as int() of `fields` would."""
-        answered = self._answered(handle, ids, names)
+        answered = self._answered(handle, request)
         if answered is None:
-            return [None] * len(ids)
+            return [None] * len(request)
         numbers = answered.numbers
         for i in answered.doubles:
             numbers[i] = int(cast(float, numbers[i]))
         return cast(list[int | None], numbers)
 
-    def _answered(self, handle: Any, ids: Sequence[tuple[int, int]], names: tuple[str, ...]) -> Answers | None:
+    def _answered(self, handle: Any, request: FieldRequest) -> Answers | None:
         """The driver's answer, after the policy for each field that did not answer; None if the call failed."""
-        answered: Answers | None = self("field_values", _field_values(), handle, ids)
+        answered: Answers | None = self("field_values", field_values(), handle, request)
         if answered is None or answered.answered_all:
             return answered
         # A request answered with the very codes it had when every field that did not answer was absent has
         # nothing new to say: a GPU without some NVLink counters answers dozens of them so at every poll.
-        codes, quiet, key = answered.codes, self._log.quiet, (self.gpu, names)
+        codes, quiet, key, names = answered.codes, self._log.quiet, (self.gpu, request), request.names
         if quiet.get(key) == codes:
             return answered
         absent = self._log.absent
@@ -231,23 +227,6 @@ def readable(err: UnicodeDecodeError, gpu: int, field: str, log_once: FieldLog) 
     return bytes(raw).decode(errors="replace").rstrip("\0")
 
 
-_VALUE_MEMBER = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-}
-
-
-def field_number(fv: Any) -> int | float:
-    """The number in a c_nvmlFieldValue_t, read by its value type: an int, or a float for a double."""
-    number: int | float = getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal"))
-    return number
-
-
 def text(value: Any) -> str | None:
     """A string NVML returned (pynvml gives str or bytes by version)."""
     if value is None:
@@ -256,7 +235,6 @@ def text(value: Any) -> str | None:
 
 
 _SUCCESS, _INVALID_ARGUMENT = pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_INVALID_ARGUMENT
-_ANSWERED_DOUBLE = (pynvml.NVML_VALUE_TYPE_DOUBLE, _SUCCESS)
 
 
 @functools.cache
@@ -264,115 +242,3 @@ def _error(code: int) -> pynvml.NVMLError:
     """The error of a field's return code, made once per code: a GPU without NVLink answers a dozen fields
     INVALID_ARGUMENT at every poll, and only the first is logged."""
     return pynvml.NVMLError(code)
-
-
-class _FieldValue(ctypes.Structure):
-    """nvmlFieldValue_t as pynvml declares it, without the attribute hooks of pynvml's own structure (which
-    turn every member read into several Python calls: the per-field cost of a poll)."""
-
-    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
-
-
-_REAL_FIELD_VALUES = pynvml.nvmlDeviceGetFieldValues
-
-
-class Answers(NamedTuple):
-    """nvmlDeviceGetFieldValues' answer, field by field."""
-
-    codes: tuple[int, ...]  # each field's return code
-    numbers: list[int | float | None]  # its value (an int, a float for a double), None unless it answered
-    doubles: tuple[int, ...]  # the positions of the fields that answered a double
-    answered_all: bool  # every field answered
-
-
-FieldValues = Callable[[Any, Sequence[tuple[int, int]]], Answers]
-
-
-def _field_values() -> FieldValues:
-    """nvmlDeviceGetFieldValues as each field's return code and value; through plain structures, decoded in
-    bulk, unless pynvml's function has been substituted."""
-    plain = _DECODABLE and pynvml.nvmlDeviceGetFieldValues is _REAL_FIELD_VALUES
-    return _plain_field_values if plain else _through_pynvml
-
-
-def _through_pynvml(handle: Any, ids: Sequence[tuple[int, int]]) -> Answers:
-    values = pynvml.nvmlDeviceGetFieldValues(handle, list(ids))
-    codes = tuple(int(fv.nvmlReturn) for fv in values)
-    numbers = [field_number(fv) if code == _SUCCESS else None for fv, code in zip(values, codes, strict=True)]
-    doubles = tuple(i for i, fv in enumerate(values) if (fv.valueType, fv.nvmlReturn) == _ANSWERED_DOUBLE)
-    return Answers(codes, numbers, doubles, codes.count(_SUCCESS) == len(codes))
-
-
-@functools.lru_cache(maxsize=256)
-def _request(ids: tuple[tuple[int, int], ...]) -> tuple[type[ctypes.Array[_FieldValue]], bytes]:
-    """The array type and the request's bytes (field and scope ids, the rest zero) for `ids`, made once."""
-    array = _FieldValue * len(ids)
-    return array, bytes(array(*(_FieldValue(field, scope) for field, scope in ids)))
-
-
-def _plain_field_values(handle: Any, ids: Sequence[tuple[int, int]]) -> Answers:
-    array, request = _request(ids if isinstance(ids, tuple) else tuple(ids))
-    values = array.from_buffer_copy(request)
-    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-    pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(ids)), ctypes.byref(values)))
-    return decode(bytes(values))
-
-
-# A field value's record, as the library wrote it: valueType and nvmlReturn at bytes 24-31, the value's 8 bytes
-# (a union) at 32-39. Native byte order and standard sizes, no padding: the layout of nvmlFieldValue_t (checked
-# at import below). The value is read by its type, as field_number reads it: a narrower member is the union's
-# first bytes (little-endian), and any other type is read as ullVal.
-_RECORD = struct.calcsize("=24xII8x")
-_HEAD = "24xII8x"
-_VALUE_FORMAT = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "32xd",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "32xI4x",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "32xQ" if ctypes.sizeof(ctypes.c_ulong) == 8 else "32xI4x",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "32xQ",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "32xq",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "32xi4x",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "32xH6x",
-}
-# Read so only where the bytes are as this reads them; elsewhere every field goes through pynvml's structures.
-_DECODABLE = sys.byteorder == "little" and ctypes.sizeof(_FieldValue) == _RECORD
-
-
-@functools.lru_cache(maxsize=64)
-def _heads(count: int) -> struct.Struct:
-    """The type and return code of `count` records, read in one C call."""
-    return struct.Struct("=" + _HEAD * count)
-
-
-@dataclass(frozen=True, slots=True)
-class _Layout:
-    """How an answer whose records have these types and return codes is read."""
-
-    codes: tuple[int, ...]
-    values: struct.Struct  # every record's value, each read as its type says, in one C call
-    doubles: tuple[int, ...]
-    gather: Callable[[tuple[Any, ...]], Sequence[Any]] | None  # None where a field did not answer; None: all did
-
-
-@functools.lru_cache(maxsize=256)
-def _layout(heads: tuple[int, ...]) -> _Layout:
-    """Worked out once per (types, return codes): a request answers with the same ones poll after poll, so there
-    are about as many layouts as requests."""
-    kinds, codes = heads[0::2], heads[1::2]
-    values = struct.Struct("=" + "".join(_VALUE_FORMAT.get(kind, "32xQ") for kind in kinds))
-    doubles = tuple(i for i, head in enumerate(zip(kinds, codes, strict=True)) if head == _ANSWERED_DOUBLE)
-    if codes.count(_SUCCESS) == len(codes):
-        return _Layout(codes, values, doubles, None)
-    # Each field's value, or the None appended after the last: one C call, not a Python step per field.
-    picks = [i if code == _SUCCESS else len(codes) for i, code in enumerate(codes)]
-    gather = operator.itemgetter(*picks) if len(picks) > 1 else lambda numbers: (numbers[picks[0]],)
-    return _Layout(codes, values, doubles, gather)
-
-
-def decode(raw: bytes) -> Answers:
-    """The return code and the value (None unless it answered) of each nvmlFieldValue_t in `raw`: what
-    field_number reads, field by field."""
-    layout = _layout(_heads(len(raw) // _RECORD).unpack(raw))
-    numbers = layout.values.unpack(raw)
-    if layout.gather is None:
-        return Answers(layout.codes, list(numbers), layout.doubles, True)
-    return Answers(layout.codes, list(layout.gather((*numbers, None))), layout.doubles, False)

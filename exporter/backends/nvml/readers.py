@@ -14,6 +14,7 @@ import pynvml
 
 from gpu_triage.exporter.backends.collectors import Collector, require_every_collector
 from gpu_triage.exporter.backends.nvml.buses import BusState, read_nvlink, read_pcie
+from gpu_triage.exporter.backends.nvml.field_values import FieldRequest
 from gpu_triage.exporter.backends.nvml.gpm import GpmState, read_profiling
 from gpu_triage.exporter.backends.nvml.kept import Kept
 from gpu_triage.exporter.backends.nvml.mig import with_instance_memory, with_instance_processes
@@ -65,8 +66,9 @@ _CLOCK_EVENT_FIELDS = {
     ClockEventReason.HW_THERMAL_SLOWDOWN: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
     ClockEventReason.HW_POWER_BRAKE_SLOWDOWN: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
 }
-_CLOCK_EVENT_IDS = tuple((fid, 0) for fid in _CLOCK_EVENT_FIELDS.values())
-_CLOCK_EVENT_NAMES = tuple(f"clock_event_ns_{reason}" for reason in _CLOCK_EVENT_FIELDS)
+_CLOCK_EVENTS = FieldRequest(
+    [(fid, 0) for fid in _CLOCK_EVENT_FIELDS.values()], [f"clock_event_ns_{reason}" for reason in _CLOCK_EVENT_FIELDS]
+)
 _THRESHOLDS = {
     ThresholdKind.SHUTDOWN: pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
     ThresholdKind.SLOWDOWN: pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
@@ -176,7 +178,7 @@ def _clocks(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
         ("clock_throttle_reasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, (h,)),
     )
     pstate = q("performance_state", pynvml.nvmlDeviceGetPerformanceState, h)
-    durations = q.fields(h, _CLOCK_EVENT_IDS, _CLOCK_EVENT_NAMES)
+    durations = q.fields(h, _CLOCK_EVENTS)
     seconds = {r: ns * NS for r, ns in zip(_CLOCK_EVENT_FIELDS, durations, strict=True) if ns is not None}
     return Clocks(current, maximum, _int(reasons), _pstate(pstate), seconds)
 

@@ -14,9 +14,9 @@ import pytest
 
 from gpu_triage.exporter.backends.base import BackendError, GpuLostError
 from gpu_triage.exporter.backends.collectors import Collector
-from gpu_triage.exporter.backends.nvml import query as nvml_query
+from gpu_triage.exporter.backends.nvml import field_values as nvml_fields
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
-from gpu_triage.exporter.backends.nvml.query import field_number
+from gpu_triage.exporter.backends.nvml.field_values import field_number
 from gpu_triage.exporter.backends.readings import ClockDomain
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
@@ -246,13 +246,13 @@ def test_field_values_decoded_in_bulk_are_what_pynvml_structures_hold(
         fv.value.ullVal = 0xA5A5A5A5A5A5A5A5  # bytes the narrower members do not cover must not leak in
         setattr(fv.value, member, value)
     values[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-    codes, numbers, doubles, answered_all = nvml_query.decode(bytes(values))
+    codes, numbers, doubles, answered_all = nvml_fields.decode(bytes(values))
     assert codes == (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_SUCCESS)
     assert numbers == [field_number(values[0]), None, field_number(values[2])]
     assert [type(n) for n in numbers[::2]] == [float if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else int] * 2
     assert doubles == ((0, 2) if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else ()) and not answered_all
     values[1].nvmlReturn = pynvml.NVML_SUCCESS  # every field answered: the values as they are
-    assert nvml_query.decode(bytes(values)).numbers == [field_number(fv) for fv in values]
+    assert nvml_fields.decode(bytes(values)).numbers == [field_number(fv) for fv in values]
 
 
 def test_field_values_of_every_type_in_one_answer_are_each_read_as_their_own_type() -> None:
@@ -271,7 +271,7 @@ def test_field_values_of_every_type_in_one_answer_are_each_read_as_their_own_typ
         fv.valueType, fv.nvmlReturn = kind, pynvml.NVML_SUCCESS
         fv.value.ullVal = 0x5A5A5A5A5A5A5A5A
         setattr(fv.value, *members[kind])
-    decoded = nvml_query.decode(bytes(values)).numbers
+    decoded = nvml_fields.decode(bytes(values)).numbers
     assert decoded == [field_number(fv) for fv in values]
     assert decoded[: len(members)] == [value for _, value in members.values()]
 
@@ -279,6 +279,20 @@ def test_field_values_of_every_type_in_one_answer_are_each_read_as_their_own_typ
 def test_an_answer_of_one_field_is_decoded_whether_it_answered_or_not() -> None:
     values = (pynvml.c_nvmlFieldValue_t * 1)()
     values[0].valueType, values[0].value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 7
-    assert nvml_query.decode(bytes(values)) == ((pynvml.NVML_SUCCESS,), [7], (), True)
+    assert nvml_fields.decode(bytes(values)) == ((pynvml.NVML_SUCCESS,), [7], (), True)
     values[0].nvmlReturn = pynvml.NVML_ERROR_UNKNOWN
-    assert nvml_query.decode(bytes(values)) == ((pynvml.NVML_ERROR_UNKNOWN,), [None], (), False)
+    assert nvml_fields.decode(bytes(values)) == ((pynvml.NVML_ERROR_UNKNOWN,), [None], (), False)
+
+
+def test_a_request_whose_answer_changes_its_codes_is_decoded_by_the_new_ones() -> None:
+    """A request tries its last answer's layout first: it must not be taken for an answer that differs."""
+    request = nvml_fields.FieldRequest([(91, 0), (138, 0)], ["nvlink_link_count", "nvlink_0_138"])
+    values = (pynvml.c_nvmlFieldValue_t * 2)()
+    for fv, number in zip(values, (18, 2**40), strict=True):
+        fv.valueType, fv.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, number
+    assert nvml_fields.decode(bytes(values), request).numbers == [18, 2**40]
+    values[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert nvml_fields.decode(bytes(values), request).numbers == [18, None]
+    values[1].nvmlReturn, values[0].valueType = pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT
+    values[0].value.ullVal = 0x10012
+    assert nvml_fields.decode(bytes(values), request).numbers == [0x12, 2**40]
