@@ -1,12 +1,12 @@
-"""Answers of a GPU's that are its board's limits, not the moment's: kept between reads, asked again now and then.
+"""A GPU's answers that are its board's limits, not the moment's: kept between reads, asked again now and then.
 
-nvml.h promises no such answer fixed, so each is kept only while nothing says it may have changed:
-- at most KEEP_SECONDS, then asked again (whatever changed, a clock offset, a MIG mode turned on without a
-  reset, shows within that);
+nvml.h promises no such answer fixed (it has settable clock offsets, and MIG mode changes that "may" reset the
+GPU), so each is kept only while nothing says it may have changed:
+- at most KEEP_SECONDS, then asked again: whatever changed it shows within that;
 - forgotten when a read of the GPU fails or the GPU gets a new handle (a reset, an unbind and rebind, NVML
-  taken back after a release: the owner calls `forget`);
+  taken back after a release): the owner calls `forget`;
 - only an answer without a failed field is kept, and not one asked across a `forget`;
-- the reader also asks again when what it has just read contradicts the kept answer, or does not vouch for it.
+- the reader asks again when what it has just read contradicts the kept answer or does not vouch for it.
 """
 
 from __future__ import annotations
