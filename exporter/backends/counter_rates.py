@@ -16,6 +16,7 @@ class CounterRates:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._last: dict[Hashable, tuple[float, float]] = {}
+        self._rows: dict[Hashable, list[tuple[float, float] | None]] = {}  # `rates`' rows: (value, time) per counter
         self._lock = threading.Lock()
 
     def rate(self, key: Hashable, value: float | None, per_unit: float = 1.0) -> float | None:
@@ -30,26 +31,23 @@ class CounterRates:
             return None
         return (value - before[0]) * per_unit / (now - before[1])
 
-    def rates(self, keys: Sequence[Hashable], values: Sequence[float | None]) -> list[float | None]:
-        """`rate` of each counter, all read at one time: one clock read and one lock for a GPU's links."""
+    def rates(self, key: Hashable, values: Sequence[float | None]) -> list[float | None]:
+        """`rate` of each of a row of counters kept under one key (a GPU's links), all read at one time: one clock
+        read, one lock and one entry for the row. A counter that did not answer keeps its last value and time."""
         now = self._clock()
-        out: list[float | None] = []
         with self._lock:
-            last = self._last
-            for key, value in zip(keys, values, strict=True):
-                if value is None:
-                    out.append(None)
-                    continue
-                before = last.get(key)
-                last[key] = (value, now)
-                if before is None or value < before[0] or now <= before[1]:
-                    out.append(None)
-                else:
-                    out.append((value - before[0]) / (now - before[1]))
-        return out
+            before = self._rows.get(key)
+            if before is None or len(before) != len(values):
+                before = [None] * len(values)
+            self._rows[key] = [(v, now) if v is not None else b for v, b in zip(values, before, strict=True)]
+        return [
+            None if v is None or b is None or v < b[0] or now <= b[1] else (v - b[0]) / (now - b[1])
+            for v, b in zip(values, before, strict=True)
+        ]
 
     def forget(self, gpu: int) -> None:
         """Drop a GPU's counters (keys start with its index): a new handle may count from anywhere."""
         with self._lock:
-            for key in [k for k in self._last if isinstance(k, tuple) and k and k[0] == gpu]:
-                del self._last[key]
+            for kept in (self._last, self._rows):
+                for key in [k for k in kept if isinstance(k, tuple) and k and k[0] == gpu]:
+                    del kept[key]

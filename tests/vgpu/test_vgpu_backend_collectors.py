@@ -32,6 +32,31 @@ def test_batched_field_values_have_their_own_return_codes(nvml: Worker, state: v
     assert "GpuIsLost" in nvml.run("result = ops.read(2, 'remapping')")["lost"]
 
 
+def test_a_field_that_was_absent_at_every_poll_and_then_fails_is_reported_failed(
+    nvml: Worker, state: vs.StateWriter
+) -> None:
+    """An H100 answers the NVLink5 counters NOT_SUPPORTED at every poll, which is not looked at field by field
+    again while the answer's codes stay the same: one code that changes is."""
+    node = vs.h100_node()
+    state.write(node)
+    nvml.run("ops.start()")
+    for _ in range(2):
+        read = nvml.run("result = ops.read(6, 'nvlink')")
+        assert read["failed"] == [] and read["reading"]["links"][3]["symbol_errors"] is None
+    symbol = 221  # NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, scoped by link
+    node[6].field_overrides = [vs.FieldOverride(field_id=symbol, scope_id=3, nvml_return=999)]  # UNKNOWN
+    state.write(node)
+    assert nvml.run("result = ops.read(6, 'nvlink')")["failed"] == [f"nvlink_3_{symbol}"]
+    node[6].field_overrides = [vs.FieldOverride(field_id=symbol, scope_id=3, value=12)]
+    state.write(node)
+    read = nvml.run("result = ops.read(6, 'nvlink')")
+    assert read["failed"] == [] and read["reading"]["links"][3]["symbol_errors"] == 12
+    node[6].field_overrides = []
+    state.write(node)
+    read = nvml.run("result = ops.read(6, 'nvlink')")
+    assert read["failed"] == [] and read["reading"]["links"][3]["symbol_errors"] is None
+
+
 def test_a_failed_link_count_is_asked_again(nvml: Worker, state: vs.StateWriter) -> None:
     node = vs.h100_node()
     node[4].field_overrides = [vs.FieldOverride(field_id=91, nvml_return=999)]  # NVLINK_LINK_COUNT: UNKNOWN
@@ -104,18 +129,30 @@ def test_init_errors_tell_the_user_what_to_do(
 
 def test_field_values_read_through_plain_structures_are_what_pynvml_reads(nvml: Worker, state: vs.StateWriter) -> None:
     node = vs.h100_node()
-    node[0].field_overrides = [vs.FieldOverride(field_id=230, nvml_return=3)]  # RECOVERY_ACTION: NOT_SUPPORTED
+    node[0].field_overrides = [
+        vs.FieldOverride(field_id=230, nvml_return=3),  # RECOVERY_ACTION: NOT_SUPPORTED
+        # The types no GPU field of the library's own has, each answered by a field of the request.
+        vs.FieldOverride(field_id=82, value=-2.75, value_type=vs.ValueType.DOUBLE),
+        vs.FieldOverride(field_id=142, value=-(2**40), value_type=vs.ValueType.SIGNED_LONG_LONG),
+        vs.FieldOverride(field_id=144, value=-3, value_type=vs.ValueType.SIGNED_INT),
+        vs.FieldOverride(field_id=91, value=0xFFFE, value_type=vs.ValueType.UNSIGNED_SHORT),
+        vs.FieldOverride(field_id=139, scope_id=3, value=2**40 + 1, value_type=vs.ValueType.UNSIGNED_LONG),
+    ]
     state.write(node)
     nvml.init()
     # Power, memory temperature, ECC, remapping, NVLink link count and one link's counters, recovery action, and
     # ids no GPU has: every value type and several return codes.
     ids = [(186, 0), (82, 0), (3, 0), (4, 0), (142, 0), (144, 0), (91, 0), (138, 0), (139, 3), (230, 0), (99999, 0)]
     code = f"""
-from gpu_triage.exporter.backends.nvml import query as q
-result = [q._plain_field_values(H["0"], {ids!r}), q._through_pynvml(H["0"], {ids!r}),
-          q._field_values() is q._plain_field_values]
+from gpu_triage.exporter.backends.nvml import field_values as f
+request = f.FieldRequest({ids!r}, [str(i) for i in range({len(ids)})])
+first = f.plain_field_values(H["0"], request)  # and again, through the layout the request keeps
+result = [f.plain_field_values(H["0"], request), f.through_pynvml(H["0"], request), first,
+          f.field_values() is f.plain_field_values]
 """
-    plain, through_pynvml, fast = nvml.run(code)
-    assert plain == through_pynvml
-    assert {code for code, _ in plain} >= {0, 3}, "answered and not-supported fields both compared"
+    plain, through_pynvml, first, fast = nvml.run(code)
+    assert plain == through_pynvml == first
+    assert set(plain[0]) >= {0, 3}, "answered and not-supported fields both compared"
+    assert [plain[1][i] for i in (1, 4, 5, 6, 8)] == [-2.75, -(2**40), -3, 0xFFFE, 2**40 + 1]
+    assert plain[2] == [1], "the double is known as one"
     assert fast, "pynvml's function is not substituted here: the plain structures are used"

@@ -30,6 +30,7 @@ from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.counter_rates import CounterRates
 from gpu_triage.exporter.backends.nvml.events import XidEvents
 from gpu_triage.exporter.backends.nvml.gpm import GpmProfiler
+from gpu_triage.exporter.backends.nvml.kept import Kept
 from gpu_triage.exporter.backends.nvml.mig import MigDevice
 from gpu_triage.exporter.backends.nvml.query import (
     BROKEN,
@@ -44,7 +45,7 @@ from gpu_triage.exporter.backends.nvml.query import (
 from gpu_triage.exporter.backends.nvml.readers import READERS
 from gpu_triage.exporter.backends.nvml.release import Hold, ReleaseRequests
 from gpu_triage.exporter.backends.per_poll import PerPoll
-from gpu_triage.exporter.backends.readings import ThresholdKind
+from gpu_triage.exporter.backends.readings import ClockDomain, ThresholdKind
 
 log = logging.getLogger(__name__)
 _READS_END_SECONDS = 30.0  # at most, for reads in flight to end before NVML is shut down for a release
@@ -92,6 +93,7 @@ class NvmlBackend:
         self._lookup_locks: dict[int, threading.Lock] = {}
         self.link_counts: dict[int, int] = {}  # NVLink links per GPU, once NVML has said
         self.thresholds: dict[int, dict[ThresholdKind, float]] = {}  # the GPU's temperature limits, once read
+        self.max_clocks: Kept[dict[ClockDomain, float]] = Kept(monotonic)  # kept a while (kept.py)
         self.mig_profiles: dict[int, list[Any]] = {}  # GPU-instance profile tables, once read
         self.rates = CounterRates(monotonic)  # PCIe and NVLink byte counters between polls
         self._log = FieldLog()
@@ -169,6 +171,7 @@ class NvmlBackend:
             reading = READERS[collector](self, q, handle, gpu.index)
         except BaseException as e:
             self.mig_listings.forget(gpu.index)  # a GPU that failed a read is listed afresh
+            self.max_clocks.forget(gpu.index)  # and its limits asked again
             if isinstance(e, HandleLostError) and gpu.index not in self._stale:
                 self._stale.add(gpu.index)
                 log.warning(
@@ -219,6 +222,7 @@ class NvmlBackend:
             self.gpm.forget(gpu.index)
             self.rates.forget(gpu.index)
             self.mig_listings.forget(gpu.index)  # listed through the old handle
+            self.max_clocks.forget(gpu.index)
             log.info("GPU handle looked up again; the GPU answers", extra={"gpu": gpu.index, "by": by})
 
     def close(self) -> None:

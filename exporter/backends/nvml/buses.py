@@ -10,13 +10,14 @@ counters 161-163, which nvml.h says Blackwell and later do not support, and the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Hashable
 from typing import Any, Protocol
 
 import pynvml
 
 from gpu_triage.exporter.backends.counter_rates import CounterRates
+from gpu_triage.exporter.backends.nvml.field_values import FieldRequest
 from gpu_triage.exporter.backends.nvml.plain import read_plain
 from gpu_triage.exporter.backends.nvml.query import Query
 from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading
@@ -47,7 +48,7 @@ _PCIE_ERRORS = {
     "unsupported_request": pynvml.NVML_FI_DEV_PCIE_COUNT_UNSUPPORTED_REQ,
     "lcrc": pynvml.NVML_FI_DEV_PCIE_COUNT_LCRC_ERROR,
 }
-# Per-link fields, scoped by link index, in the order _link() takes them.
+# Per-link fields, scoped by link index, in the order read_nvlink takes them.
 _LINK_FIELDS = (
     pynvml.NVML_FI_DEV_NVLINK_GET_STATE,
     pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
@@ -63,15 +64,21 @@ _LINK_FIELDS = (
 )
 
 
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)
+# The byte counters, then the error counters.
+_PCIE = FieldRequest(
+    [
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0),
+        (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0),
+        *((fid, 0) for fid in _PCIE_ERRORS.values()),
+    ],
+    ["pcie_tx_bytes", "pcie_rx_bytes", *(f"pcie_{kind}" for kind in _PCIE_ERRORS)],
+)
+_LINK_COUNT = FieldRequest([(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)], ["nvlink_link_count"])
 
 
 def read_pcie(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
-    counters = [(pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0), (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)]
-    ids = counters + [(fid, 0) for fid in _PCIE_ERRORS.values()]
-    values = q.fields(h, ids, ["pcie_tx_bytes", "pcie_rx_bytes", *(f"pcie_{kind}" for kind in _PCIE_ERRORS)])
-    tx_bytes, rx_bytes = _int(values[0]), _int(values[1])
+    values = q.counts(h, _PCIE)
+    tx_bytes, rx_bytes = values[0], values[1]
     tx, rx = b.rates.rate((gpu, "pcie_tx"), tx_bytes), b.rates.rate((gpu, "pcie_rx"), rx_bytes)
     if tx is None or rx is None:
         # Each call samples a 20 ms window, which is why PCIe is a collector of its own.
@@ -79,7 +86,7 @@ def read_pcie(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
         rx_kb = q("pcie_rx", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
         tx = None if tx_kb is None else float(tx_kb * PCIE_KB)
         rx = None if rx_kb is None else float(rx_kb * PCIE_KB)
-    errors = {kind: int(v) for kind, v in zip(_PCIE_ERRORS, values[2:], strict=True) if v is not None}
+    errors = {kind: v for kind, v in zip(_PCIE_ERRORS, values[2:], strict=True) if v is not None}
     return Pcie(
         **read_plain(q, h, "Pcie"),
         tx_bytes_per_second=tx,
@@ -94,55 +101,69 @@ def read_nvlink(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
     links = _link_count(b, q, h, gpu)
     if not links:
         return NvLink(())
-    ids, names, keys = _link_request(gpu, links)
-    values = [None if v is None else int(v) for v in q.fields(h, ids, names)]
+    values = q.counts(h, _link_request(links))
     n = len(_LINK_FIELDS)
-    moved = [None if v is None else v * KIB for v in values[n - 2 :: n] + values[n - 1 :: n]]  # every tx, every rx
-    rates = b.rates.rates(keys, moved)
+    # Each field's column, one value per link, in _LINK_FIELDS' order.
+    state, replay, recovery, crc, events, failed, successful, effective, symbol, tx, rx = (
+        values[i::n] for i in range(n)
+    )
+    moved = [None if v is None else v * KIB for v in tx + rx]  # every tx, then every rx
+    rates = b.rates.rates((gpu, "nvlink"), moved)
+    # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The count is of
+    # links the GPU has, cabled or not: an uncabled one is inactive for good.
     return NvLink(
         tuple(
-            _link(link, values[link * n : (link + 1) * n], moved[link], moved[links + link], rates, links)
-            for link in range(links)
+            map(
+                LinkReading,  # positionally, in its fields' order (checked at import below)
+                range(links),
+                state,
+                replay,
+                # Blackwell: every recovery, whatever its outcome
+                [r if r is not None else e for r, e in zip(recovery, events, strict=True)],
+                crc,
+                failed,
+                successful,
+                effective,
+                symbol,
+                moved[:links],
+                moved[links:],
+                rates[:links],
+                rates[links:],
+            )
         )
     )
 
 
 @functools.cache
-def _link_request(gpu: int, links: int) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...], tuple[Hashable, ...]]:
-    """The field ids, their names and the rate counters' keys of a GPU's `links` links, made once."""
-    ids = tuple((field, link) for link in range(links) for field in _LINK_FIELDS)
-    names = tuple(f"nvlink_{link}_{field}" for link in range(links) for field in _LINK_FIELDS)
-    keys = tuple((gpu, way, link) for way in ("nvlink_tx", "nvlink_rx") for link in range(links))
-    return ids, names, keys
+def _link_request(links: int) -> FieldRequest:
+    """The fields of `links` links, made once."""
+    ids = [(field, link) for link in range(links) for field in _LINK_FIELDS]
+    return FieldRequest(ids, [f"nvlink_{link}_{field}" for link in range(links) for field in _LINK_FIELDS])
 
 
-def _link(
-    link: int, values: list[int | None], tx: int | None, rx: int | None, rates: list[float | None], links: int
-) -> LinkReading:
-    state, replay, recovery, crc, events, failed, successful, effective, symbol, _, _ = values
-    # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The count is of
-    # links the GPU has, cabled or not: an uncabled one is inactive for good.
-    return LinkReading(
-        link,
-        state,
-        replay,
-        recovery if recovery is not None else events,  # Blackwell: every recovery, whatever its outcome
-        crc,
-        recovery_failed=failed,
-        recovery_successful=successful,
-        effective_errors=effective,
-        symbol_errors=symbol,
-        tx_bytes=tx,
-        rx_bytes=rx,
-        tx_bytes_per_second=rates[link],
-        rx_bytes_per_second=rates[links + link],
-    )
+_LINK_READING = (
+    "link",
+    "state",
+    "replay_errors",
+    "recovery_errors",
+    "crc_errors",
+    "recovery_failed",
+    "recovery_successful",
+    "effective_errors",
+    "symbol_errors",
+    "tx_bytes",
+    "rx_bytes",
+    "tx_bytes_per_second",
+    "rx_bytes_per_second",
+)
+if tuple(f.name for f in dataclasses.fields(LinkReading)) != _LINK_READING:
+    raise ImportError("LinkReading's fields are not in the order read_nvlink passes them")
 
 
 def _link_count(b: BusState, q: Query, h: Any, gpu: int) -> int:
     if gpu not in b.link_counts:
         failed = len(q.failed)
-        (count,) = q.fields(h, [(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)], ["nvlink_link_count"])
+        (count,) = q.counts(h, _LINK_COUNT)
         if len(q.failed) > failed:
             return 0  # a failed read, not an answer: ask again next poll
         b.link_counts[gpu] = int(count or 0)

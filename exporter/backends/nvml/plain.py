@@ -14,6 +14,7 @@ from typing import Any
 import pynvml
 
 from gpu_triage.exporter.backends.field_table import FIELDS, FieldSpec, Getter, NvmlField, of
+from gpu_triage.exporter.backends.nvml.field_values import FieldRequest
 from gpu_triage.exporter.backends.nvml.query import Query
 
 
@@ -33,8 +34,7 @@ class _Plan:
 
     getters: tuple[tuple[FieldSpec, Getter], ...]
     batched: tuple[tuple[FieldSpec, NvmlField], ...]
-    ids: tuple[tuple[int, int], ...]  # scope 0: the whole GPU
-    names: tuple[str, ...]
+    request: FieldRequest  # scope 0: the whole GPU
 
 
 @functools.cache
@@ -43,8 +43,8 @@ def _plan(reading: str) -> _Plan:
     specs = of(reading)
     getters = tuple((s, s.nvml) for s in specs if isinstance(s.nvml, Getter))
     batched = tuple((s, s.nvml) for s in specs if isinstance(s.nvml, NvmlField))
-    ids = tuple((getattr(pynvml, how.field), 0) for _, how in batched)
-    return _Plan(getters, batched, ids, tuple(how.query for _, how in batched))
+    request = FieldRequest([(getattr(pynvml, how.field), 0) for _, how in batched], [how.query for _, how in batched])
+    return _Plan(getters, batched, request)
 
 
 def read_plain(q: Query, h: Any, reading: str) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def read_plain(q: Query, h: Any, reading: str) -> dict[str, Any]:
     for spec, how in plan.getters:
         out[spec.attr] = _convert(q(how.query, getattr(pynvml, how.function), h), spec, how.per)
     if plan.batched:
-        values = q.fields(h, plan.ids, plan.names)
+        values = q.fields(h, plan.request)
         for (spec, field), value in zip(plan.batched, values, strict=True):
             out[spec.attr] = _convert(value, spec, field.per)
     return out

@@ -17,11 +17,8 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
-import struct
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -29,6 +26,7 @@ from typing import Any, TypeVar, cast
 import pynvml
 
 from gpu_triage.exporter.backends.base import BackendError, GpuLostError
+from gpu_triage.exporter.backends.nvml.field_values import Answers, FieldRequest, field_values
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,6 +88,9 @@ class FieldLog:
         # the same again, it is absent again, with nothing to log. A GPU without some NVLink counters answers
         # dozens of them so at every poll.
         self.absent: set[tuple[int, str, int]] = set()
+        # (GPU, request) -> the return codes of an answer whose every field that did not answer was absent: the
+        # same codes again need no look at each field.
+        self.quiet: dict[tuple[int, FieldRequest], tuple[int, ...]] = {}
 
     def first(self, gpu: int, field: str, error: str) -> bool:
         key = (gpu, field, error)
@@ -135,23 +136,51 @@ class Query:
                 return value
         return None
 
-    def fields(self, handle: Any, ids: Sequence[tuple[int, int]], names: Sequence[str]) -> list[float | None]:
+    def fields(self, handle: Any, request: FieldRequest) -> list[float | None]:
         """Batched field values (one driver call); each field's own return code gets the policy."""
-        values = self("field_values", _field_values(), handle, ids)
-        if values is None:
-            return [None] * len(ids)
+        answered = self._answered(handle, request)
+        if answered is None:
+            return [None] * len(request)
+        numbers = answered.numbers
+        if answered.answered_all:
+            return list(map(float, cast(list[float], numbers)))
+        return [None if n is None else float(n) for n in numbers]
+
+    def counts(self, handle: Any, request: FieldRequest) -> list[int | None]:
+        """`fields` as integers, for counters: an integer type's value exactly as NVML gave it, not by way of
+        a float (exact above 2**53 too); a double's truncated, as int() of `fields` would."""
+        answered = self._answered(handle, request)
+        if answered is None:
+            return [None] * len(request)
+        numbers = answered.numbers
+        for i in answered.doubles:
+            numbers[i] = int(cast(float, numbers[i]))
+        return cast(list[int | None], numbers)
+
+    def _answered(self, handle: Any, request: FieldRequest) -> Answers | None:
+        """The driver's answer, after the policy for each field that did not answer; None if the call failed."""
+        answered: Answers | None = self("field_values", field_values(), handle, request)
+        if answered is None or answered.answered_all:
+            return answered
+        # A request answered with the very codes it had when every field that did not answer was absent has
+        # nothing new to say: a GPU without some NVLink counters answers dozens of them so at every poll.
+        codes, quiet, key, names = answered.codes, self._log.quiet, (self.gpu, request), request.names
+        if quiet.get(key) == codes:
+            return answered
         absent = self._log.absent
-        # Most fields answer: the policy is applied to the few that did not, the values taken as they are.
-        for i in [i for i, (code, _) in enumerate(values) if code != _SUCCESS]:
-            code, name = values[i][0], names[i]
+        failed = len(self.failed)
+        for i in [i for i, code in enumerate(codes) if code != _SUCCESS]:
+            code, name = codes[i], names[i]
             if (self.gpu, name, code) in absent:
                 continue
-            failed = len(self.failed)
+            before = len(self.failed)
             # A field's own INVALID_ARGUMENT: a field or link this GPU does not have.
             self._fail(name, _error(code), absent=code == _INVALID_ARGUMENT)
-            if len(self.failed) == failed:  # neither raised nor failed: absent
+            if len(self.failed) == before:  # neither raised nor failed: absent
                 absent.add((self.gpu, name, code))
-        return [value for _, value in values]
+        if len(self.failed) == failed:
+            quiet[key] = codes
+        return answered
 
     def _handle_answers(self) -> bool:
         """After INVALID_ARGUMENT: does the handle itself still answer? Raises if the GPU is gone."""
@@ -198,22 +227,6 @@ def readable(err: UnicodeDecodeError, gpu: int, field: str, log_once: FieldLog) 
     return bytes(raw).decode(errors="replace").rstrip("\0")
 
 
-_VALUE_MEMBER = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-}
-
-
-def field_value(fv: Any) -> float:
-    """The number in a c_nvmlFieldValue_t, read by its value type."""
-    return float(getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal")))
-
-
 def text(value: Any) -> str | None:
     """A string NVML returned (pynvml gives str or bytes by version)."""
     if value is None:
@@ -229,100 +242,3 @@ def _error(code: int) -> pynvml.NVMLError:
     """The error of a field's return code, made once per code: a GPU without NVLink answers a dozen fields
     INVALID_ARGUMENT at every poll, and only the first is logged."""
     return pynvml.NVMLError(code)
-
-
-class _FieldValue(ctypes.Structure):
-    """nvmlFieldValue_t as pynvml declares it, without the attribute hooks of pynvml's own structure (which
-    turn every member read into several Python calls: the per-field cost of a poll)."""
-
-    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
-
-
-_REAL_FIELD_VALUES = pynvml.nvmlDeviceGetFieldValues
-
-
-FieldValues = Callable[[Any, Sequence[tuple[int, int]]], list[tuple[int, float | None]]]
-
-
-def _field_values() -> FieldValues:
-    """nvmlDeviceGetFieldValues as (return code, value or None) per field; through plain structures, decoded in
-    bulk, unless pynvml's function has been substituted."""
-    plain = _DECODABLE and pynvml.nvmlDeviceGetFieldValues is _REAL_FIELD_VALUES
-    return _plain_field_values if plain else _through_pynvml
-
-
-def _through_pynvml(handle: Any, ids: Sequence[tuple[int, int]]) -> list[tuple[int, float | None]]:
-    values = pynvml.nvmlDeviceGetFieldValues(handle, list(ids))
-    return [(fv.nvmlReturn, field_value(fv) if fv.nvmlReturn == _SUCCESS else None) for fv in values]
-
-
-@functools.lru_cache(maxsize=256)
-def _request(ids: tuple[tuple[int, int], ...]) -> tuple[type[ctypes.Array[_FieldValue]], bytes]:
-    """The array type and the request's bytes (field and scope ids, the rest zero) for `ids`, made once."""
-    array = _FieldValue * len(ids)
-    return array, bytes(array(*(_FieldValue(field, scope) for field, scope in ids)))
-
-
-def _plain_field_values(handle: Any, ids: Sequence[tuple[int, int]]) -> list[tuple[int, float | None]]:
-    array, request = _request(tuple(ids))
-    values = array.from_buffer_copy(request)
-    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-    pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(ids)), ctypes.byref(values)))
-    return decode(bytes(values))
-
-
-# A field value's record, read twice in C: (valueType, nvmlReturn, the value's 8 bytes as an unsigned integer),
-# then the same 8 bytes as a double. Native byte order and standard sizes, no padding: the layout of
-# nvmlFieldValue_t (checked at import below), as the library wrote it.
-_AS_INTEGER = struct.Struct("=24xIIQ")
-_AS_DOUBLE = struct.Struct("=32xd")
-_DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
-_SIGNED_64, _SIGNED_32 = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_SIGNED_INT
-_NOT_UNSIGNED = frozenset({_DOUBLE, _SIGNED_64, _SIGNED_32})
-_ALL_BITS = 0xFFFFFFFFFFFFFFFF
-# The unsigned types by their width (c_ulong is pynvml's ulVal: 8 bytes where it runs); any other type is read
-# as ullVal, as field_value reads it.
-_UNSIGNED_MASK = {
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: 0xFFFFFFFF,
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: 0xFFFF,
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: (1 << 8 * ctypes.sizeof(ctypes.c_ulong)) - 1,
-}
-# Read so only where the bytes are as this reads them; elsewhere every field goes through pynvml's structures.
-_DECODABLE = sys.byteorder == "little" and ctypes.sizeof(_FieldValue) == _AS_INTEGER.size == _AS_DOUBLE.size
-
-
-@functools.lru_cache(maxsize=64)
-def _columns(count: int) -> tuple[struct.Struct, struct.Struct]:
-    """`count` records read at once, as integers and as doubles: one C call each, not one per field."""
-    return struct.Struct("=" + "24xIIQ" * count), struct.Struct("=" + "32xd" * count)
-
-
-def decode(raw: bytes) -> list[tuple[int, float | None]]:
-    """(return code, value or None) of each nvmlFieldValue_t in `raw`: what field_value reads, field by field."""
-    as_integers, as_doubles = _columns(len(raw) // _AS_INTEGER.size)
-    flat = as_integers.unpack(raw)
-    kinds, codes, bits = flat[0::3], flat[1::3], flat[2::3]
-    mask = _UNSIGNED_MASK.get
-    if _DOUBLE in kinds or _SIGNED_64 in kinds or _SIGNED_32 in kinds:
-        doubles = as_doubles.unpack(raw)
-        return [
-            (code, None)
-            if code != _SUCCESS
-            else (code, _signed_or_double(kind, value, double))
-            if kind in _NOT_UNSIGNED
-            else (code, float(value & mask(kind, _ALL_BITS)))
-            for kind, code, value, double in zip(kinds, codes, bits, doubles, strict=True)
-        ]
-    return [
-        (code, None) if code != _SUCCESS else (code, float(value & mask(kind, _ALL_BITS)))
-        for kind, code, value in zip(kinds, codes, bits, strict=True)
-    ]
-
-
-def _signed_or_double(kind: int, bits: int, double: float) -> float:
-    if kind == _DOUBLE:
-        return double
-    if kind == _SIGNED_64:
-        return float(bits - (1 << 64) if bits >> 63 else bits)
-    low = bits & 0xFFFFFFFF
-    return float(low - (1 << 32) if low >> 31 else low)

@@ -14,7 +14,9 @@ import pynvml
 
 from gpu_triage.exporter.backends.collectors import Collector, require_every_collector
 from gpu_triage.exporter.backends.nvml.buses import BusState, read_nvlink, read_pcie
+from gpu_triage.exporter.backends.nvml.field_values import FieldRequest
 from gpu_triage.exporter.backends.nvml.gpm import GpmState, read_profiling
+from gpu_triage.exporter.backends.nvml.kept import Kept
 from gpu_triage.exporter.backends.nvml.mig import with_instance_memory, with_instance_processes
 from gpu_triage.exporter.backends.nvml.plain import read_plain
 from gpu_triage.exporter.backends.nvml.query import Query, text
@@ -45,6 +47,7 @@ class ReaderState(BusState, GpmState, Protocol):
     class, so they import nothing of backend.py (which imports them)."""
 
     thresholds: dict[int, dict[ThresholdKind, float]]  # the GPU's temperature limits, once read
+    max_clocks: Kept[dict[ClockDomain, float]]  # the GPU's maximum clocks, in Hz, kept a while (kept.py)
 
 
 MHZ = 1e6
@@ -63,6 +66,9 @@ _CLOCK_EVENT_FIELDS = {
     ClockEventReason.HW_THERMAL_SLOWDOWN: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN,
     ClockEventReason.HW_POWER_BRAKE_SLOWDOWN: pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN,
 }
+_CLOCK_EVENTS = FieldRequest(
+    [(fid, 0) for fid in _CLOCK_EVENT_FIELDS.values()], [f"clock_event_ns_{reason}" for reason in _CLOCK_EVENT_FIELDS]
+)
 _THRESHOLDS = {
     ThresholdKind.SHUTDOWN: pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
     ThresholdKind.SLOWDOWN: pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
@@ -161,22 +167,41 @@ def _thresholds(b: ReaderState, q: Query, h: Any, gpu: int) -> dict[ThresholdKin
 
 
 def _clocks(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
-    current, maximum = {}, {}
+    current = {}
     for domain, clock in _CLOCKS.items():
         if (mhz := q(f"clock_{domain}", pynvml.nvmlDeviceGetClockInfo, h, clock)) is not None:
             current[domain] = mhz * MHZ
-        if (mhz := q(f"max_clock_{domain}", pynvml.nvmlDeviceGetMaxClockInfo, h, clock)) is not None:
-            maximum[domain] = mhz * MHZ
+    maximum = _max_clocks(b, q, h, gpu, current)
     reasons = q.first(
         ("clock_event_reasons", pynvml.nvmlDeviceGetCurrentClocksEventReasons, (h,)),
         # drivers older than the "clocks event" rename
         ("clock_throttle_reasons", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, (h,)),
     )
     pstate = q("performance_state", pynvml.nvmlDeviceGetPerformanceState, h)
-    ids = [(fid, 0) for fid in _CLOCK_EVENT_FIELDS.values()]
-    durations = q.fields(h, ids, [f"clock_event_ns_{reason}" for reason in _CLOCK_EVENT_FIELDS])
+    durations = q.fields(h, _CLOCK_EVENTS)
     seconds = {r: ns * NS for r, ns in zip(_CLOCK_EVENT_FIELDS, durations, strict=True) if ns is not None}
     return Clocks(current, maximum, _int(reasons), _pstate(pstate), seconds)
+
+
+def _max_clocks(
+    b: ReaderState, q: Query, h: Any, gpu: int, current: dict[ClockDomain, float]
+) -> dict[ClockDomain, float]:
+    """The maximum clocks, kept between reads (kept.py) once every domain has answered, while every current clock
+    answers and none is above its kept maximum: a current clock that does not answer may mean the maxima would not
+    either."""
+    kept = b.max_clocks.get(gpu)
+    if kept is not None and len(current) == len(_CLOCKS) and all(current[d] <= hz for d, hz in kept.items()):
+        return dict(kept)
+    asked, failed = b.max_clocks.asking(gpu), len(q.failed)
+    maximum = {}
+    for domain, clock in _CLOCKS.items():
+        if (mhz := q(f"max_clock_{domain}", pynvml.nvmlDeviceGetMaxClockInfo, h, clock)) is not None:
+            maximum[domain] = mhz * MHZ
+    if len(q.failed) == failed and len(maximum) == len(_CLOCKS):  # whole: "not supported" is asked again
+        b.max_clocks.keep(gpu, dict(maximum), asked)
+    else:  # what was kept is not what the driver says now
+        b.max_clocks.forget(gpu)
+    return maximum
 
 
 def _processes(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:

@@ -36,3 +36,22 @@ def test_no_time_between_reads_gives_no_rate_and_a_forgotten_gpu_starts_over() -
     now[0] += 1
     assert rates.rate((2, "tx"), 20) is None  # forgotten: a first read again
     assert rates.rate((3, "tx"), 10) == 10.0  # another GPU's counters are kept
+
+
+def test_a_row_of_counters_is_rated_counter_by_counter() -> None:
+    """A GPU's links under one key: each link as `rate` would rate it on its own."""
+    now = [0.0]
+    rates = CounterRates(lambda: now[0])
+    assert rates.rates((0, "nvlink"), [0, 100, None, 2**64 - 1]) == [None] * 4
+    now[0] += 2
+    # A counter that did not answer gives no rate, and the next one is over the time since it last did.
+    assert rates.rates((0, "nvlink"), [10, None, 4, 5]) == [5.0, None, None, None]  # the last wrapped
+    now[0] += 2
+    assert rates.rates((0, "nvlink"), [10, 300, 8, 25]) == [0.0, 50.0, 2.0, 10.0]
+    assert rates.rates((0, "nvlink"), [20, 300, 8, 25]) == [None] * 4  # no time between reads
+    assert rates.rates((0, "nvlink"), [30, 300]) == [None, None]  # another number of links: started over
+    rates.rates((1, "nvlink"), [0])
+    rates.forget(0)
+    now[0] += 1
+    assert rates.rates((0, "nvlink"), [40, 400]) == [None, None]  # forgotten: a first read again
+    assert rates.rates((1, "nvlink"), [3]) == [3.0]  # another GPU's row is kept

@@ -14,9 +14,10 @@ import pytest
 
 from gpu_triage.exporter.backends.base import BackendError, GpuLostError
 from gpu_triage.exporter.backends.collectors import Collector
-from gpu_triage.exporter.backends.nvml import query as nvml_query
+from gpu_triage.exporter.backends.nvml import field_values as nvml_fields
 from gpu_triage.exporter.backends.nvml.backend import NvmlBackend
-from gpu_triage.exporter.backends.nvml.query import field_value
+from gpu_triage.exporter.backends.nvml.field_values import field_number
+from gpu_triage.exporter.backends.readings import ClockDomain
 from gpu_triage.exporter.backends.select import open_backend
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend
 from tests.conftest import FakeClock
@@ -140,8 +141,28 @@ def test_invalid_argument_from_a_gpu_whose_handle_answers_is_an_absent_value(fak
     result = nvml.read(nvml.discover()[1], Collector.CLOCKS)
     assert result.failed_fields == () and result.reading.max_hz == {}  # type: ignore[union-attr]
     fake.errors[("nvmlDeviceGetUUID", 1)] = pynvml.NVML_ERROR_INVALID_ARGUMENT  # now the handle itself is bad
-    with pytest.raises(GpuLostError, match="no longer valid"):
-        nvml.read(nvml.discover()[1], Collector.CLOCKS)
+    fresh = NvmlBackend()  # which asks for the maxima at its first read (they are kept a while: nvml/kept.py)
+    try:
+        with pytest.raises(GpuLostError, match="no longer valid"):
+            fresh.read(fresh.discover()[1], Collector.CLOCKS)
+    finally:
+        fresh.close()
+
+
+def test_a_failed_maximum_clock_is_reported_failed_and_asked_again_at_the_next_read(
+    fake: FakeNvml, nvml: NvmlBackend
+) -> None:
+    gpu = nvml.discover()[2]
+    fake.errors[("nvmlDeviceGetMaxClockInfo", 2)] = pynvml.NVML_ERROR_UNKNOWN
+    failed = nvml.read(gpu, Collector.CLOCKS)
+    assert failed.failed_fields == tuple(f"max_clock_{d}" for d in ClockDomain)
+    assert failed.reading.max_hz == {}  # type: ignore[union-attr]
+    del fake.errors[("nvmlDeviceGetMaxClockInfo", 2)]
+    answered = nvml.read(gpu, Collector.CLOCKS)  # not kept: asked again
+    assert answered.failed_fields == () and set(answered.reading.max_hz) == set(ClockDomain)  # type: ignore[union-attr]
+    fake.errors[("nvmlDeviceGetMaxClockInfo", 2)] = pynvml.NVML_ERROR_UNKNOWN
+    kept = nvml.read(gpu, Collector.CLOCKS)  # kept now (nvml/kept.py): the call is not made
+    assert kept.failed_fields == () and kept.reading.max_hz == answered.reading.max_hz  # type: ignore[union-attr]
 
 
 def test_an_xid_names_its_gpu_even_when_nvml_cannot_index_it(fake: FakeNvml, nvml: NvmlBackend) -> None:
@@ -213,7 +234,7 @@ def test_a_link_state_and_a_link_error_come_through_per_link(fake: FakeNvml, nvm
         (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -(2**63)),
         (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "siVal", -5),
         (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "usVal", 0xFFFF),
-        (99, "ullVal", 2**53),  # a type newer than this code: read as ullVal, as field_value reads it
+        (99, "ullVal", 2**53),  # a type newer than this code: read as ullVal, as field_number reads it
     ],
 )
 def test_field_values_decoded_in_bulk_are_what_pynvml_structures_hold(
@@ -225,9 +246,53 @@ def test_field_values_decoded_in_bulk_are_what_pynvml_structures_hold(
         fv.value.ullVal = 0xA5A5A5A5A5A5A5A5  # bytes the narrower members do not cover must not leak in
         setattr(fv.value, member, value)
     values[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-    decoded = nvml_query.decode(bytes(values))
-    assert decoded == [
-        (pynvml.NVML_SUCCESS, field_value(values[0])),
-        (pynvml.NVML_ERROR_NOT_SUPPORTED, None),
-        (pynvml.NVML_SUCCESS, field_value(values[2])),
-    ]
+    codes, numbers, doubles, answered_all = nvml_fields.decode(bytes(values))
+    assert codes == (pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_SUCCESS)
+    assert numbers == [field_number(values[0]), None, field_number(values[2])]
+    assert [type(n) for n in numbers[::2]] == [float if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else int] * 2
+    assert doubles == ((0, 2) if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE else ()) and not answered_all
+    values[1].nvmlReturn = pynvml.NVML_SUCCESS  # every field answered: the values as they are
+    assert nvml_fields.decode(bytes(values)).numbers == [field_number(fv) for fv in values]
+
+
+def test_field_values_of_every_type_in_one_answer_are_each_read_as_their_own_type() -> None:
+    members = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: ("dVal", -0.5),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: ("uiVal", 0xFFFFFFFE),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: ("ulVal", 2**40 + 7),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: ("ullVal", 2**63 + 2**12),
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: ("sllVal", -(2**40)),
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: ("siVal", -7),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("usVal", 0xFFFE),
+    }
+    kinds = [*members, *reversed(members)]  # each type next to different neighbours
+    values = (pynvml.c_nvmlFieldValue_t * len(kinds))()
+    for fv, kind in zip(values, kinds, strict=True):
+        fv.valueType, fv.nvmlReturn = kind, pynvml.NVML_SUCCESS
+        fv.value.ullVal = 0x5A5A5A5A5A5A5A5A
+        setattr(fv.value, *members[kind])
+    decoded = nvml_fields.decode(bytes(values)).numbers
+    assert decoded == [field_number(fv) for fv in values]
+    assert decoded[: len(members)] == [value for _, value in members.values()]
+
+
+def test_an_answer_of_one_field_is_decoded_whether_it_answered_or_not() -> None:
+    values = (pynvml.c_nvmlFieldValue_t * 1)()
+    values[0].valueType, values[0].value.uiVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 7
+    assert nvml_fields.decode(bytes(values)) == ((pynvml.NVML_SUCCESS,), [7], (), True)
+    values[0].nvmlReturn = pynvml.NVML_ERROR_UNKNOWN
+    assert nvml_fields.decode(bytes(values)) == ((pynvml.NVML_ERROR_UNKNOWN,), [None], (), False)
+
+
+def test_a_request_whose_answer_changes_its_codes_is_decoded_by_the_new_ones() -> None:
+    """A request tries its last answer's layout first: it must not be taken for an answer that differs."""
+    request = nvml_fields.FieldRequest([(91, 0), (138, 0)], ["nvlink_link_count", "nvlink_0_138"])
+    values = (pynvml.c_nvmlFieldValue_t * 2)()
+    for fv, number in zip(values, (18, 2**40), strict=True):
+        fv.valueType, fv.value.ullVal = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, number
+    assert nvml_fields.decode(bytes(values), request).numbers == [18, 2**40]
+    values[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert nvml_fields.decode(bytes(values), request).numbers == [18, None]
+    values[1].nvmlReturn, values[0].valueType = pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT
+    values[0].value.ullVal = 0x10012
+    assert nvml_fields.decode(bytes(values), request).numbers == [0x12, 2**40]
