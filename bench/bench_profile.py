@@ -138,7 +138,6 @@ _IMPORTS = (
     ("fastapi (starlette, pydantic, anyio; asyncio and ssl)", "import fastapi.applications"),
     ("uvicorn", "import uvicorn"),
     ("prometheus_client", "import prometheus_client"),
-    ("pydantic_settings", "import pydantic_settings"),
     ("yaml", "import yaml"),
     ("pynvml", "import pynvml"),
     ("sqlite3, bcrypt", "import sqlite3, bcrypt"),
