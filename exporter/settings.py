@@ -14,15 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    InitSettingsSource,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
-from pydantic_settings import SettingsError as PydanticSettingsError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpu_triage.exporter.backends.select import BackendName
 
@@ -80,15 +72,17 @@ class SettingsError(Exception):
 DEV_KMSG = Path("/dev/kmsg")
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GPU_TRIAGE_", extra="forbid", frozen=True)
+class Settings(BaseModel):
+    """What `load_settings` layers (flags, environment, config file) and checks; the defaults are checked too."""
 
-    web_listen_address: Annotated[list[str], NoDecode] = [":9481"]
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    web_listen_address: list[str] = [":9481"]
     web_telemetry_path: str = "/metrics"
     web_config_file: Path | None = None
     web_disable_exporter_metrics: bool = False
     web_read_only: bool = False
-    web_allowed_hosts: Annotated[list[str], NoDecode] = []
+    web_allowed_hosts: list[str] = []
     web_read_header_timeout: Duration = 10.0
     web_read_timeout: Duration = 60.0
     web_max_connections: Annotated[int, Field(ge=8, le=1_000_000)] = 512
@@ -397,8 +391,11 @@ _BY_FIELD = {o.field: o for o in OPTIONS}
 _BY_FLAG = {o.flag: o for o in OPTIONS}
 
 
+ENV_PREFIX = "GPU_TRIAGE_"
+
+
 def env_name(flag: str) -> str:
-    return "GPU_TRIAGE_" + re.sub(r"[.-]", "_", flag).upper()
+    return ENV_PREFIX + re.sub(r"[.-]", "_", flag).upper()
 
 
 def _read_config(path: Path) -> tuple[dict[str, Any], list[str]]:
@@ -424,28 +421,25 @@ def _read_config(path: Path) -> tuple[dict[str, Any], list[str]]:
     return values, problems
 
 
+def _read_env() -> dict[str, Any]:
+    """The settings given by environment variable, by field name: GPU_TRIAGE_ + the field, in any case, each
+    value as it is (a list's comma-separated)."""
+    fields = {name.upper(): name for name in Settings.model_fields}
+    values = {}
+    for name, value in os.environ.items():
+        upper = name.upper()
+        if upper.startswith(ENV_PREFIX) and (field := fields.get(upper.removeprefix(ENV_PREFIX))) is not None:
+            values[field] = value
+    return values
+
+
 def load_settings(cli: dict[str, Any], config: Path | None) -> Settings:
     """Settings from explicit flags (`cli`, by field name), the environment and the config file."""
     file_values, problems = _read_config(config) if config is not None else ({}, [])
-
-    class _Layered(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return init_settings, env_settings, InitSettingsSource(settings_cls, file_values)
-
     try:
-        settings: Settings = _Layered(**cli)
+        settings = Settings(**{**file_values, **_read_env(), **cli})
     except ValidationError as e:
         problems += [_describe(err) for err in e.errors()]
-    except PydanticSettingsError as e:
-        problems.append(str(e))
     if problems:
         raise SettingsError(problems)
     return settings

@@ -145,10 +145,12 @@ def _nvml_alone(release_dir: Path | None = None) -> NvmlBackend:
 
 def _nvml(address: Address | None, bindings_dir: Path | None, release_dir: Path | None = None) -> NvmlBackend:
     """NVML, with GPM off when a DCGM host engine already profiles: never two profilers at once."""
+    backend = _nvml_alone(release_dir)
+    if address is None:
+        return backend  # no host engine to ask: DCGM's bindings and field tables stay unloaded
     from gpu_triage.exporter.backends.dcgm.probe import profiling_watched
 
-    backend = _nvml_alone(release_dir)
-    if address is not None and (watcher := profiling_watched(address, bindings_dir)) is not None:
+    if (watcher := profiling_watched(address, bindings_dir)) is not None:
         backend.gpm.turn_off(f"GPM stays off: {watcher}; --backend dcgm reads its profiling fields")
         log.info("GPM off: DCGM profiles this node", extra={"dcgm": watcher})
     return backend

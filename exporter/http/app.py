@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,7 +13,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from gpu_triage import __version__
-from gpu_triage.exporter.backends.sim import SimBackend
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.http.diagnosis import DIAGNOSE_PATH, diagnose_router, diagnosis_router
 from gpu_triage.exporter.http.errors import error
@@ -21,8 +20,10 @@ from gpu_triage.exporter.http.gpus import gpus_router
 from gpu_triage.exporter.http.guard import BodyLimit, HeadAsGet, WriteGuard, own_host_names
 from gpu_triage.exporter.http.landing import landing_page
 from gpu_triage.exporter.http.runbooks import runbooks_router
-from gpu_triage.exporter.http.sim_faults import shown_by, sim_router
 from gpu_triage.exporter.http.web_config import WebConfig, WebConfigMiddleware
+
+if TYPE_CHECKING:
+    from gpu_triage.exporter.backends.sim import SimBackend
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,10 @@ def create_app(daemon: Daemon, web: WebConfig | None = None) -> FastAPI:
         )
     )
     if daemon.backend.name == "sim":
-        app.include_router(sim_router(cast(SimBackend, daemon.backend), shown_by(daemon)))
+        # Imported here: the simulator's scenario and fault models are no load for a daemon on real GPUs.
+        from gpu_triage.exporter.http.sim_faults import shown_by, sim_router
+
+        app.include_router(sim_router(cast("SimBackend", daemon.backend), shown_by(daemon)))
     return app
 
 

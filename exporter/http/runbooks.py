@@ -18,7 +18,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from gpu_triage.diagnosis.core.findings import Finding
 from gpu_triage.diagnosis.core.playbooks import ACTION_PLAYBOOKS, Playbook, load_playbooks
-from gpu_triage.diagnosis.knowledge.check import playbook_references
 from gpu_triage.diagnosis.xid.conditions import load_conditions
 from gpu_triage.exporter.http.errors import error
 from gpu_triage.exporter.http.page import badge, document, esc, utc
@@ -33,6 +32,15 @@ def _markdown() -> Callable[[str], str]:
     from markdown_it import MarkdownIt
 
     return MarkdownIt("commonmark", {"html": False}).enable("table").render  # our pages carry no raw HTML
+
+
+@functools.cache
+def _referrers() -> dict[str, list[str]]:
+    """Who names each playbook, for the pages' "Used for" line: built with the first page rendered, since
+    it reads the training-log rules and hang classes, which a daemon nobody browses otherwise never holds."""
+    from gpu_triage.diagnosis.knowledge.check import playbook_references
+
+    return playbook_references()
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +199,6 @@ def runbooks_router(
     """`/runbooks/`, `/runbooks/{id}` and `/runbooks/{id}.md`; `live_findings` gives the open findings,
     `gpu_indexes` the NVML index of each PCI bus id, to name the GPUs they are on."""
     playbooks = load_playbooks()  # checked with the rest of the data when the daemon started
-    refs = playbook_references()
     rendered: dict[str, _Page] = {}  # each page on its first request, then kept: the text is fixed
     lock = threading.Lock()
 
@@ -199,7 +206,7 @@ def runbooks_router(
         if (page := rendered.get(pid)) is None and (playbook := playbooks.get(pid)) is not None:
             with lock:  # another request may have rendered it while this one waited
                 if (page := rendered.get(pid)) is None:
-                    page = rendered[pid] = _render(playbook, refs.get(pid, []))
+                    page = rendered[pid] = _render(playbook, _referrers().get(pid, []))
         return page
 
     conditions = _conditions_table()

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import bcrypt
 import yaml
 
 from gpu_triage.exporter.http.asgi import App, Message, Receive, Scope, Send, header
@@ -48,7 +47,12 @@ _HEADERS = {
 @functools.cache
 def _dummy_hash(rounds: int) -> bytes:
     """Checked against for unknown users, so a wrong user name costs the same time as a wrong password:
-    made at the cost of the dearest configured hash (a cheaper one would tell the names apart)."""
+    made at the cost of the dearest configured hash (a cheaper one would tell the names apart).
+
+    bcrypt is imported here and in _password_ok: only a daemon with basic_auth_users loads it, at start (the
+    checker makes this hash then)."""
+    import bcrypt
+
     return bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=rounds))
 
 
@@ -188,6 +192,8 @@ _CHALLENGE = (b"www-authenticate", b'Basic realm="gpu-triage"')
 
 
 def _password_ok(hashed: bytes, password: bytes) -> bool:
+    import bcrypt
+
     try:
         return bcrypt.checkpw(password, hashed)
     except ValueError:  # longer than bcrypt's 72 bytes: not a password we issued

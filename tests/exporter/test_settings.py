@@ -103,3 +103,21 @@ def test_listen_addresses_may_be_comma_separated_in_flags_too() -> None:
         "[::1]:2",
         ":3",
     ]
+
+
+def test_environment_values_are_parsed_as_flags_are_and_other_variables_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPU_TRIAGE_SOURCE_KMSG", "false")
+    monkeypatch.setenv("GPU_TRIAGE_WEB_MAX_CONNECTIONS", "64")
+    monkeypatch.setenv("GPU_TRIAGE_DIAGNOSE_MAX_BYTES", "1MiB")
+    monkeypatch.setenv("GPU_TRIAGE_CONFIG", "/nowhere.yaml")  # read by the command line, not a setting
+    monkeypatch.setenv("GPU_TRIAGE_URL", "http://127.0.0.1:9481")  # gpu-triage check's
+    s = load_settings({}, None)
+    assert s.source_kmsg is False and s.web_max_connections == 64 and s.diagnose_max_bytes == 2**20
+    monkeypatch.setenv("GPU_TRIAGE_WEB_MAX_CONNECTIONS", "4")
+    with pytest.raises(SettingsError) as e:
+        load_settings({}, None)
+    assert e.value.problems == [
+        "--web.max-connections (or GPU_TRIAGE_WEB_MAX_CONNECTIONS): Input should be greater than or equal to 8 (got '4')"
+    ]
