@@ -74,14 +74,18 @@ class Reading:
         return iter(())
 
     def parts(self) -> Iterator[Part]:
-        """The samples in parts, each with a key, for a writer that keeps what it wrote: a part whose key equals
-        the key of the same part of the last reading of this collector on this GPU has equal samples. One part
-        here, keyed by the reading itself (its fields compared). Equal is Python's: a kept line may write 0.0
-        for a -0.0, or a mapping's series in the order it had on the last page, the same values to Prometheus."""
-        yield self, self.samples
+        """The samples in parts, for a writer that keeps what it wrote: (key, samples, series). A part whose key
+        equals the key of the same part of the last reading of this collector on this GPU has equal samples.
+        One part here, keyed by the reading itself (its fields compared). Equal is Python's: a kept line may
+        write 0.0 for a -0.0, or a mapping's series in the order it had on the last page, the same values to
+        Prometheus. `series`, where it is not None, stands for which series the part has, whatever their values:
+        a part whose series all give way to another source's (Sample.preferred) and stay the same is not made
+        again at each poll only to be dropped."""
+        yield self, self.samples, None
 
 
-Part = tuple[object, Callable[[], Iterable[Sample]]]
+# (key, how to make the samples, what their series are or None); see Reading.parts.
+Part = tuple[object, Callable[[], Iterable[Sample]], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,8 +248,8 @@ class Pcie(Reading, collector=Collector.PCIE):
 
     def parts(self) -> Iterator[Part]:
         # The byte counters move at every poll, the error counters seldom.
-        yield _PCIE_PLAIN(self), self.plain_samples
-        yield tuple(self.errors.items()), self.more_samples
+        yield _PCIE_PLAIN(self), self.plain_samples, None
+        yield tuple(self.errors.items()), self.more_samples, None
 
 
 _PCIE_PLAIN = operator.attrgetter(*(spec.attr for spec in field_table.of("Pcie")))
@@ -292,15 +296,18 @@ class NvLink(Reading, collector=Collector.NVLINK):
     links: tuple[LinkReading, ...]
 
     def more_samples(self) -> Iterator[Sample]:
-        for _, part in self.parts():
+        for _, part, _ in self.parts():
             yield from part()
 
     def parts(self) -> Iterator[Part]:
         # The links' states and error counters seldom move, their data counters at every poll: apart, the first
-        # are written once and kept while they stay the same. (The two parts' families are not the same ones, so
-        # each family's series keep the order of the links.)
-        yield tuple(map(_STATE_KEY, self.links)), functools.partial(_link_states, self.links)
-        yield tuple(map(_TRAFFIC_KEY, self.links)), functools.partial(_link_traffic, self.links)
+        # are written once and kept while they stay the same. The rates are a part of their own, named by its
+        # links: where profiling's per-link rates win over them, they are not made again at each poll. (No two
+        # parts share a family, so each family's series keep the order of the links.)
+        links = self.links
+        yield tuple(map(_STATE_KEY, links)), functools.partial(_link_states, links), None
+        yield tuple(map(_BYTES_KEY, links)), functools.partial(_link_bytes, links), None
+        yield tuple(map(_RATES_KEY, links)), functools.partial(_link_rates, links), tuple(map(_LINK, links))
 
 
 # What each part's samples are made of, read at C speed: a page compares them for every link of every GPU.
@@ -308,7 +315,9 @@ _STATE_KEY = operator.attrgetter(
     "link", "state", "replay_errors", "recovery_errors", "crc_errors", "recovery_failed", "recovery_successful",
     "effective_errors", "symbol_errors",
 )  # fmt: skip
-_TRAFFIC_KEY = operator.attrgetter("link", "tx_bytes", "rx_bytes", "tx_bytes_per_second", "rx_bytes_per_second")
+_BYTES_KEY = operator.attrgetter("link", "tx_bytes", "rx_bytes")
+_RATES_KEY = operator.attrgetter("link", "tx_bytes_per_second", "rx_bytes_per_second")
+_LINK = operator.attrgetter("link")
 
 
 def _link_states(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
@@ -325,13 +334,17 @@ def _link_states(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
         yield Sample(f.NVLINK_ERRORS, (n, "symbol"), link.symbol_errors)
 
 
-def _link_traffic(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
+def _link_bytes(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
     for link in links:
         n = str(link.link)
         yield Sample(f.NVLINK_BYTES, (n, "tx"), link.tx_bytes)
         yield Sample(f.NVLINK_BYTES, (n, "rx"), link.rx_bytes)
-        # Profiling's per-link throughput, where there is profiling, is preferred to this.
-        link_label = (("link", n),)
+
+
+def _link_rates(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
+    # Profiling's per-link throughput, where there is profiling, is preferred to this.
+    for link in links:
+        link_label = (("link", str(link.link)),)
         yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, link_label)
         yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, link_label)
 

@@ -54,6 +54,7 @@ def _head(family: str, gpu: str, uuid: str, labels: tuple[str, ...], extra: tupl
 
 _Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]  # a series of a GPU: (family, labels, extra)
 _NONE: frozenset[_Key] = frozenset()
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +64,14 @@ class _Written:
     key: object
     preferred: frozenset[_Key]  # its series that beat another source's (Sample.preferred)
     chunks: tuple[tuple[str, bytes], ...]  # (family name, its lines joined and encoded), in the order they come
+    # The part's `series` where every one of them gave way to another source's: no line, whatever the values.
+    hidden: object = None
 
 
 @dataclass(frozen=True, slots=True)
 class _Gpu:
     overridden: frozenset[_Key]  # the GPU's preferred series: the other sources' samples of them are left out
+    families: frozenset[str]  # the families of `overridden`: most samples are of none of them
     parts: dict[Collector, list[_Written]]
 
 
@@ -117,46 +121,61 @@ class GpuFamilies:
 def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
     """One GPU's lines by collector and part, from the last page's where a part's key is the same."""
     last = before.parts if before is not None else {}
-    overridden = before.overridden if before is not None else _NONE  # as it was: it seldom changes
+    # As it was: it seldom changes, and a part kept was written with it.
+    overridden, families = (before.overridden, before.families) if before is not None else (_NONE, _NO_NAMES)
     uuid = state.identity.uuid
     out: dict[Collector, list[_Written]] = {}
     for collector, reading in state.readings.items():
         old = last.get(collector, ())
-        out[collector] = [
-            old[i]
-            if i < len(old) and (old[i].key is key or old[i].key == key)
-            else _write(key, make(), gpu, uuid, overridden)
-            for i, (key, make) in enumerate(reading.parts())
-        ]
+        parts = out[collector] = []
+        for i, (key, make, series) in enumerate(reading.parts()):
+            if i < len(old):
+                kept = old[i]
+                # The same samples, or the same series all given way still (`overridden` has not changed).
+                if kept.key is key or kept.key == key or (series is not None and kept.hidden == series):
+                    parts.append(kept)
+                    continue
+            parts.append(_write(key, series, make(), gpu, uuid, overridden, families))
     now = frozenset().union(*(p.preferred for parts in out.values() for p in parts)) or _NONE
     if now != overridden:  # another source's preferred series came or went: every line is written again
-        overridden = now
+        overridden, families = now, frozenset(name for name, _, _ in now) or _NO_NAMES
         out = {
-            c: [_write(key, make(), gpu, uuid, overridden) for key, make in r.parts()]
+            c: [_write(key, series, make(), gpu, uuid, overridden, families) for key, make, series in r.parts()]
             for c, r in state.readings.items()
         }
-    return _Gpu(overridden, out)
+    return _Gpu(overridden, families, out)
 
 
-def _write(key: object, samples: Iterable[Sample], gpu: str, uuid: str, overridden: frozenset[_Key]) -> _Written:
+def _write(
+    key: object,
+    series: object,
+    samples: Iterable[Sample],
+    gpu: str,
+    uuid: str,
+    overridden: frozenset[_Key],
+    families: frozenset[str],
+) -> _Written:
     """A part's lines, joined by family in the order they come; a value the GPU does not have is left out."""
     rows: dict[str, list[str]] = {}
     preferred: list[_Key] = []
+    hidden = series is not None  # until a sample of the part does not give way
     for family, labels, value, extra, better in samples:
-        if value is None:
-            continue
         name = family.name  # by name: hashing a Family hashes every field of it
         if better:
-            preferred.append((name, labels, extra))
-        elif overridden and (name, labels, extra) in overridden:
+            if value is not None:
+                preferred.append((name, labels, extra))
+        elif name in families and (name, labels, extra) in overridden:
             continue  # a more precise source gave this series
+        hidden = False
+        if value is None:
+            continue
         line = f"{_head(name, gpu, uuid, labels, extra)}{format_value(float(value))}\n"
         if (row := rows.get(name)) is None:
             rows[name] = [line]
         else:
             row.append(line)
     chunks = tuple((name, "".join(row).encode()) for name, row in rows.items())
-    return _Written(key, frozenset(preferred) if preferred else _NONE, chunks)
+    return _Written(key, frozenset(preferred) if preferred else _NONE, chunks, series if hidden else None)
 
 
 @functools.lru_cache(maxsize=1 << 10)
