@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,15 @@ from prometheus_client.core import InfoMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from gpu_triage.exporter.backends.collectors import Collector
-from gpu_triage.exporter.backends.readings import Inventory, NvLink, Processes, ProcessReading
+from gpu_triage.exporter.backends.readings import (
+    Inventory,
+    LinkReading,
+    NvLink,
+    Processes,
+    ProcessReading,
+    Profiling,
+    Reading,
+)
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
 from gpu_triage.exporter.metrics.exposition import encode, format_value
@@ -180,3 +189,58 @@ def test_a_source_that_stops_overriding_and_a_new_gpu_in_an_old_place(
     swapped = dataclasses.replace(g0.identity, uuid="GPU-00000000-0000-0000-0000-0000000000aa")
     page = check_page(builder, _drop(full, gpus=(GpuState(swapped, g0.readings), *full.gpus[1:])))
     assert g0.identity.uuid.encode() not in page and swapped.uuid.encode() in page
+
+
+def test_rates_that_give_way_while_they_move(node: tuple[Daemon, SimBackend, FakeClock]) -> None:
+    """NVLink's own per-link rates move at every poll while profiling's, read less often, win over them; they are
+    written again when profiling goes and comes back, when it covers only some of the links, and when the links
+    change under it: each page is still prometheus_client's for its snapshot."""
+    daemon, _, clock = node
+    clock.advance(100)
+    builder = GpuFamilies()
+    full = daemon.poller.poll(Collector)
+    check_page(builder, full)
+    profiling = full.gpus[0].readings[Collector.PROFILING]
+    assert isinstance(profiling, Profiling) and profiling.gpu is not None
+    activity = profiling.gpu
+    covered = activity.nvlink_links
+    # Profiling has a rate for every link: NVLink's own give way to it entirely.
+    assert {t.link for t in covered} == {link.link for link in _links(full)}
+
+    def on_gpu0(snapshot: Snapshot, collector: Collector, reading: Reading | None) -> Snapshot:
+        g0 = snapshot.gpus[0]
+        readings = {c: r for c, r in g0.readings.items() if c is not collector}
+        if reading is not None:
+            readings[collector] = reading
+        return _drop(snapshot, gpus=(GpuState(g0.identity, readings, g0.problems), *snapshot.gpus[1:]))
+
+    def unprofiled(snapshot: Snapshot) -> Snapshot:
+        return on_gpu0(snapshot, Collector.PROFILING, None)
+
+    def partly_profiled(snapshot: Snapshot) -> Snapshot:  # the last two links without profiling's rates
+        some = dataclasses.replace(activity, nvlink_links=covered[:-2])
+        return on_gpu0(snapshot, Collector.PROFILING, dataclasses.replace(profiling, gpu=some))
+
+    def fewer_links(n: int) -> Callable[[Snapshot], Snapshot]:
+        return lambda snapshot: on_gpu0(snapshot, Collector.NVLINK, NvLink(_links(snapshot)[:-n]))
+
+    def both(snapshot: Snapshot) -> Snapshot:  # only the links profiling has rates for, then the others are back
+        return fewer_links(2)(partly_profiled(snapshot))
+
+    def kept(snapshot: Snapshot) -> Snapshot:
+        return snapshot
+
+    rates: list[tuple[float | None, ...]] = []
+    for change in (kept, kept, unprofiled, unprofiled, kept, kept, partly_profiled, partly_profiled, kept,
+                   fewer_links(1), fewer_links(1), kept, both, both, partly_profiled, kept):  # fmt: skip
+        clock.advance(5)
+        snapshot = daemon.poller.poll(FAST)
+        rates.append(tuple(link.tx_bytes_per_second for link in _links(snapshot)))
+        check_page(builder, change(snapshot))
+    assert len(set(rates)) == len(rates), "NVLink's rates moved at every poll"
+
+
+def _links(snapshot: Snapshot) -> tuple[LinkReading, ...]:
+    nvlink = snapshot.gpus[0].readings[Collector.NVLINK]
+    assert isinstance(nvlink, NvLink)
+    return nvlink.links
