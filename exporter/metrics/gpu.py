@@ -12,14 +12,15 @@ from __future__ import annotations
 import functools
 import platform
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gpu_triage import __version__
 from gpu_triage.exporter.backends.collectors import Collector
-from gpu_triage.exporter.backends.readings import Inventory, Sample
+from gpu_triage.exporter.backends.readings import Inventory, Sample, Value
 from gpu_triage.exporter.metrics.exposition import Preformatted, format_value, series_head
 from gpu_triage.exporter.metrics.families import FAMILIES, UP, Family
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
@@ -58,14 +59,28 @@ _NO_NAMES: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where the values of a part with known series (Reading.parts' `series`) go, once its series are known."""
+
+    # By family, in the order they come: (the value's place in the part's key, its series' name and labels).
+    # A series that gives way to another source's has no place.
+    rows: tuple[tuple[str, tuple[tuple[int, str], ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class _Written:
     """The lines one part of a reading (Reading.parts) gave a page, kept for the next page."""
 
     key: object
     preferred: frozenset[_Key]  # its series that beat another source's (Sample.preferred)
     chunks: tuple[tuple[str, bytes], ...]  # (family name, its lines joined and encoded), in the order they come
-    # The part's `series` where every one of them gave way to another source's: no line, whatever the values.
-    hidden: object = None
+    series: object = None  # the part's own (Reading.parts)
+    layout: _Layout | None = None  # where the part has series and none of them is preferred
+
+    @property
+    def hidden(self) -> bool:
+        """No line, whatever the values: every series gave way to another source's."""
+        return self.layout is not None and not self.layout.rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +136,7 @@ class GpuFamilies:
 def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
     """One GPU's lines by collector and part, from the last page's where a part's key is the same."""
     last = before.parts if before is not None else {}
-    # As it was: it seldom changes, and a part kept was written with it.
+    # As it was: it seldom changes, and every part kept was written with it.
     overridden, families = (before.overridden, before.families) if before is not None else (_NONE, _NO_NAMES)
     uuid = state.identity.uuid
     out: dict[Collector, list[_Written]] = {}
@@ -129,21 +144,38 @@ def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
         old = last.get(collector, ())
         parts = out[collector] = []
         for i, (key, make, series) in enumerate(reading.parts()):
-            if i < len(old):
-                kept = old[i]
-                # The same samples, or the same series all given way still (`overridden` has not changed).
-                if kept.key is key or kept.key == key or (series is not None and kept.hidden == series):
-                    parts.append(kept)
-                    continue
-            parts.append(_write(key, series, make(), gpu, uuid, overridden, families))
+            kept = old[i] if i < len(old) else None
+            if kept is None or kept.series != series:
+                parts.append(_fresh(key, make, series, gpu, uuid, overridden, families))
+            elif kept.key is key or kept.key == key or kept.hidden:
+                parts.append(kept)
+            elif kept.layout is not None:  # the same series: only the values are new
+                parts.append(_fill(key, series, kept.layout))
+            else:
+                parts.append(_write(key, series, make(), gpu, uuid, overridden, families))
     now = frozenset().union(*(p.preferred for parts in out.values() for p in parts)) or _NONE
     if now != overridden:  # another source's preferred series came or went: every line is written again
         overridden, families = now, frozenset(name for name, _, _ in now) or _NO_NAMES
         out = {
-            c: [_write(key, series, make(), gpu, uuid, overridden, families) for key, make, series in r.parts()]
+            c: [_fresh(key, make, series, gpu, uuid, overridden, families) for key, make, series in r.parts()]
             for c, r in state.readings.items()
         }
     return _Gpu(overridden, families, out)
+
+
+def _fresh(
+    key: object,
+    make: Callable[[], Iterable[Sample]],
+    series: object,
+    gpu: str,
+    uuid: str,
+    overridden: frozenset[_Key],
+    families: frozenset[str],
+) -> _Written:
+    """A part none of whose lines can be kept."""
+    if series is not None and (layout := _layout(key, make(), gpu, uuid, overridden, families)) is not None:
+        return _fill(key, series, layout)
+    return _write(key, series, make(), gpu, uuid, overridden, families)
 
 
 def _write(
@@ -158,24 +190,59 @@ def _write(
     """A part's lines, joined by family in the order they come; a value the GPU does not have is left out."""
     rows: dict[str, list[str]] = {}
     preferred: list[_Key] = []
-    hidden = series is not None  # until a sample of the part does not give way
     for family, labels, value, extra, better in samples:
-        name = family.name  # by name: hashing a Family hashes every field of it
-        if better:
-            if value is not None:
-                preferred.append((name, labels, extra))
-        elif name in families and (name, labels, extra) in overridden:
-            continue  # a more precise source gave this series
-        hidden = False
         if value is None:
             continue
+        name = family.name  # by name: hashing a Family hashes every field of it
+        if better:
+            preferred.append((name, labels, extra))
+        elif name in families and (name, labels, extra) in overridden:
+            continue  # a more precise source gave this series
         line = f"{_head(name, gpu, uuid, labels, extra)}{format_value(float(value))}\n"
         if (row := rows.get(name)) is None:
             rows[name] = [line]
         else:
             row.append(line)
     chunks = tuple((name, "".join(row).encode()) for name, row in rows.items())
-    return _Written(key, frozenset(preferred) if preferred else _NONE, chunks, series if hidden else None)
+    return _Written(key, frozenset(preferred) if preferred else _NONE, chunks, series)
+
+
+def _layout(
+    key: object,
+    samples: Iterable[Sample],
+    gpu: str,
+    uuid: str,
+    overridden: frozenset[_Key],
+    families: frozenset[str],
+) -> _Layout | None:
+    """Where a part's values go while its series stay the same; None where one of them is preferred (whether it
+    wins depends on its value) or the key is not the samples' values (Reading.parts), so each page writes it."""
+    rows: dict[str, list[tuple[int, str]]] = {}
+    values = []
+    for i, (family, labels, value, extra, better) in enumerate(samples):
+        if better:
+            return None
+        values.append(value)
+        name = family.name
+        if name in families and (name, labels, extra) in overridden:
+            continue
+        rows.setdefault(name, []).append((i, _head(name, gpu, uuid, labels, extra)))
+    if key != tuple(values):
+        return None
+    return _Layout(tuple((name, tuple(row)) for name, row in rows.items()))
+
+
+def _fill(key: object, series: object, layout: _Layout) -> _Written:
+    """A part's lines from its layout and its values (its key); a value the GPU does not have is left out."""
+    values = cast(tuple[Value, ...], key)
+    chunks = tuple(
+        (
+            name,
+            "".join([f"{head}{format_value(float(v))}\n" for i, head in row if (v := values[i]) is not None]).encode(),
+        )
+        for name, row in layout.rows
+    )
+    return _Written(key, _NONE, chunks, series, layout)
 
 
 @functools.lru_cache(maxsize=1 << 10)

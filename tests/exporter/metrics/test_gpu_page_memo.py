@@ -4,6 +4,8 @@ same snapshot's samples put in ordinary families, whatever came and went between
 from __future__ import annotations
 
 import dataclasses
+import enum
+import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -244,3 +246,46 @@ def _links(snapshot: Snapshot) -> tuple[LinkReading, ...]:
     nvlink = snapshot.gpus[0].readings[Collector.NVLINK]
     assert isinstance(nvlink, NvLink)
     return nvlink.links
+
+
+def _distinct(value: object, counter: itertools.count[int]) -> object:
+    """`value` with each number in it (but flags and enums) a different one: a key in the wrong order shows."""
+    if isinstance(value, bool | enum.Enum) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return type(value)(next(counter))
+    if isinstance(value, tuple):
+        return tuple(_distinct(v, counter) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _distinct(getattr(value, f.name), counter) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **changes)
+    return value
+
+
+@pytest.mark.parametrize("scenario", ["h100-faults", "h100-mig", "b200-training", "l40s-inference"])
+def test_a_part_with_known_series_is_keyed_by_its_values(scenario: str, tmp_path: Path) -> None:
+    """What lets a page write only the values of such a part (Reading.parts): its key is its samples' values,
+    and equal series are the same series in the same order."""
+    clock = FakeClock()
+    daemon = Daemon(SimBackend(load_scenario(scenario), clock=clock), settings(tmp_path), clock=clock)
+    daemon.poller.discover()
+    series_of: dict[tuple[int, Collector, int], tuple[object, list[tuple[object, ...]]]] = {}
+    known = 0
+    counter = itertools.count(1)
+    for _ in range(3):
+        clock.advance(100)
+        for state in daemon.poller.poll(Collector).gpus:
+            for collector, read in state.readings.items():
+                for reading in (read, _distinct(read, counter)):
+                    assert isinstance(reading, Reading)
+                    for i, (key, make, series) in enumerate(reading.parts()):
+                        if series is None:
+                            continue
+                        known += 1
+                        samples = list(make())
+                        assert key == tuple(s.value for s in samples), (collector, i)
+                        names = [(s.family.name, s.labels, s.extra, s.preferred) for s in samples]
+                        before = series_of.setdefault((state.identity.index, collector, i), (series, names))
+                        assert before[0] != series or before[1] == names, (collector, i)
+    daemon.stop()
+    assert known
