@@ -10,6 +10,7 @@ once, in exporter/backends/field_table.py (plain values) or a reading's `more_sa
 from __future__ import annotations
 
 import functools
+import operator
 import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -62,9 +63,9 @@ _NO_NAMES: frozenset[str] = frozenset()
 class _Layout:
     """Where the values of a part with known series (Reading.parts' `series`) go, once its series are known."""
 
-    # By family, in the order they come: (the value's place in the part's key, its series' name and labels).
-    # A series that gives way to another source's has no place.
-    rows: tuple[tuple[str, tuple[tuple[int, str], ...]], ...]
+    # By family, in the order they come: (its name, its values out of the part's key, then for each of its series
+    # the value's place in the key and the series' name and labels). A series that gives way has no place.
+    rows: tuple[tuple[str, Callable[[tuple[Value, ...]], object], tuple[tuple[int, str], ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +151,7 @@ def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
             elif kept.key is key or kept.key == key or kept.hidden:
                 parts.append(kept)
             elif kept.layout is not None:  # the same series: only the values are new
-                parts.append(_fill(key, series, kept.layout))
+                parts.append(_fill(key, series, kept.layout, kept))
             else:
                 parts.append(_write(key, series, make(), gpu, uuid, overridden, families))
     now = frozenset().union(*(p.preferred for parts in out.values() for p in parts)) or _NONE
@@ -174,7 +175,7 @@ def _fresh(
 ) -> _Written:
     """A part none of whose lines can be kept."""
     if series is not None and (layout := _layout(key, make(), gpu, uuid, overridden, families)) is not None:
-        return _fill(key, series, layout)
+        return _fill(key, series, layout, None)
     return _write(key, series, make(), gpu, uuid, overridden, families)
 
 
@@ -229,20 +230,26 @@ def _layout(
         rows.setdefault(name, []).append((i, _head(name, gpu, uuid, labels, extra)))
     if key != tuple(values):
         return None
-    return _Layout(tuple((name, tuple(row)) for name, row in rows.items()))
+    return _Layout(tuple((name, operator.itemgetter(*(i for i, _ in row)), tuple(row)) for name, row in rows.items()))
 
 
-def _fill(key: object, series: object, layout: _Layout) -> _Written:
-    """A part's lines from its layout and its values (its key); a value the GPU does not have is left out."""
+def _fill(key: object, series: object, layout: _Layout, before: _Written | None) -> _Written:
+    """A part's lines from its layout and its values (its key), a family's kept from `before` (the part's last,
+    with this layout) where its values are the same; a value the GPU does not have is left out."""
     values = cast(tuple[Value, ...], key)
-    chunks = tuple(
-        (
-            name,
-            "".join([f"{head}{format_value(float(v))}\n" for i, head in row if (v := values[i]) is not None]).encode(),
-        )
-        for name, row in layout.rows
-    )
-    return _Written(key, _NONE, chunks, series, layout)
+    last = cast(tuple[Value, ...], before.key) if before is not None else None
+    chunks: list[tuple[str, bytes]] = []
+    for row, (name, pick, heads) in enumerate(layout.rows):
+        if last is not None and pick(values) == pick(last):  # most rows are one value, and many do not move
+            chunks.append(before.chunks[row])  # type: ignore[union-attr]
+        elif len(heads) == 1:
+            i, head = heads[0]
+            v = values[i]
+            chunks.append((name, b"" if v is None else f"{head}{format_value(float(v))}\n".encode()))
+        else:
+            lines = [f"{head}{format_value(float(v))}\n" for i, head in heads if (v := values[i]) is not None]
+            chunks.append((name, "".join(lines).encode()))
+    return _Written(key, _NONE, tuple(chunks), series, layout)
 
 
 @functools.lru_cache(maxsize=1 << 10)
