@@ -13,7 +13,7 @@ import functools
 import operator
 import platform
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from gpu_triage import __version__
 from gpu_triage.exporter.backends.collectors import Collector
-from gpu_triage.exporter.backends.readings import Inventory, Sample, Value
+from gpu_triage.exporter.backends.readings import Inventory, Reading, Sample, Value
 from gpu_triage.exporter.metrics.exposition import Preformatted, format_value, series_head
 from gpu_triage.exporter.metrics.families import FAMILIES, UP, Family
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
@@ -89,6 +89,7 @@ class _Gpu:
     overridden: frozenset[_Key]  # the GPU's preferred series: the other sources' samples of them are left out
     families: frozenset[str]  # the families of `overridden`: most samples are of none of them
     parts: dict[Collector, list[_Written]]
+    readings: Mapping[Collector, Reading]  # what they were written from
 
 
 class GpuFamilies:
@@ -137,11 +138,15 @@ class GpuFamilies:
 def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
     """One GPU's lines by collector and part, from the last page's where a part's key is the same."""
     last = before.parts if before is not None else {}
+    read = before.readings if before is not None else {}
     # As it was: it seldom changes, and every part kept was written with it.
     overridden, families = (before.overridden, before.families) if before is not None else (_NONE, _NO_NAMES)
     uuid = state.identity.uuid
     out: dict[Collector, list[_Written]] = {}
     for collector, reading in state.readings.items():
+        if read.get(collector) is reading:  # a slow collector's, between two of its reads
+            out[collector] = last[collector]
+            continue
         old = last.get(collector, ())
         parts = out[collector] = []
         for i, (key, make, series) in enumerate(reading.parts()):
@@ -161,7 +166,7 @@ def _gpu(state: GpuState, gpu: str, before: _Gpu | None) -> _Gpu:
             c: [_fresh(key, make, series, gpu, uuid, overridden, families) for key, make, series in r.parts()]
             for c, r in state.readings.items()
         }
-    return _Gpu(overridden, families, out)
+    return _Gpu(overridden, families, out, state.readings)
 
 
 def _fresh(
