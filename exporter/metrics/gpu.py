@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from gpu_triage import __version__
 from gpu_triage.exporter.backends.collectors import Collector
 from gpu_triage.exporter.backends.readings import Inventory, Reading, Sample, Value
-from gpu_triage.exporter.metrics.exposition import Preformatted, format_value, series_head
+from gpu_triage.exporter.metrics.exposition import Preformatted, format_number, series_head
 from gpu_triage.exporter.metrics.families import FAMILIES, UP, Family
 from gpu_triage.exporter.polling.snapshot import GpuState, Snapshot
 
@@ -204,7 +204,7 @@ def _write(
             preferred.append((name, labels, extra))
         elif name in families and (name, labels, extra) in overridden:
             continue  # a more precise source gave this series
-        line = f"{_head(name, gpu, uuid, labels, extra)}{format_value(float(value))}\n"
+        line = f"{_head(name, gpu, uuid, labels, extra)}{format_number(value)}\n"
         if (row := rows.get(name)) is None:
             rows[name] = [line]
         else:
@@ -250,9 +250,9 @@ def _fill(key: object, series: object, layout: _Layout, before: _Written | None)
         elif len(heads) == 1:
             i, head = heads[0]
             v = values[i]
-            chunks.append((name, b"" if v is None else f"{head}{format_value(float(v))}\n".encode()))
+            chunks.append((name, b"" if v is None else f"{head}{format_number(v)}\n".encode()))
         else:
-            lines = [f"{head}{format_value(float(v))}\n" for i, head in heads if (v := values[i]) is not None]
+            lines = [f"{head}{format_number(v)}\n" for i, head in heads if (v := values[i]) is not None]
             chunks.append((name, "".join(lines).encode()))
     return _Written(key, _NONE, tuple(chunks), series, layout)
 

@@ -26,7 +26,7 @@ from gpu_triage.exporter.backends.readings import (
 )
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
-from gpu_triage.exporter.metrics.exposition import encode, format_value
+from gpu_triage.exporter.metrics.exposition import encode, format_number, format_value
 from gpu_triage.exporter.metrics.families import FAMILIES
 from gpu_triage.exporter.metrics.gpu import GpuFamilies
 from gpu_triage.exporter.polling.poller import FAST, SLOW
@@ -169,6 +169,17 @@ def test_what_is_gone_takes_its_series_with_it(node: tuple[Daemon, SimBackend, F
 )  # fmt: skip
 def test_format_value_is_prometheus_clients(value: float) -> None:
     assert format_value(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
+    assert format_number(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, 1, -1, 7, 999999, 10**6, 10**6 + 1, 1234567, 9999999, 10**7, 12 * 10**6, 807102904320, 6262997788672,
+     10**15, 2**53 - 1, 2**53, 2**53 + 1, 10**16 - 1, 10**16, 10**16 + 1, 10**17 + 3, 2**64 + 5, -999999,
+     -(10**6), -1234567, -(2**53) + 1, -(2**53) - 1, -(10**16) - 1, True, False],
+)  # fmt: skip
+def test_an_int_is_written_as_prometheus_client_writes_it(value: int) -> None:
+    assert format_number(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
 
 
 def test_a_source_that_stops_overriding_and_a_new_gpu_in_an_old_place(
