@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_metrics.py            # render scale + /metrics latency with wrk
     .venv/bin/python bench/bench_metrics.py --no-http  # render only
+    .venv/bin/python bench/bench_metrics.py --profile 64  # where a steady render of 64 GPUs spends its CPU
 
 1. Rendering one snapshot (building the families and encoding both formats) for 1..64 simulated GPUs,
    in steady state (the fast collectors polled again before each page, as between two scrapes; the slow
@@ -13,6 +14,8 @@
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import re
 import shutil
 import statistics
@@ -58,8 +61,11 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", a
 """
 
 
-def render_cost(gpus: int, repeats: int, collectors: tuple[Collector, ...] = FAST) -> tuple[float, int]:
-    """Median ms of a render when `collectors` were polled since the last page, and the page's line count."""
+def render_cost(
+    gpus: int, repeats: int, collectors: tuple[Collector, ...] = FAST, profile: cProfile.Profile | None = None
+) -> tuple[float, int]:
+    """Median ms of a render when `collectors` were polled since the last page, and the page's line count;
+    `profile`, if given, records the renders but the first (which writes every line)."""
     scenario = load_scenario("h100-training").model_copy(deep=True)
     shape = scenario.node.gpus.model_copy(update={"count": gpus})
     scenario = scenario.model_copy(update={"node": scenario.node.model_copy(update={"gpus": shape})})
@@ -72,14 +78,18 @@ def render_cost(gpus: int, repeats: int, collectors: tuple[Collector, ...] = FAS
         clock[0] += 600  # mid-training: every series present
         daemon.poller.poll(Collector)
         times = []
-        for _ in range(repeats):
+        for i in range(repeats):
             clock[0] += settings.collector_interval
             daemon.poller.poll(collectors)  # new readings from these, the others' as they were (not timed)
+            if profile is not None and i:
+                profile.enable()
             t0 = time.perf_counter()
             daemon.refresh()
             daemon.metrics.get(None, None)  # encoded on first demand: both formats, as two scrapers would
             daemon.metrics.get("application/openmetrics-text; version=1.0.0", None)
             times.append(time.perf_counter() - t0)
+            if profile is not None:
+                profile.disable()
         daemon.stop()
     return statistics.median(times) * 1000, daemon.metrics.text.count(b"\n")
 
@@ -126,7 +136,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-http", action="store_true", help="only the render figures")
     parser.add_argument("--seconds", type=int, default=10, help="duration of each wrk run")
+    parser.add_argument("--profile", type=int, metavar="GPUS", help="only a cProfile of 100 steady renders")
     args = parser.parse_args()
+    if args.profile:
+        profile = cProfile.Profile()
+        render_cost(args.profile, 101, profile=profile)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        return
     print("render one snapshot (families + text + OpenMetrics), median of 50 pages, ms:")
     print("  steady: the fast collectors polled before each page; all new: every collector polled before each page")
     print(f"{'GPUs':>6} {'steady':>8} {'all new':>8} {'lines':>8}")
