@@ -74,7 +74,8 @@ class _Written:
 
     key: object
     preferred: frozenset[_Key]  # its series that beat another source's (Sample.preferred)
-    chunks: tuple[tuple[str, bytes], ...]  # (family name, its lines joined and encoded), in the order they come
+    # (family name, its lines joined and encoded), in the order they come; with a layout, one per row of it.
+    chunks: tuple[tuple[str, bytes], ...]
     series: object = None  # the part's own (Reading.parts)
     layout: _Layout | None = None  # where the part has series and none of them is preferred
 
@@ -95,11 +96,14 @@ class _Gpu:
 class GpuFamilies:
     """Builds the per-GPU families of each page, writing again only what changed since the last one.
 
-    A part of a reading (Reading.parts: a whole reading, or NVLink's link states and errors apart from its byte
-    counters) whose key equals that of the same part of the last page keeps its lines: the slow collectors'
+    A part of a reading (Reading.parts: its plain values, the rest of it, NVLink's link states, byte counters or
+    rates) whose key equals that of the same part of the last page keeps its lines: the slow collectors'
     readings (ECC, inventory, profiling...) stay the same objects for a minute, and many of the fast ones'
-    values do not move between two polls. Only what the current snapshot holds is kept, so a GPU, a link or a
-    collector that is gone takes its series with it."""
+    values do not move between two polls. A part whose series are known and the same as on the last page
+    writes only its values that moved, into the lines laid out when it was first written (_Layout), or
+    nothing while every one of its series gives way to another source's (NVLink's own rates to profiling's).
+    Only what the current snapshot holds is kept, so a GPU, a link or a collector that is gone takes its
+    series with it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
