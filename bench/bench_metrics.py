@@ -63,9 +63,10 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", a
 
 def render_cost(
     gpus: int, repeats: int, collectors: tuple[Collector, ...] = FAST, profile: cProfile.Profile | None = None
-) -> tuple[float, int]:
-    """Median ms of a render when `collectors` were polled since the last page, and the page's line count;
-    `profile`, if given, records the renders but the first (which writes every line)."""
+) -> tuple[float, int, float]:
+    """Median ms of a render when `collectors` were polled since the last page, the page's line count, and the
+    median CPU ms of a render (the process's, every thread: on a shared machine it swings less than the wall
+    time); `profile`, if given, records the renders but the first (which writes every line)."""
     scenario = load_scenario("h100-training").model_copy(deep=True)
     shape = scenario.node.gpus.model_copy(update={"count": gpus})
     scenario = scenario.model_copy(update={"node": scenario.node.model_copy(update={"gpus": shape})})
@@ -77,21 +78,22 @@ def render_cost(
         daemon.poller.discover()
         clock[0] += 600  # mid-training: every series present
         daemon.poller.poll(Collector)
-        times = []
+        times, cpu = [], []
         for i in range(repeats):
             clock[0] += settings.collector_interval
             daemon.poller.poll(collectors)  # new readings from these, the others' as they were (not timed)
             if profile is not None and i:
                 profile.enable()
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             daemon.refresh()
             daemon.metrics.get(None, None)  # encoded on first demand: both formats, as two scrapers would
             daemon.metrics.get("application/openmetrics-text; version=1.0.0", None)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - cpu0)
             if profile is not None:
                 profile.disable()
         daemon.stop()
-    return statistics.median(times) * 1000, daemon.metrics.text.count(b"\n")
+    return statistics.median(times) * 1000, daemon.metrics.text.count(b"\n"), statistics.median(cpu) * 1000
 
 
 def wrk(url: str, connections: int, seconds: int) -> dict[str, float]:
@@ -143,13 +145,13 @@ def main() -> None:
         render_cost(args.profile, 101, profile=profile)
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         return
-    print("render one snapshot (families + text + OpenMetrics), median of 50 pages, ms:")
+    print("render one snapshot (families + text + OpenMetrics), median of 50 pages, ms (wall; cpu: the process's):")
     print("  steady: the fast collectors polled before each page; all new: every collector polled before each page")
-    print(f"{'GPUs':>6} {'steady':>8} {'all new':>8} {'lines':>8}")
+    print(f"{'GPUs':>6} {'steady':>8} {'cpu':>8} {'all new':>8} {'cpu':>8} {'lines':>8}")
     for gpus in (1, 8, 16, 32, 64):
-        ms, lines = render_cost(gpus, 50)
-        all_new, _ = render_cost(gpus, 50, tuple(Collector))
-        print(f"{gpus:>6} {ms:>8.2f} {all_new:>8.2f} {lines:>8}")
+        ms, lines, cpu = render_cost(gpus, 50)
+        all_new, _, all_new_cpu = render_cost(gpus, 50, tuple(Collector))
+        print(f"{gpus:>6} {ms:>8.2f} {cpu:>8.2f} {all_new:>8.2f} {all_new_cpu:>8.2f} {lines:>8}")
     if not args.no_http:
         http_latency(args.seconds)
 
