@@ -99,8 +99,10 @@ class Reading:
         keyed by their values, then the rest keyed by the reading itself (its fields compared). Equal is
         Python's: a kept line may write 0.0 for a -0.0, or a mapping's series in the order it had on the last
         page, the same values to Prometheus."""
-        yield self.plain_part()
-        if type(self).more_samples is not Reading.more_samples:
+        cls = type(self)
+        if cls._plain_specs():
+            yield self.plain_part()
+        if cls.more_samples is not Reading.more_samples:
             yield self, self.more_samples, None
 
 
