@@ -85,8 +85,7 @@ class Reading:
     def plain_part(self) -> Part:
         """The plain samples as a part whose series are the reading's class: its key is their values."""
         cls = type(self)
-        if "_plain" not in cls.__dict__:
-            cls._plain_specs()
+        cls._plain_specs()  # which makes _plain_values, once per class
         return cls._plain_values(self), self.plain_samples, cls
 
     def parts(self) -> Iterator[Part]:
