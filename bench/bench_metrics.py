@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_metrics.py            # render scale + /metrics latency with wrk
     .venv/bin/python bench/bench_metrics.py --no-http  # render only
+    .venv/bin/python bench/bench_metrics.py --profile 64  # where a steady render of 64 GPUs spends its CPU
 
 1. Rendering one snapshot (building the families and encoding both formats) for 1..64 simulated GPUs,
    in steady state (the fast collectors polled again before each page, as between two scrapes; the slow
@@ -13,6 +14,8 @@
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import re
 import shutil
 import statistics
@@ -58,8 +61,12 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", a
 """
 
 
-def render_cost(gpus: int, repeats: int, collectors: tuple[Collector, ...] = FAST) -> tuple[float, int]:
-    """Median ms of a render when `collectors` were polled since the last page, and the page's line count."""
+def render_cost(
+    gpus: int, repeats: int, collectors: tuple[Collector, ...] = FAST, profile: cProfile.Profile | None = None
+) -> tuple[float, int, float]:
+    """Median ms of a render when `collectors` were polled since the last page, the page's line count, and the
+    median CPU ms of a render (the process's, every thread: on a shared machine it swings less than the wall
+    time); `profile`, if given, records the renders but the first (which writes every line)."""
     scenario = load_scenario("h100-training").model_copy(deep=True)
     shape = scenario.node.gpus.model_copy(update={"count": gpus})
     scenario = scenario.model_copy(update={"node": scenario.node.model_copy(update={"gpus": shape})})
@@ -71,17 +78,22 @@ def render_cost(gpus: int, repeats: int, collectors: tuple[Collector, ...] = FAS
         daemon.poller.discover()
         clock[0] += 600  # mid-training: every series present
         daemon.poller.poll(Collector)
-        times = []
-        for _ in range(repeats):
+        times, cpu = [], []
+        for i in range(repeats):
             clock[0] += settings.collector_interval
             daemon.poller.poll(collectors)  # new readings from these, the others' as they were (not timed)
-            t0 = time.perf_counter()
+            if profile is not None and i:
+                profile.enable()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             daemon.refresh()
             daemon.metrics.get(None, None)  # encoded on first demand: both formats, as two scrapers would
             daemon.metrics.get("application/openmetrics-text; version=1.0.0", None)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - cpu0)
+            if profile is not None:
+                profile.disable()
         daemon.stop()
-    return statistics.median(times) * 1000, daemon.metrics.text.count(b"\n")
+    return statistics.median(times) * 1000, daemon.metrics.text.count(b"\n"), statistics.median(cpu) * 1000
 
 
 def wrk(url: str, connections: int, seconds: int) -> dict[str, float]:
@@ -126,14 +138,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-http", action="store_true", help="only the render figures")
     parser.add_argument("--seconds", type=int, default=10, help="duration of each wrk run")
+    parser.add_argument("--profile", type=int, metavar="GPUS", help="only a cProfile of 100 steady renders")
     args = parser.parse_args()
-    print("render one snapshot (families + text + OpenMetrics), median of 50 pages, ms:")
+    if args.profile:
+        profile = cProfile.Profile()
+        render_cost(args.profile, 101, profile=profile)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        return
+    print("render one snapshot (families + text + OpenMetrics), median of 50 pages, ms (wall; cpu: the process's):")
     print("  steady: the fast collectors polled before each page; all new: every collector polled before each page")
-    print(f"{'GPUs':>6} {'steady':>8} {'all new':>8} {'lines':>8}")
+    print(f"{'GPUs':>6} {'steady':>8} {'cpu':>8} {'all new':>8} {'cpu':>8} {'lines':>8}")
     for gpus in (1, 8, 16, 32, 64):
-        ms, lines = render_cost(gpus, 50)
-        all_new, _ = render_cost(gpus, 50, tuple(Collector))
-        print(f"{gpus:>6} {ms:>8.2f} {all_new:>8.2f} {lines:>8}")
+        ms, lines, cpu = render_cost(gpus, 50)
+        all_new, _, all_new_cpu = render_cost(gpus, 50, tuple(Collector))
+        print(f"{gpus:>6} {ms:>8.2f} {cpu:>8.2f} {all_new:>8.2f} {all_new_cpu:>8.2f} {lines:>8}")
     if not args.no_http:
         http_latency(args.seconds)
 

@@ -23,6 +23,7 @@ import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import IntEnum, StrEnum
+from itertools import chain
 from typing import Any, ClassVar, NamedTuple
 
 from gpu_triage.exporter.backends import field_table
@@ -51,6 +52,7 @@ class Reading:
     collector: ClassVar[Collector]
     fanned_out: ClassVar[frozenset[str]] = frozenset()  # number attributes more_samples spreads over series
     _plain: ClassVar[tuple[tuple[str, f.Family, tuple[str, ...], bool], ...]]
+    _plain_values: ClassVar[Callable[[Reading], tuple[Value, ...]]]  # the plain attributes' values, in their order
 
     def __init_subclass__(cls, collector: Collector | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -61,27 +63,50 @@ class Reading:
         yield from self.plain_samples()
         yield from self.more_samples()
 
-    def plain_samples(self) -> Iterator[Sample]:
-        cls = type(self)
+    @classmethod
+    def _plain_specs(cls) -> tuple[tuple[str, f.Family, tuple[str, ...], bool], ...]:
         plain = cls.__dict__.get("_plain")
         if plain is None:  # once per class: a page asks some 300 readings per GPU
             plain = tuple((s.attr, s.family, s.labels, s.preferred) for s in field_table.of(cls.__name__))
             cls._plain = plain
-        for name, family, labels, preferred in plain:
+            names = [name for name, *_ in plain]
+            cls._plain_values = (
+                operator.attrgetter(*names) if len(names) > 1 else lambda r: tuple(getattr(r, n) for n in names)
+            )
+        return plain
+
+    def plain_samples(self) -> Iterator[Sample]:
+        for name, family, labels, preferred in self._plain_specs():
             yield Sample(family, labels, getattr(self, name), (), preferred)
 
     def more_samples(self) -> Iterator[Sample]:
         return iter(())
 
+    def plain_part(self) -> Part:
+        """The plain samples as a part whose series are the reading's class: its key is their values."""
+        cls = type(self)
+        cls._plain_specs()  # which makes _plain_values, once per class
+        return cls._plain_values(self), self.plain_samples, cls
+
     def parts(self) -> Iterator[Part]:
-        """The samples in parts, each with a key, for a writer that keeps what it wrote: a part whose key equals
-        the key of the same part of the last reading of this collector on this GPU has equal samples. One part
-        here, keyed by the reading itself (its fields compared). Equal is Python's: a kept line may write 0.0
-        for a -0.0, or a mapping's series in the order it had on the last page, the same values to Prometheus."""
-        yield self, self.samples
+        """The samples in parts, for a writer that keeps what it wrote: (key, samples, series).
+
+        Where `series` is None, a part whose key equals the key of the same part of the last reading of this
+        collector on this GPU has equal samples. Where it is not, it stands for which series the part has, in
+        which order, whatever their values, and the key is the tuple of the samples' values: equal series and
+        equal keys, equal samples; equal series, the same lines but for their values. Here: the plain values,
+        keyed by their values, then the rest keyed by the reading itself (its fields compared). Equal is
+        Python's: a kept line may write 0.0 for a -0.0, or a mapping's series in the order it had on the last
+        page, the same values to Prometheus."""
+        cls = type(self)
+        if cls._plain_specs():
+            yield self.plain_part()
+        if cls.more_samples is not Reading.more_samples:
+            yield self, self.more_samples, None
 
 
-Part = tuple[object, Callable[[], Iterable[Sample]]]
+# (key, how to make the samples, what their series are or None); see Reading.parts.
+Part = tuple[object, Callable[[], Iterable[Sample]], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,11 +269,8 @@ class Pcie(Reading, collector=Collector.PCIE):
 
     def parts(self) -> Iterator[Part]:
         # The byte counters move at every poll, the error counters seldom.
-        yield _PCIE_PLAIN(self), self.plain_samples
-        yield tuple(self.errors.items()), self.more_samples
-
-
-_PCIE_PLAIN = operator.attrgetter(*(spec.attr for spec in field_table.of("Pcie")))
+        yield self.plain_part()
+        yield tuple(self.errors.items()), self.more_samples, None
 
 
 class LinkState(IntEnum):
@@ -292,15 +314,19 @@ class NvLink(Reading, collector=Collector.NVLINK):
     links: tuple[LinkReading, ...]
 
     def more_samples(self) -> Iterator[Sample]:
-        for _, part in self.parts():
+        for _, part, _ in self.parts():
             yield from part()
 
     def parts(self) -> Iterator[Part]:
         # The links' states and error counters seldom move, their data counters at every poll: apart, the first
-        # are written once and kept while they stay the same. (The two parts' families are not the same ones, so
-        # each family's series keep the order of the links.)
-        yield tuple(map(_STATE_KEY, self.links)), functools.partial(_link_states, self.links)
-        yield tuple(map(_TRAFFIC_KEY, self.links)), functools.partial(_link_traffic, self.links)
+        # are written once and kept while they stay the same. The rates are a part of their own, named by its
+        # links: where profiling's per-link rates win over them, they are not made again at each poll. (No two
+        # parts share a family, so each family's series keep the order of the links.)
+        links = self.links
+        numbers = tuple(map(_LINK, links))
+        yield tuple(map(_STATE_KEY, links)), functools.partial(_link_states, links), None
+        yield tuple(chain.from_iterable(map(_BYTES, links))), functools.partial(_link_bytes, links), numbers
+        yield tuple(chain.from_iterable(map(_RATES, links))), functools.partial(_link_rates, links), numbers
 
 
 # What each part's samples are made of, read at C speed: a page compares them for every link of every GPU.
@@ -308,7 +334,9 @@ _STATE_KEY = operator.attrgetter(
     "link", "state", "replay_errors", "recovery_errors", "crc_errors", "recovery_failed", "recovery_successful",
     "effective_errors", "symbol_errors",
 )  # fmt: skip
-_TRAFFIC_KEY = operator.attrgetter("link", "tx_bytes", "rx_bytes", "tx_bytes_per_second", "rx_bytes_per_second")
+_BYTES = operator.attrgetter("tx_bytes", "rx_bytes")  # in the order _link_bytes and _link_rates give them
+_RATES = operator.attrgetter("tx_bytes_per_second", "rx_bytes_per_second")
+_LINK = operator.attrgetter("link")
 
 
 def _link_states(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
@@ -325,13 +353,17 @@ def _link_states(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
         yield Sample(f.NVLINK_ERRORS, (n, "symbol"), link.symbol_errors)
 
 
-def _link_traffic(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
+def _link_bytes(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
     for link in links:
         n = str(link.link)
         yield Sample(f.NVLINK_BYTES, (n, "tx"), link.tx_bytes)
         yield Sample(f.NVLINK_BYTES, (n, "rx"), link.rx_bytes)
-        # Profiling's per-link throughput, where there is profiling, is preferred to this.
-        link_label = (("link", n),)
+
+
+def _link_rates(links: tuple[LinkReading, ...]) -> Iterator[Sample]:
+    # Profiling's per-link throughput, where there is profiling, is preferred to this.
+    for link in links:
+        link_label = (("link", str(link.link)),)
         yield Sample(f.NVLINK_THROUGHPUT, ("tx",), link.tx_bytes_per_second, link_label)
         yield Sample(f.NVLINK_THROUGHPUT, ("rx",), link.rx_bytes_per_second, link_label)
 

@@ -61,6 +61,24 @@ def format_value(v: float) -> str:
     return floatToGoString(v)  # type: ignore[no-untyped-call,no-any-return]
 
 
+# An int below 2**53 in magnitude is a float exactly, and repr() writes such a float with all its digits.
+_EXACT = 1 << 53
+_EXPONENT = tuple(f"e+{digits - 1:02d}" for digits in range(17))  # Go's exponent, by how many digits an int has
+
+
+def format_number(v: float) -> str:
+    """format_value(float(v)), several times sooner for an int (the counters: most of what moves on a page)."""
+    if type(v) is not int:  # a float, or a bool
+        return format_value(float(v))
+    if -_EXACT < v < 1_000_000:
+        return f"{v}.0"
+    if 0 < v < _EXACT:  # from 1e6 on, Go's exponent: 1234567 is 1.234567e+06
+        text = str(v)
+        digits = text.rstrip("0")
+        return f"{digits[0]}.{digits[1:]}{_EXPONENT[len(text)]}" if len(digits) > 1 else digits + _EXPONENT[len(text)]
+    return format_value(float(v))
+
+
 def series_head(name: str, labels: Iterable[tuple[str, str]]) -> str:
     """What comes before a sample's value: its name and its labels, sorted and escaped, then a space."""
     pairs = sorted(labels)

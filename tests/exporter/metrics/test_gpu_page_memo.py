@@ -4,7 +4,10 @@ same snapshot's samples put in ordinary families, whatever came and went between
 from __future__ import annotations
 
 import dataclasses
+import enum
+import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,10 +15,18 @@ from prometheus_client.core import InfoMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from gpu_triage.exporter.backends.collectors import Collector
-from gpu_triage.exporter.backends.readings import Inventory, NvLink, Processes, ProcessReading
+from gpu_triage.exporter.backends.readings import (
+    Inventory,
+    LinkReading,
+    NvLink,
+    Processes,
+    ProcessReading,
+    Profiling,
+    Reading,
+)
 from gpu_triage.exporter.backends.sim import FaultSpec, SimBackend, load_scenario
 from gpu_triage.exporter.daemon import Daemon
-from gpu_triage.exporter.metrics.exposition import encode, format_value
+from gpu_triage.exporter.metrics.exposition import encode, format_number, format_value
 from gpu_triage.exporter.metrics.families import FAMILIES
 from gpu_triage.exporter.metrics.gpu import GpuFamilies
 from gpu_triage.exporter.polling.poller import FAST, SLOW
@@ -158,6 +169,17 @@ def test_what_is_gone_takes_its_series_with_it(node: tuple[Daemon, SimBackend, F
 )  # fmt: skip
 def test_format_value_is_prometheus_clients(value: float) -> None:
     assert format_value(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
+    assert format_number(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, 1, -1, 7, 999999, 10**6, 10**6 + 1, 1234567, 9999999, 10**7, 12 * 10**6, 807102904320, 6262997788672,
+     10**15, 2**53 - 1, 2**53, 2**53 + 1, 10**16 - 1, 10**16, 10**16 + 1, 10**17 + 3, 2**64 + 5, -999999,
+     -(10**6), -1234567, -(2**53) + 1, -(2**53) - 1, -(10**16) - 1, True, False],
+)  # fmt: skip
+def test_an_int_is_written_as_prometheus_client_writes_it(value: int) -> None:
+    assert format_number(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
 
 
 def test_a_source_that_stops_overriding_and_a_new_gpu_in_an_old_place(
@@ -180,3 +202,101 @@ def test_a_source_that_stops_overriding_and_a_new_gpu_in_an_old_place(
     swapped = dataclasses.replace(g0.identity, uuid="GPU-00000000-0000-0000-0000-0000000000aa")
     page = check_page(builder, _drop(full, gpus=(GpuState(swapped, g0.readings), *full.gpus[1:])))
     assert g0.identity.uuid.encode() not in page and swapped.uuid.encode() in page
+
+
+def test_rates_that_give_way_while_they_move(node: tuple[Daemon, SimBackend, FakeClock]) -> None:
+    """NVLink's own per-link rates move at every poll while profiling's, read less often, win over them; they are
+    written again when profiling goes and comes back, when it covers only some of the links, and when the links
+    change under it: each page is still prometheus_client's for its snapshot."""
+    daemon, _, clock = node
+    clock.advance(100)
+    builder = GpuFamilies()
+    full = daemon.poller.poll(Collector)
+    check_page(builder, full)
+    profiling = full.gpus[0].readings[Collector.PROFILING]
+    assert isinstance(profiling, Profiling) and profiling.gpu is not None
+    activity = profiling.gpu
+    covered = activity.nvlink_links
+    # Profiling has a rate for every link: NVLink's own give way to it entirely.
+    assert {t.link for t in covered} == {link.link for link in _links(full)}
+
+    def on_gpu0(snapshot: Snapshot, collector: Collector, reading: Reading | None) -> Snapshot:
+        g0 = snapshot.gpus[0]
+        readings = {c: r for c, r in g0.readings.items() if c is not collector}
+        if reading is not None:
+            readings[collector] = reading
+        return _drop(snapshot, gpus=(GpuState(g0.identity, readings, g0.problems), *snapshot.gpus[1:]))
+
+    def unprofiled(snapshot: Snapshot) -> Snapshot:
+        return on_gpu0(snapshot, Collector.PROFILING, None)
+
+    def partly_profiled(snapshot: Snapshot) -> Snapshot:  # the last two links without profiling's rates
+        some = dataclasses.replace(activity, nvlink_links=covered[:-2])
+        return on_gpu0(snapshot, Collector.PROFILING, dataclasses.replace(profiling, gpu=some))
+
+    def fewer_links(n: int) -> Callable[[Snapshot], Snapshot]:
+        return lambda snapshot: on_gpu0(snapshot, Collector.NVLINK, NvLink(_links(snapshot)[:-n]))
+
+    def both(snapshot: Snapshot) -> Snapshot:  # only the links profiling has rates for, then the others are back
+        return fewer_links(2)(partly_profiled(snapshot))
+
+    def kept(snapshot: Snapshot) -> Snapshot:
+        return snapshot
+
+    rates: list[tuple[float | None, ...]] = []
+    for change in (kept, kept, unprofiled, unprofiled, kept, kept, partly_profiled, partly_profiled, kept,
+                   fewer_links(1), fewer_links(1), kept, both, both, partly_profiled, kept):  # fmt: skip
+        clock.advance(5)
+        snapshot = daemon.poller.poll(FAST)
+        rates.append(tuple(link.tx_bytes_per_second for link in _links(snapshot)))
+        check_page(builder, change(snapshot))
+    assert len(set(rates)) == len(rates), "NVLink's rates moved at every poll"
+
+
+def _links(snapshot: Snapshot) -> tuple[LinkReading, ...]:
+    nvlink = snapshot.gpus[0].readings[Collector.NVLINK]
+    assert isinstance(nvlink, NvLink)
+    return nvlink.links
+
+
+def _distinct(value: object, counter: itertools.count[int]) -> object:
+    """`value` with each number in it (but flags and enums) a different one: a key in the wrong order shows."""
+    if isinstance(value, bool | enum.Enum) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return type(value)(next(counter))
+    if isinstance(value, tuple):
+        return tuple(_distinct(v, counter) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _distinct(getattr(value, f.name), counter) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **changes)
+    return value
+
+
+@pytest.mark.parametrize("scenario", ["h100-faults", "h100-mig", "b200-training", "l40s-inference"])
+def test_a_part_with_known_series_is_keyed_by_its_values(scenario: str, tmp_path: Path) -> None:
+    """What lets a page write only the values of such a part (Reading.parts): its key is its samples' values,
+    and equal series are the same series in the same order."""
+    clock = FakeClock()
+    daemon = Daemon(SimBackend(load_scenario(scenario), clock=clock), settings(tmp_path), clock=clock)
+    daemon.poller.discover()
+    series_of: dict[tuple[int, Collector, int], tuple[object, list[tuple[object, ...]]]] = {}
+    known = 0
+    counter = itertools.count(1)
+    for _ in range(3):
+        clock.advance(100)
+        for state in daemon.poller.poll(Collector).gpus:
+            for collector, read in state.readings.items():
+                for reading in (read, _distinct(read, counter)):
+                    assert isinstance(reading, Reading)
+                    for i, (key, make, series) in enumerate(reading.parts()):
+                        if series is None:
+                            continue
+                        known += 1
+                        samples = list(make())
+                        assert key == tuple(s.value for s in samples), (collector, i)
+                        names = [(s.family.name, s.labels, s.extra, s.preferred) for s in samples]
+                        before = series_of.setdefault((state.identity.index, collector, i), (series, names))
+                        assert before[0] != series or before[1] == names, (collector, i)
+    daemon.stop()
+    assert known
