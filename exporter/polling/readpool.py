@@ -48,6 +48,11 @@ class ReadPool:
         self._queue.put(task)
         return future
 
+    def backlog(self) -> int:
+        """Reads submitted and not yet taken by a worker."""
+        with self._lock:
+            return self._queue.qsize() + sum(len(w) for w in self._waiting.values())
+
     def write_off(self, future: Future[Any]) -> None:
         """`future` is stuck in a call: let another thread take its place until it returns."""
         with self._lock:

@@ -1,0 +1,198 @@
+"""Reads that hang or run slow, per GPU and collector, through the real Poller, poll after poll: what any way
+of scheduling the reads must keep. A hung call holds one thread and is not started again while stuck; the
+GPU's other collectors and the other GPUs are still read in the same poll, however late in it the call hangs;
+the queue does not grow while the hang lasts; the GPU is back at the poll after the call returns."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from gpu_triage.diagnosis.core.actions import GpuStatus
+from gpu_triage.exporter.backends.base import GpuIdentity, Result
+from gpu_triage.exporter.backends.collectors import Collector
+from gpu_triage.exporter.backends.sim import SimBackend, load_scenario
+from gpu_triage.exporter.polling.poller import FAST, SLOW, Poller
+from gpu_triage.exporter.polling.snapshot import Snapshot
+from tests.conftest import FakeClock
+from tests.daemon_proc import wait_for
+
+Key = tuple[int, Collector]
+
+
+class GatedSim(SimBackend):
+    """The simulator, with reads a test makes slow (a sleep first) or hang (until released), per GPU and
+    collector; it counts the reads started and the reads returned."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(load_scenario("h100-training"), clock=clock)
+        self.started: Counter[Key] = Counter()
+        self.returned: Counter[Key] = Counter()
+        self._count = threading.Lock()
+        self._gates: dict[Key, threading.Event] = {}
+        self._slow: dict[Key, float] = {}
+
+    def hang(self, gpu: int, collector: Collector) -> None:
+        self._gates[(gpu, collector)] = threading.Event()
+
+    def release(self, gpu: int, collector: Collector) -> None:
+        self._gates.pop((gpu, collector)).set()
+
+    def release_all(self) -> None:
+        for key in list(self._gates):
+            self.release(*key)
+
+    def slow(self, gpu: int, collector: Collector, seconds: float) -> None:
+        self._slow[(gpu, collector)] = seconds
+
+    def read(self, gpu: GpuIdentity, collector: Collector) -> Result:
+        key = (gpu.index, collector)
+        with self._count:
+            self.started[key] += 1
+        try:
+            if seconds := self._slow.get(key):
+                time.sleep(seconds)
+            if (gate := self._gates.get(key)) is not None:
+                gate.wait()
+            return super().read(gpu, collector)
+        finally:
+            with self._count:
+                self.returned[key] += 1
+
+
+@pytest.fixture
+def sim(clock: FakeClock) -> Iterator[GatedSim]:
+    backend = GatedSim(clock)
+    yield backend
+    backend.release_all()  # no read left hanging in a worker after the test
+    backend.close()
+
+
+def started_poller(sim: GatedSim, clock: FakeClock, timeout: float) -> tuple[Poller, int]:
+    """A poller past its first full poll, and the threads alive then."""
+    p = Poller(sim, interval=5, slow_interval=60, timeout=timeout, clock=clock)
+    p.discover()
+    assert all(g.up for g in p.poll(Collector).gpus)
+    return p, threading.active_count()
+
+
+def backlog(p: Poller) -> int:
+    assert p._pool is not None
+    return p._pool.backlog()
+
+
+def threads_back_to(count: int) -> None:
+    """A thread written off with a call leaves once the call returns (after its outcome is handed over)."""
+    wait_for(lambda: threading.active_count() <= count, timeout=5, interval=0.01, what=f"{count} threads")
+
+
+def assert_read(snapshot: Snapshot, gpu: int, hung: set[Collector]) -> None:
+    """GPU `gpu` is hung on exactly `hung`, and has this poll's readings of every other fast collector."""
+    state = snapshot.gpus[gpu]
+    assert dict(state.problems) == dict.fromkeys(hung, GpuStatus.HUNG)
+    assert set(FAST) - hung <= set(state.readings) and not hung & set(state.readings)
+
+
+def assert_others_up(snapshot: Snapshot, but: int) -> None:
+    for state in snapshot.gpus:
+        if state.identity.index != but:
+            assert state.up and set(FAST) <= set(state.readings), state.identity.index
+
+
+def test_a_call_that_stays_hung_holds_one_thread_and_nothing_queued_poll_after_poll(
+    sim: GatedSim, clock: FakeClock
+) -> None:
+    p, threads = started_poller(sim, clock, timeout=0.3)
+    sim.hang(2, Collector.POWER)
+    for _ in range(20):
+        snapshot = p.poll(FAST)
+        assert_read(snapshot, 2, {Collector.POWER})
+        assert_others_up(snapshot, but=2)
+        threads_back_to(threads + 1)
+        assert backlog(p) == 0, "no read is left waiting for a worker"
+    assert sim.started[(2, Collector.POWER)] == 2, "the first poll's read, and the one that hangs: not again"
+    for gpu in range(8):
+        for c in FAST:
+            if (gpu, c) != (2, Collector.POWER):
+                assert sim.started[(gpu, c)] == sim.returned[(gpu, c)] == 21, (gpu, c)
+
+    sim.release(2, Collector.POWER)
+    wait_for(lambda: sim.returned[(2, Collector.POWER)] == 2, timeout=5, interval=0.01, what="the call back")
+    threads_back_to(threads)
+    back = p.poll(FAST)
+    assert back.gpus[2].up and Collector.POWER in back.gpus[2].readings
+    assert back.collectors[Collector.POWER].success
+    assert sim.started[(2, Collector.POWER)] == 3
+
+
+def test_a_gpu_whose_every_call_hangs_holds_two_threads_and_a_queue_that_does_not_grow(
+    sim: GatedSim, clock: FakeClock
+) -> None:
+    p, threads = started_poller(sim, clock, timeout=0.3)
+    for c in FAST:
+        sim.hang(3, c)
+    queued = []
+    for _ in range(10):
+        snapshot = p.poll(FAST)
+        assert snapshot.gpus[3].status == GpuStatus.HUNG
+        assert_others_up(snapshot, but=3)
+        threads_back_to(threads + 2)
+        queued.append(backlog(p))
+    assert queued == [len(FAST) - 2] * 10, "its reads wait behind its two stuck ones, each once"
+    assert sum(sim.started[(3, c)] for c in FAST) == len(FAST) + 2
+
+    sim.release_all()
+    wait_for(lambda: backlog(p) == 0, timeout=5, interval=0.01, what="the waiting reads done")
+    threads_back_to(threads)
+    back = p.poll(FAST)
+    assert back.gpus[3].up and set(FAST) <= set(back.gpus[3].readings)
+
+
+# (GPU, collector) reads slow for a share of the deadline, and the one that hangs after them.
+LATE = {
+    "at once": ({}, (5, Collector.UTILIZATION)),
+    "after another GPU's slow read": ({(0, Collector.UTILIZATION): 0.5}, (5, Collector.UTILIZATION)),
+    "after slow reads of its own": (
+        {(5, Collector.UTILIZATION): 0.4, (5, Collector.MEMORY): 0.4},
+        (5, Collector.POWER),
+    ),
+    "on its last but one read": ({(0, Collector.UTILIZATION): 0.5}, (5, Collector.RECOVERY)),
+    "after a slow start in the call itself": ({(5, Collector.POWER): 0.4}, (5, Collector.POWER)),
+}
+
+
+@pytest.mark.parametrize("case", LATE)
+def test_a_call_that_hangs_late_in_a_poll_holds_up_none_of_the_gpus_other_reads(
+    sim: GatedSim, clock: FakeClock, case: str
+) -> None:
+    timeout = 0.8
+    slow, (gpu, collector) = LATE[case]
+    p, _ = started_poller(sim, clock, timeout=timeout)
+    for (i, c), share in slow.items():
+        sim.slow(i, c, share * timeout)
+    sim.hang(gpu, collector)
+    started = time.monotonic()
+    snapshot = p.poll(FAST)
+    assert time.monotonic() - started < timeout + 0.5, "the poll ends at its deadline"
+    assert_read(snapshot, gpu, {collector})
+    assert_others_up(snapshot, but=gpu)
+    assert all(sim.started[(gpu, c)] == 2 for c in FAST), "each read once this poll"
+
+
+def test_a_slow_collector_that_hung_is_read_again_at_the_next_fast_poll(sim: GatedSim, clock: FakeClock) -> None:
+    p, threads = started_poller(sim, clock, timeout=0.3)
+    sim.hang(4, Collector.ECC)
+    assert p.poll(SLOW).gpus[4].problems == {Collector.ECC: GpuStatus.HUNG}
+    still = p.poll(FAST)
+    assert still.gpus[4].problems == {Collector.ECC: GpuStatus.HUNG}, "still stuck: still hung"
+    assert sim.started[(4, Collector.ECC)] == 2, "and not started again"
+    sim.release(4, Collector.ECC)
+    threads_back_to(threads)
+    back = p.poll(FAST)
+    assert back.gpus[4].up and Collector.ECC in back.gpus[4].readings
+    assert back.collectors[Collector.ECC].success
+    assert sim.started[(4, Collector.ECC)] == 3, "read once more, at the fast poll"
