@@ -196,3 +196,19 @@ def test_a_slow_collector_that_hung_is_read_again_at_the_next_fast_poll(sim: Gat
     assert back.gpus[4].up and Collector.ECC in back.gpus[4].readings
     assert back.collectors[Collector.ECC].success
     assert sim.started[(4, Collector.ECC)] == 3, "read once more, at the fast poll"
+
+
+def test_a_read_that_hangs_after_its_poll_ended_does_not_hold_up_the_next_polls(
+    sim: GatedSim, clock: FakeClock
+) -> None:
+    """A read waiting behind its GPU's two stuck ones starts when one returns, after its poll has ended: if it
+    hangs then, no poll is waiting on it (a slow read, and fast polls come next), yet it holds a worker."""
+    p, _ = started_poller(sim, clock, timeout=0.4)
+    for c in SLOW:
+        sim.hang(3, c)
+    assert p.poll(SLOW).gpus[3].status == GpuStatus.HUNG
+    first, _, late, _ = SLOW  # the first two stuck, the other two waiting behind them
+    sim.release(3, first)
+    wait_for(lambda: sim.started[(3, late)] == 2, timeout=5, interval=0.01, what="the late read started")
+    for _ in range(3):
+        assert_others_up(p.poll(FAST), but=3)  # its lane is taken by two stuck calls: it is hung
