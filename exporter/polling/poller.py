@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 FAST = tuple(c for c in Collector if not c.slow)
 SLOW = tuple(c for c in Collector if c.slow)
+# A poll not done looks for reads stuck in a call at each eighth of its deadline: a hung call holds up the reads
+# behind it for an eighth and a half at most.
+LOOKS = 8
 CLOCK_STEP_SECONDS = 1.0  # the wall clock moving this much more or less than the monotonic one: a step
 
 
@@ -93,8 +96,9 @@ class Poller:
         if not box:
             raise BackendError("GPU discovery did not answer in time: the driver may be hung")
         self.gpus = box[0]
-        # Reads take micro- to milliseconds; a few workers keep up with many GPUs.
-        self._pool = ReadPool(workers=min(4, max(2, len(self.gpus))))
+        # Reads take micro- to milliseconds: one worker keeps up with many GPUs, and workers reading side by
+        # side only trade the GIL at every driver call (each lets go of it). _wait adds one per stuck call.
+        self._pool = ReadPool()
         return self.gpus
 
     def start(self) -> None:
@@ -141,7 +145,7 @@ class Poller:
         now, monotonic = self._clock(), self._monotonic()
         self._check_wall_clock(now, monotonic)
         tasks = self._submit(collectors)
-        wait(list(tasks.values()), timeout=self.timeout)
+        self._wait(list(tasks.values()))
         outcomes = {key: fut.result() if fut.done() else None for key, fut in tasks.items()}
         assert self._pool is not None
         for fut in tasks.values():
@@ -153,6 +157,21 @@ class Poller:
             self.last_poll_monotonic = self._monotonic()
         self._on_snapshot(snapshot)  # outside the lock: rendering must not hold up the next poll
         return snapshot
+
+    def _wait(self, reads: list[Future[_Outcome]]) -> None:
+        """Wait for `reads` up to the deadline. The pool's one worker reads them in turn; at each look, a read
+        that has been in its call for half the time between looks or longer is written off (reads take micro-
+        to milliseconds), so that a replacement takes the queue on while it is stuck, or slow: it leaves once
+        back. (At the deadline, poll() writes off every one of `reads` still in its call, however recent.)"""
+        assert self._pool is not None
+        step = self.timeout / LOOKS
+        deadline = time.monotonic() + self.timeout
+        for look in range(LOOKS - 1, 0, -1):
+            reads = list(wait(reads, timeout=max(0.0, deadline - step * look - time.monotonic()))[1])
+            if not reads:
+                return
+            self._pool.write_off_stuck(step / 2)
+        wait(reads, timeout=max(0.0, deadline - time.monotonic()))
 
     def _cleared_slow(self) -> tuple[Collector, ...]:
         """Slow collectors whose hung call has returned since: read again now, not at the next slow poll."""

@@ -1,9 +1,11 @@
 """Worker threads for driver calls that may hang.
 
-A small fixed set of workers runs the reads. When a read runs past its deadline, the poller
-writes it off: the pool starts a replacement worker so the other reads are not starved, and the
-stuck thread leaves the pool once its call finally returns. A hung driver call therefore costs
-one thread for as long as it hangs, and the pool shrinks back afterwards.
+One worker reads at a time: reads take micro- to milliseconds, and workers reading side by side only
+trade the GIL, each driver call letting go of it and another worker taking it. A read that runs too
+long is written off (`write_off_stuck`, which the poller calls as its deadline nears, and
+`write_off`): the pool starts a replacement worker so the reads behind it are not starved, and the
+stuck thread leaves the pool once its call finally returns. A hung driver call therefore costs one
+thread for as long as it hangs, and the pool shrinks back afterwards.
 
 Reads are grouped in lanes (one per GPU), each running at most LANE_LIMIT reads at once: a GPU
 whose calls all hang holds that many workers, not all of them, while the others' reads go on.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -24,12 +27,13 @@ _Task = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], Hashable]
 
 
 class ReadPool:
-    def __init__(self, workers: int, name: str = "gpu-read") -> None:
+    def __init__(self, workers: int = 1, name: str = "gpu-read") -> None:
         self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._target = workers
         self._alive = 0
         self._written_off: set[Future[Any]] = set()
+        self._calls: dict[Future[Any], float] = {}  # reads in a call, and since when (monotonic)
         self._running: dict[Hashable, int] = {}  # per lane
         self._waiting: dict[Hashable, deque[_Task]] = {}  # per lane, beyond LANE_LIMIT
         self._name = name
@@ -62,6 +66,15 @@ class ReadPool:
             self._target += 1
         self._spawn()
 
+    def write_off_stuck(self, seconds: float) -> None:
+        """Write off every read that has been in its call `seconds` or longer, whichever poll it is for (one
+        that started after its poll had ended, behind its GPU's stuck reads, has nobody else to look)."""
+        since = time.monotonic() - seconds
+        with self._lock:
+            stuck = [f for f, t in self._calls.items() if t <= since and f not in self._written_off]
+        for future in stuck:
+            self.write_off(future)
+
     def shutdown(self) -> None:
         """Stop the idle workers; a worker stuck in a call is a daemon thread and is left behind."""
         with self._lock:
@@ -77,17 +90,21 @@ class ReadPool:
         threading.Thread(target=self._work, name=f"{self._name}-{n}", daemon=True).start()
 
     def _work(self) -> None:
+        calls = self._calls
         while True:
             task = self._queue.get()
             if task is None:
                 break
             future, fn, args, lane = task
             if future.set_running_or_notify_cancel():
+                with self._lock:
+                    calls[future] = time.monotonic()
                 try:
                     future.set_result(fn(*args))
                 except BaseException as e:  # delivered to whoever waits on the future
                     future.set_exception(e)
             with self._lock:
+                calls.pop(future, None)
                 following = self._waiting.get(lane)
                 if following:
                     self._queue.put(following.popleft())  # the lane's slot passes to its next read

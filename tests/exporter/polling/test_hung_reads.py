@@ -152,16 +152,20 @@ def test_a_gpu_whose_every_call_hangs_holds_two_threads_and_a_queue_that_does_no
     assert back.gpus[3].up and set(FAST) <= set(back.gpus[3].readings)
 
 
-# (GPU, collector) reads slow for a share of the deadline, and the one that hangs after them.
+# (GPU, collector) reads slow for a share of the deadline, and the calls that hang after them.
 LATE = {
-    "at once": ({}, (5, Collector.UTILIZATION)),
-    "after another GPU's slow read": ({(0, Collector.UTILIZATION): 0.5}, (5, Collector.UTILIZATION)),
+    "at once": ({}, [(5, Collector.UTILIZATION)]),
+    "after another GPU's slow read": ({(0, Collector.UTILIZATION): 0.5}, [(5, Collector.UTILIZATION)]),
     "after slow reads of its own": (
         {(5, Collector.UTILIZATION): 0.4, (5, Collector.MEMORY): 0.4},
-        (5, Collector.POWER),
+        [(5, Collector.POWER)],
     ),
-    "on its last but one read": ({(0, Collector.UTILIZATION): 0.5}, (5, Collector.RECOVERY)),
-    "after a slow start in the call itself": ({(5, Collector.POWER): 0.4}, (5, Collector.POWER)),
+    "on its last but one read": ({(0, Collector.UTILIZATION): 0.5}, [(5, Collector.RECOVERY)]),
+    "after a slow start in the call itself": ({(5, Collector.POWER): 0.4}, [(5, Collector.POWER)]),
+    "on three GPUs": (
+        {(0, Collector.MEMORY): 0.3},
+        [(2, Collector.CLOCKS), (5, Collector.POWER), (7, Collector.HEALTH)],
+    ),
 }
 
 
@@ -170,17 +174,21 @@ def test_a_call_that_hangs_late_in_a_poll_holds_up_none_of_the_gpus_other_reads(
     sim: GatedSim, clock: FakeClock, case: str
 ) -> None:
     timeout = 0.8
-    slow, (gpu, collector) = LATE[case]
+    slow, hung = LATE[case]
     p, _ = started_poller(sim, clock, timeout=timeout)
     for (i, c), share in slow.items():
         sim.slow(i, c, share * timeout)
-    sim.hang(gpu, collector)
+    for i, c in hung:
+        sim.hang(i, c)
     started = time.monotonic()
     snapshot = p.poll(FAST)
     assert time.monotonic() - started < timeout + 0.5, "the poll ends at its deadline"
-    assert_read(snapshot, gpu, {collector})
-    assert_others_up(snapshot, but=gpu)
-    assert all(sim.started[(gpu, c)] == 2 for c in FAST), "each read once this poll"
+    for i, c in hung:
+        assert_read(snapshot, i, {c})
+        assert all(sim.started[(i, c)] == 2 for c in FAST), "each read once this poll"
+    for state in snapshot.gpus:
+        if state.identity.index not in {i for i, _ in hung}:
+            assert state.up and set(FAST) <= set(state.readings), state.identity.index
 
 
 def test_a_slow_collector_that_hung_is_read_again_at_the_next_fast_poll(sim: GatedSim, clock: FakeClock) -> None:
