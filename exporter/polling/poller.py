@@ -1,11 +1,12 @@
 """The background poller: reads every GPU through the backend and publishes Snapshots.
 
-Each (GPU, collector) read runs in a worker thread and the poll waits for all of them up to a
-deadline. A read that misses it marks its collector failed and that GPU hung; its stale values
-are dropped rather than served, the other reads are used, and the next poll starts on time. A
-read that is still stuck at the next poll is not started again, so a hung driver call costs one
-thread, not one per poll; once it returns, the next fast poll reads that collector again, even a slow
-one, so the GPU is back within seconds.
+Each (GPU, collector) read is a task of the read pool, whose one worker reads them in turn, and the
+poll waits for all of them up to a deadline. At each eighth of it a poll not done writes off the reads
+stuck in a call, so that another worker takes the queue on. A read that misses the deadline marks its
+collector failed and that GPU hung; its stale values are dropped rather than served, the other reads
+are used, and the next poll starts on time. A read that is still stuck at the next poll is not started
+again, so a hung driver call costs one thread, not one per poll; once it returns, the next fast poll
+reads that collector again, even a slow one, so the GPU is back within seconds.
 
 Polls are scheduled on the monotonic clock: setting the wall clock (NTP stepping it, `date -s`) changes
 the times reported, never when the next poll runs. A step is logged once.
@@ -144,10 +145,17 @@ class Poller:
             collectors += self._cleared_slow()
         now, monotonic = self._clock(), self._monotonic()
         self._check_wall_clock(now, monotonic)
-        tasks = self._submit(collectors)
-        self._wait(list(tasks.values()))
-        outcomes = {key: fut.result() if fut.done() else None for key, fut in tasks.items()}
         assert self._pool is not None
+        # Slow reads may wait rather than work (GPM pairs two samples 110 ms apart when it has none kept): one
+        # after another, 64 GPUs' would take 7 s. A poll of slow collectors reads up to four side by side.
+        wide = min(3, len(self.gpus) - 1) if any(c.slow for c in collectors) else 0
+        self._pool.widen(wide)
+        try:
+            tasks = self._submit(collectors)
+            self._wait(list(tasks.values()))
+        finally:
+            self._pool.narrow(wide)
+        outcomes = {key: fut.result() if fut.done() else None for key, fut in tasks.items()}
         for fut in tasks.values():
             if fut.running():
                 self._pool.write_off(fut)

@@ -1,7 +1,8 @@
 """Worker threads for driver calls that may hang.
 
 One worker reads at a time: reads take micro- to milliseconds, and workers reading side by side only
-trade the GIL, each driver call letting go of it and another worker taking it. A read that runs too
+trade the GIL, each driver call letting go of it and another worker taking it (`widen` adds workers for
+reads that wait rather than work). A read that runs too
 long is written off (`write_off_stuck`, which the poller calls as its deadline nears, and
 `write_off`): the pool starts a replacement worker so the reads behind it are not starved, and the
 stuck thread leaves the pool once its call finally returns. A hung driver call therefore costs one
@@ -56,6 +57,21 @@ class ReadPool:
         """Reads submitted and not yet taken by a worker."""
         with self._lock:
             return self._queue.qsize() + sum(len(w) for w in self._waiting.values())
+
+    def widen(self, workers: int) -> None:
+        """`workers` more workers, until `narrow`: for reads that may wait rather than work (GPM's paired
+        samples), which gain by running side by side."""
+        with self._lock:
+            self._target += workers
+        for _ in range(workers):
+            self._spawn()
+
+    def narrow(self, workers: int) -> None:
+        """Undo `widen`: that many workers leave once the reads queued before now are taken."""
+        with self._lock:
+            self._target -= workers
+        for _ in range(workers):
+            self._queue.put(None)
 
     def write_off(self, future: Future[Any]) -> None:
         """`future` is stuck in a call: let another thread take its place until it returns."""

@@ -85,6 +85,16 @@ def backlog(p: Poller) -> int:
     return p._pool.backlog()
 
 
+def returned(p: Poller, sim: GatedSim, gpu: int, collector: Collector, reads: int) -> None:
+    """Until the backend has returned `reads` reads of (gpu, collector), the last one handed to the poller."""
+    wait_for(
+        lambda: sim.returned[(gpu, collector)] == reads and p._inflight[(gpu, collector)].done(),
+        timeout=5,
+        interval=0.01,
+        what="the call back",
+    )
+
+
 def threads_back_to(count: int) -> None:
     """A thread written off with a call leaves once the call returns (after its outcome is handed over)."""
     wait_for(lambda: threading.active_count() <= count, timeout=5, interval=0.01, what=f"{count} threads")
@@ -121,12 +131,12 @@ def test_a_call_that_stays_hung_holds_one_thread_and_nothing_queued_poll_after_p
                 assert sim.started[(gpu, c)] == sim.returned[(gpu, c)] == 21, (gpu, c)
 
     sim.release(2, Collector.POWER)
-    wait_for(lambda: sim.returned[(2, Collector.POWER)] == 2, timeout=5, interval=0.01, what="the call back")
-    threads_back_to(threads)
+    returned(p, sim, 2, Collector.POWER, 2)
     back = p.poll(FAST)
     assert back.gpus[2].up and Collector.POWER in back.gpus[2].readings
     assert back.collectors[Collector.POWER].success
     assert sim.started[(2, Collector.POWER)] == 3
+    threads_back_to(threads)  # the thread written off with the call has left
 
 
 def test_a_gpu_whose_every_call_hangs_holds_two_threads_and_a_queue_that_does_not_grow(
@@ -192,14 +202,14 @@ def test_a_call_that_hangs_late_in_a_poll_holds_up_none_of_the_gpus_other_reads(
 
 
 def test_a_slow_collector_that_hung_is_read_again_at_the_next_fast_poll(sim: GatedSim, clock: FakeClock) -> None:
-    p, threads = started_poller(sim, clock, timeout=0.3)
+    p, _ = started_poller(sim, clock, timeout=0.3)
     sim.hang(4, Collector.ECC)
     assert p.poll(SLOW).gpus[4].problems == {Collector.ECC: GpuStatus.HUNG}
     still = p.poll(FAST)
     assert still.gpus[4].problems == {Collector.ECC: GpuStatus.HUNG}, "still stuck: still hung"
     assert sim.started[(4, Collector.ECC)] == 2, "and not started again"
     sim.release(4, Collector.ECC)
-    threads_back_to(threads)
+    returned(p, sim, 4, Collector.ECC, 2)
     back = p.poll(FAST)
     assert back.gpus[4].up and Collector.ECC in back.gpus[4].readings
     assert back.collectors[Collector.ECC].success
@@ -220,3 +230,19 @@ def test_a_read_that_hangs_after_its_poll_ended_does_not_hold_up_the_next_polls(
     wait_for(lambda: sim.started[(3, late)] == 2, timeout=5, interval=0.01, what="the late read started")
     for _ in range(3):
         assert_others_up(p.poll(FAST), but=3)  # its lane is taken by two stuck calls: it is hung
+
+
+def test_a_slow_poll_whose_reads_each_wait_a_little_is_read_within_its_deadline(
+    sim: GatedSim, clock: FakeClock
+) -> None:
+    """NVML's GPM pairs two samples 110 ms apart when it has none kept (the first poll, after an error): each
+    GPU's profiling read sleeps, short of anything a look writes off; one after another they would take longer
+    than the deadline (here: every slow read of every GPU waits a twentieth of it)."""
+    timeout = 0.8
+    p, _ = started_poller(sim, clock, timeout=timeout)
+    for gpu in range(8):
+        for c in SLOW:
+            sim.slow(gpu, c, timeout / 20)
+    assert len(SLOW) * 8 / 20 > 1, "one after another they miss the deadline"
+    snapshot = p.poll(Collector)
+    assert all(g.up and set(Collector) <= set(g.readings) for g in snapshot.gpus)
