@@ -67,7 +67,8 @@ class ReadPool:
             self._spawn()
 
     def narrow(self, workers: int) -> None:
-        """Undo `widen`: that many workers leave once the reads queued before now are taken."""
+        """Undo `widen`: workers leave, each once it is idle or done with its read, down to the number wanted
+        (a worker only ever leaves the pool with a worker too many: never none left for the queue)."""
         with self._lock:
             self._target -= workers
         for _ in range(workers):
@@ -109,8 +110,11 @@ class ReadPool:
         calls = self._calls
         while True:
             task = self._queue.get()
-            if task is None:
-                break
+            if task is None:  # shutdown or narrow
+                with self._lock:
+                    if self._surplus(closing=self._closed):
+                        return
+                continue
             future, fn, args, lane = task
             if future.set_running_or_notify_cancel():
                 with self._lock:
@@ -129,7 +133,13 @@ class ReadPool:
                 if future in self._written_off:
                     self._written_off.discard(future)
                     self._target -= 1
-                if self._alive > self._target:
-                    break  # surplus after a hang ended: leave the pool
-        with self._lock:
+                if self._surplus():  # after a hang ended, or a narrow
+                    return
+
+    def _surplus(self, closing: bool = False) -> bool:
+        """With the lock held: whether this worker leaves the pool (it is closing, or has a worker too many).
+        Counted here, under the same lock, so two workers leaving at once never leave fewer than wanted."""
+        if closing or self._alive > self._target:
             self._alive -= 1
+            return True
+        return False

@@ -49,6 +49,9 @@ class GatedSim(SimBackend):
     def slow(self, gpu: int, collector: Collector, seconds: float) -> None:
         self._slow[(gpu, collector)] = seconds
 
+    def slow_none(self) -> None:
+        self._slow.clear()
+
     def read(self, gpu: GpuIdentity, collector: Collector) -> Result:
         key = (gpu.index, collector)
         with self._count:
@@ -246,3 +249,19 @@ def test_a_slow_poll_whose_reads_each_wait_a_little_is_read_within_its_deadline(
     assert len(SLOW) * 8 / 20 > 1, "one after another they miss the deadline"
     snapshot = p.poll(Collector)
     assert all(g.up and set(Collector) <= set(g.readings) for g in snapshot.gpus)
+
+
+def test_the_polls_after_a_slow_poll_that_ran_past_its_deadline_are_read(sim: GatedSim, clock: FakeClock) -> None:
+    """The first full poll of a large node can overrun (each GPU's first GPM read waits): its reads still
+    queued at the deadline run after it, on the workers it added, and those leave; the fast polls go on."""
+    timeout = 0.4
+    p, _ = started_poller(sim, clock, timeout=timeout)
+    for gpu in range(8):
+        for c in Collector:
+            sim.slow(gpu, c, timeout / 20)  # short of a look's write-off, and 112 of them: past the deadline
+    assert not all(g.up for g in p.poll(Collector).gpus)
+    sim.slow_none()
+    wait_for(lambda: sim.returned == sim.started and not backlog(p), timeout=5, interval=0.01, what="the reads back")
+    for _ in range(3):
+        snapshot = p.poll(FAST)
+        assert all(g.up and set(FAST) <= set(g.readings) for g in snapshot.gpus)
