@@ -148,7 +148,7 @@ class Poller:
         assert self._pool is not None
         # Slow reads may wait rather than work (GPM pairs two samples 110 ms apart when it has none kept): one
         # after another, 64 GPUs' would take 7 s. A poll of slow collectors reads up to four side by side.
-        wide = min(3, len(self.gpus) - 1) if any(c.slow for c in collectors) else 0
+        wide = max(0, min(3, len(self.gpus) - 1)) if any(c.slow for c in collectors) else 0
         self._pool.widen(wide)
         try:
             tasks = self._submit(collectors)

@@ -1,12 +1,12 @@
 """Worker threads for driver calls that may hang.
 
 One worker reads at a time: reads take micro- to milliseconds, and workers reading side by side only
-trade the GIL, each driver call letting go of it and another worker taking it (`widen` adds workers for
-reads that wait rather than work). A read that runs too
-long is written off (`write_off_stuck`, which the poller calls as its deadline nears, and
-`write_off`): the pool starts a replacement worker so the reads behind it are not starved, and the
-stuck thread leaves the pool once its call finally returns. A hung driver call therefore costs one
-thread for as long as it hangs, and the pool shrinks back afterwards.
+trade the GIL, each driver call letting go of it and another worker taking it (`widen` adds workers
+for reads that wait rather than work). A read that runs too long is written off (`write_off_stuck`,
+which the poller calls as its deadline nears, and `write_off`): the pool starts a replacement worker
+so the reads behind it are not starved, and the stuck thread leaves the pool once its call finally
+returns. A hung driver call therefore costs one thread for as long as it hangs, and the pool shrinks
+back afterwards.
 
 Reads are grouped in lanes (one per GPU), each running at most LANE_LIMIT reads at once: a GPU
 whose calls all hang holds that many workers, not all of them, while the others' reads go on.
