@@ -8,8 +8,12 @@ scaled to N GPUs, as bench/bench_peers.py runs them). A child process opens the 
 real pynvml and times, on the process's CPU clock (every thread, the library's time included):
 - the backend's reads of every fast collector of every GPU, called one after another on one thread;
 - `Poller.poll` of the same collectors: the reads plus what the poller adds (its tasks, threads, deadline
-  and merge). The difference is what polling adds to the reads.
-Each figure is the least of three runs: the machine's other load only ever adds. Figures, not pass/fail.
+  and merge). The difference is what polling adds to the reads. With it, the context switches a poll
+  costs the process (voluntary and not): threads handing work and the GIL to each other. On a machine
+  whose other cores are busy, threads that would trade the GIL on an idle one take turns instead, so CPU
+  figures of two builds compare best back to back; the switches show the difference either way.
+Each CPU figure is the least of three runs (with that run's switches): the machine's other load only ever
+adds. Figures, not pass/fail.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_peers import virtual_gpus
 
 _CHILD = r"""
-import logging, sys, time
+import logging, resource, sys, time
 # The first full poll of many GPUs overruns its deadline (each GPU's first GPM sample waits), and says so per GPU.
 logging.getLogger("gpu_triage").setLevel(logging.ERROR)
 from gpu_triage.exporter.backends.collectors import Collector
@@ -39,13 +43,17 @@ poller.poll(Collector)
 for _ in range(10):
     poller.poll(FAST)  # past the first reads: rates, link counts, thresholds known
 
+def switches():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
 def least(turn):
     runs = []
     for _ in range(3):
-        start = time.process_time()
+        start, switched = time.process_time(), switches()
         for _ in range(polls):
             turn()
-        runs.append((time.process_time() - start) / polls * 1000)
+        runs.append(((time.process_time() - start) / polls * 1000, (switches() - switched) / polls))
     return min(runs)
 
 def reads():
@@ -53,8 +61,11 @@ def reads():
         for collector in FAST:
             backend.read(gpu, collector)
 
-direct, polled = least(reads), least(lambda: poller.poll(FAST))
-print(f"{len(poller.gpus)} GPUs: reads {direct:.2f} ms, poll {polled:.2f} ms (polling adds {polled - direct:.2f})")
+(direct, _), (polled, switched) = least(reads), least(lambda: poller.poll(FAST))
+print(
+    f"{len(poller.gpus)} GPUs: reads {direct:.2f} ms, poll {polled:.2f} ms (polling adds {polled - direct:.2f}),"
+    f" {switched:.0f} context switches a poll"
+)
 poller.stop()
 backend.close()
 """

@@ -1,11 +1,12 @@
 """The background poller: reads every GPU through the backend and publishes Snapshots.
 
-Each (GPU, collector) read runs in a worker thread and the poll waits for all of them up to a
-deadline. A read that misses it marks its collector failed and that GPU hung; its stale values
-are dropped rather than served, the other reads are used, and the next poll starts on time. A
-read that is still stuck at the next poll is not started again, so a hung driver call costs one
-thread, not one per poll; once it returns, the next fast poll reads that collector again, even a slow
-one, so the GPU is back within seconds.
+Each (GPU, collector) read is a task of the read pool, whose one worker reads them in turn, and the
+poll waits for all of them up to a deadline. At each eighth of it a poll not done writes off the reads
+stuck in a call, so that another worker takes the queue on. A read that misses the deadline marks its
+collector failed and that GPU hung; its stale values are dropped rather than served, the other reads
+are used, and the next poll starts on time. A read that is still stuck at the next poll is not started
+again, so a hung driver call costs one thread, not one per poll; once it returns, the next fast poll
+reads that collector again, even a slow one, so the GPU is back within seconds.
 
 Polls are scheduled on the monotonic clock: setting the wall clock (NTP stepping it, `date -s`) changes
 the times reported, never when the next poll runs. A step is logged once.
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 FAST = tuple(c for c in Collector if not c.slow)
 SLOW = tuple(c for c in Collector if c.slow)
+# A poll not done looks for reads stuck in a call at each eighth of its deadline: a hung call holds up the reads
+# behind it for an eighth and a half at most.
+LOOKS = 8
 CLOCK_STEP_SECONDS = 1.0  # the wall clock moving this much more or less than the monotonic one: a step
 
 
@@ -93,8 +97,9 @@ class Poller:
         if not box:
             raise BackendError("GPU discovery did not answer in time: the driver may be hung")
         self.gpus = box[0]
-        # Reads take micro- to milliseconds; a few workers keep up with many GPUs.
-        self._pool = ReadPool(workers=min(4, max(2, len(self.gpus))))
+        # Reads take micro- to milliseconds: one worker keeps up with many GPUs, and workers reading side by
+        # side only trade the GIL at every driver call (each lets go of it). _wait adds one per stuck call.
+        self._pool = ReadPool()
         return self.gpus
 
     def start(self) -> None:
@@ -140,10 +145,17 @@ class Poller:
             collectors += self._cleared_slow()
         now, monotonic = self._clock(), self._monotonic()
         self._check_wall_clock(now, monotonic)
-        tasks = self._submit(collectors)
-        wait(list(tasks.values()), timeout=self.timeout)
-        outcomes = {key: fut.result() if fut.done() else None for key, fut in tasks.items()}
         assert self._pool is not None
+        # Slow reads may wait rather than work (GPM pairs two samples 110 ms apart when it has none kept): one
+        # after another, 64 GPUs' would take 7 s. A poll of slow collectors reads up to four side by side.
+        wide = max(0, min(3, len(self.gpus) - 1)) if any(c.slow for c in collectors) else 0
+        self._pool.widen(wide)
+        try:
+            tasks = self._submit(collectors)
+            self._wait(list(tasks.values()))
+        finally:
+            self._pool.narrow(wide)
+        outcomes = {key: fut.result() if fut.done() else None for key, fut in tasks.items()}
         for fut in tasks.values():
             if fut.running():
                 self._pool.write_off(fut)
@@ -153,6 +165,21 @@ class Poller:
             self.last_poll_monotonic = self._monotonic()
         self._on_snapshot(snapshot)  # outside the lock: rendering must not hold up the next poll
         return snapshot
+
+    def _wait(self, reads: list[Future[_Outcome]]) -> None:
+        """Wait for `reads` up to the deadline. The pool's one worker reads them in turn; at each look, a read
+        that has been in its call for half the time between looks or longer is written off (reads take micro-
+        to milliseconds), so that a replacement takes the queue on while it is stuck, or slow: it leaves once
+        back. (At the deadline, poll() writes off every one of `reads` still in its call, however recent.)"""
+        assert self._pool is not None
+        step = self.timeout / LOOKS
+        deadline = time.monotonic() + self.timeout
+        for look in range(LOOKS - 1, 0, -1):
+            reads = list(wait(reads, timeout=max(0.0, deadline - step * look - time.monotonic()))[1])
+            if not reads:
+                return
+            self._pool.write_off_stuck(step / 2)
+        wait(reads, timeout=max(0.0, deadline - time.monotonic()))
 
     def _cleared_slow(self) -> tuple[Collector, ...]:
         """Slow collectors whose hung call has returned since: read again now, not at the next slow poll."""
