@@ -26,7 +26,7 @@ from gpu_triage.exporter.sources.stop_signal import wait_readable
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.02  # without inotify: how soon a line appended to a followed file is seen
-RECHECK_SECONDS = 1.0  # with inotify: how long at most between looks at a quiet file
+RECHECK_SECONDS = 5.0  # with inotify: how long at most between looks at a quiet file (a change inotify missed)
 
 # linux/inotify.h
 _IN_MODIFY, _IN_ATTRIB, _IN_CLOSE_WRITE = 0x2, 0x4, 0x8
