@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from gpu_triage.exporter.sources import file_changes, stop_signal
+from gpu_triage.exporter.sources import file_changes, kmsg, stop_signal
 from gpu_triage.exporter.sources.stop_signal import StopSignal, poll_fd, wait_readable
+from tests.daemon_proc import wait_for
 from tests.exporter.sources.test_kmsg import follow
 
 
@@ -153,3 +154,22 @@ def test_the_real_dev_kmsg_reader_sleeps_until_stopped(polls: CountingPoll) -> N
     finally:
         follower.stop()
     assert not follower.running
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linux's")
+def test_a_followed_file_that_goes_away_is_reported_while_the_reader_sleeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asleep with no timer, the reader still finds out that its kernel log is gone, and says it cannot read it."""
+    monkeypatch.setattr(file_changes, "RECHECK_SECONDS", 60.0)  # only the deletion itself can wake it in time
+    monkeypatch.setattr(kmsg, "_ROTATION_GRACE_SECONDS", 0.2)
+    path = tmp_path / "kern.log"
+    path.write_text("")
+    follower, _ = follow(path)
+    try:
+        wait_for(lambda: follower.stats.up, interval=0.01, what="the file followed")
+        path.unlink()
+        wait_for(lambda: not follower.stats.up, timeout=10, interval=0.01, what="the missing file reported")
+        assert "No such file" in (follower.stats.error or "")
+    finally:
+        follower.stop()
