@@ -5,8 +5,8 @@ that nothing was appended would cost the node CPU all day. With inotify the foll
 file is written, truncated, moved or deleted, or a file is created or moved into its directory (a
 rotation), and still looks now and then (`RECHECK_SECONDS`) in case a change was not reported (a
 network file system written from another host). Told to stop through a StopSignal, the sleep ends at once
-without waking in between; with a plain Event it looks at the event every 0.1 s. Where inotify cannot be had (another OS, the
-instance limit reached) the follower looks every `POLL_SECONDS`, as it did before.
+without waking in between; with a plain Event it looks at the event every 0.1 s. Where inotify cannot be
+had (another OS, the instance limit reached) the follower looks every `POLL_SECONDS`, as it did before.
 """
 
 from __future__ import annotations
