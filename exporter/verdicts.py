@@ -16,6 +16,7 @@ import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 
 from gpu_triage.diagnosis.core.actions import Action, GpuStatus, Health
 from gpu_triage.diagnosis.core.findings import Finding, Workload
@@ -115,6 +116,10 @@ class Verdicts:
         self._told: dict[str, tuple[Health, Action]] = {}
         self._told_node = _FINE
         self._links_up: dict[str, set[int]] = {}  # uuid -> NVLinks seen up since the daemon started
+        # PCI bus id -> the telemetry and verdict of a GPU with no XID history, at the last update. Without XIDs
+        # a GPU's verdict is its telemetry's alone (no clock, boot, clear or reset bears on it), so the same
+        # telemetry is the same verdict: a quiet node's GPUs are judged again only when what they read changes.
+        self._quiet: dict[str, tuple[Telemetry, GpuVerdict]] = {}
         self.node = NodeVerdict(Health.UNKNOWN, Action.IGNORE, (), ())
 
     def load(self, now: float) -> None:
@@ -189,11 +194,23 @@ class Verdicts:
                 for s in snapshot.gpus
             }
             crowded = crowd(histories)  # one application's crash on many GPUs: no GPU to suspect for its repeats
+            quiet: dict[str, tuple[Telemetry, GpuVerdict]] = {}
             for state in snapshot.gpus:
                 g = state.identity
                 seen |= {g.uuid, g.pci_bus_id}
                 telemetry = self._telemetry(state, snapshot.backend)
-                gpus.append(self._assess(g.pci_bus_id, g.uuid, histories[g.uuid], telemetry, now, crowded))
+                history = histories[g.uuid]
+                if history:
+                    gpus.append(self._assess(g.pci_bus_id, g.uuid, history, telemetry, now, crowded))
+                    continue
+                last = self._quiet.get(g.pci_bus_id)
+                if last is not None and last[0] == telemetry:
+                    verdict = _copy(last[1])
+                else:
+                    verdict = self._assess(g.pci_bus_id, g.uuid, history, telemetry, now, crowded)
+                quiet[g.pci_bus_id] = (telemetry, verdict)
+                gpus.append(verdict)
+            self._quiet = quiet  # the GPUs listed now: one that got XIDs, or left, is judged afresh
             node = assess_node(
                 gpus, [*sxid_findings(list(self._sxids), boot_id=self._boot_id), *self._unknown(seen, now)], incomplete
             )
@@ -308,6 +325,14 @@ class Verdicts:
 
 
 _FINE = (Health.HEALTHY, Action.IGNORE)
+
+
+def _copy(verdict: GpuVerdict) -> GpuVerdict:
+    """A verdict kept from the last update, for this one: its findings copied, because _stamp writes into them
+    (`since`, who was on the GPU), and the last frame's must stay as they were shown."""
+    if not verdict.findings:
+        return verdict
+    return replace(verdict, findings=tuple(replace(f, details=dict(f.details)) for f in verdict.findings))
 
 
 def _log_event(event: Event) -> None:

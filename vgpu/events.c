@@ -3,7 +3,8 @@
  * remembers how far it has read and, per GPU, which types were registered and from which
  * event on, so that what happened before registration is not delivered (as the header says).
  * nvmlEventSetWait_v2 sleeps until the state file changes (the writer wakes it, as the kernel wakes
- * a real driver's waiter) or its timeout passes; where no wake comes, it looks again every WAIT_US.
+ * a real driver's waiter) or its timeout passes; where no wake comes, it looks again now and then
+ * (vgpu_wait_change_us says how often).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -11,8 +12,6 @@
 #include <stdlib.h>
 
 #include "internal.h"
-
-#define WAIT_US 100000
 
 struct nvmlEventSet_st {
     pthread_mutex_t lock;
@@ -196,8 +195,8 @@ NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t
         uint64_t now = vgpu_now_ns();
         if (now >= deadline)
             return NVML_ERROR_TIMEOUT;
-        uint64_t left_us = (deadline - now) / 1000;
-        vgpu_wait_change_us(seen, left_us < WAIT_US ? (unsigned int)left_us + 1 : WAIT_US);
+        uint64_t left_us = (deadline - now) / 1000 + 1;
+        vgpu_wait_change_us(seen, left_us > UINT32_MAX ? UINT32_MAX : (unsigned int)left_us);
     }
 }
 

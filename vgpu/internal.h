@@ -20,7 +20,8 @@ uint64_t vgpu_state_seq(void);
 uint32_t vgpu_crc32(const void *data, size_t len);
 uint64_t vgpu_now_ns(void);
 void vgpu_sleep_us(unsigned int us);
-/* Sleeps until seq no longer reads `seen` (the writer wakes the waiters), or `us` microseconds have passed. */
+/* Sleeps until seq no longer reads `seen` (the writer wakes the waiters), or `us` microseconds have passed
+ * (at most 1 s on the futex, 100 ms without it: the caller looks again). */
 void vgpu_wait_change_us(uint64_t seen, unsigned int us);
 
 /* defaults.c: the node presented when GPU_TRIAGE_VGPU_STATE is unset. */

@@ -87,14 +87,22 @@ void vgpu_sleep_us(unsigned int us)
 #include <sys/syscall.h>
 #endif
 
-/* Sleeps until the state file's seq no longer reads `seen`, or `us` microseconds have passed. On Linux
- * the writer wakes the waiters on seq's (little-endian) low word after every write (exporter/vgpu/state.py), as
- * the kernel wakes a real driver's waiter; elsewhere, and for a writer that does not, `us` bounds it. */
+/* How long one sleep lasts at most. Asleep on the futex, a waiter is woken by every write, so it wakes on
+ * its own only in case a writer does not (one on a machine whose futex(2) it cannot call): once a second,
+ * which is all a quiet node costs. Without a futex it looks every 100 ms. */
+#define WOKEN_WAIT_MAX_US 1000000u
+#define SLEEP_WAIT_MAX_US 100000u
+
+/* Sleeps until the state file's seq no longer reads `seen`, or `us` microseconds have passed (or the bound
+ * above: the caller looks again and sleeps on). On Linux the writer wakes the waiters on seq's (little-endian)
+ * low word after every write (exporter/vgpu/state.py), as the kernel wakes a real driver's waiter. */
 void vgpu_wait_change_us(uint64_t seen, unsigned int us)
 {
 #ifdef __linux__
     const unsigned char *base = atomic_load(&g_base);
     if (base != NULL && base != default_base()) {
+        if (us > WOKEN_WAIT_MAX_US)
+            us = WOKEN_WAIT_MAX_US;
         struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
         const uint32_t *word = (const uint32_t *)(uintptr_t)(base + offsetof(struct vgpu_header, seq));
         /* Not FUTEX_PRIVATE: the writer is another process, sharing the file's pages. */
@@ -103,7 +111,7 @@ void vgpu_wait_change_us(uint64_t seen, unsigned int us)
     }
 #endif
     (void)seen;
-    vgpu_sleep_us(us);
+    vgpu_sleep_us(us < SLEEP_WAIT_MAX_US ? us : SLEEP_WAIT_MAX_US);
 }
 
 static int layout_matches(const struct vgpu_header *h)

@@ -11,7 +11,10 @@ from gpu_triage.exporter.worker import Worker
 
 log = logging.getLogger(__name__)
 
-_WAIT_SECONDS = 0.5  # how long one wait blocks; bounds how quickly stop() returns
+# How long one wait blocks in the driver. NVML's wait cannot be interrupted, so this is how long stop() may take
+# (the event set must not be freed under a waiter): well inside systemd's TimeoutStopSec. Each return costs a
+# Python round trip, so a quiet node pays for one a second.
+_WAIT_SECONDS = 1.0
 _FIRST_WAIT_SECONDS = 0.05  # the first one is short: until it returns, the verdict does not know the source works
 _RETRY_SECONDS = 5.0
 

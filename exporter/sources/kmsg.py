@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import select
 import stat
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from gpu_triage.exporter.sources.logfile import Deliver, FileFollower, booted, committed
 from gpu_triage.exporter.sources.records import KmsgStats, Record, parse_record
+from gpu_triage.exporter.sources.stop_signal import StopSignal, wait_readable
 from gpu_triage.exporter.worker import Worker
 
 if TYPE_CHECKING:
@@ -78,8 +78,9 @@ class KmsgFollower:
         self._boot_id = boot_id
         self._boot_time = boot_time  # a number, or how to find it now (the daemon re-reads it per batch)
         self._clock = clock
-        self._worker = Worker("kmsg", self._turn)
-        self._stop = self._worker.stopping
+        # A quiet kernel log is read by sleeping in poll(2) until a record comes or stop() is called; no timer.
+        self._stop = StopSignal()
+        self._worker = Worker("kmsg", self._turn, stopping=self._stop)
         # /dev/kmsg: what this run has had journaled, by origin, so a re-open never delivers a record twice.
         self._committed: dict[str, int] = {}
         self._file: FileFollower | None = None
@@ -93,7 +94,8 @@ class KmsgFollower:
         self._worker.start()
 
     def stop(self) -> None:
-        self._worker.stop(timeout=2)
+        if self._worker.stop(timeout=2):
+            self._stop.close()  # else the thread may still poll it: left to the garbage collector
 
     def _turn(self) -> None:
         try:
@@ -164,8 +166,6 @@ class KmsgFollower:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         self._up()
         try:
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
             batch: list[Record] = []
             while not self._stop.is_set():
                 try:
@@ -173,7 +173,7 @@ class KmsgFollower:
                 except BlockingIOError:
                     after = self._commit(origin, batch, after)
                     batch = []
-                    poller.poll(500)
+                    wait_readable(fd, self._stop, None)  # until the next record (or an overrun), or stop()
                     continue
                 except OSError as e:
                     if e.errno == errno.EPIPE:

@@ -157,7 +157,8 @@ class PodSource:
         except Exception as e:  # grpc.RpcError and whatever grpc raises: reported, never allowed to stop the loop
             self._set(State.FAILING, _rpc_problem(e, self.socket, self.deadline))
         else:
-            self.answer = answer
+            if answer != self.answer:  # the same pods as last time stay the same object: nothing is placed again
+                self.answer = answer
             self.last_success = self._clock()
             self._set(State.OK, None)
         self.duration_seconds = time.monotonic() - t0

@@ -54,6 +54,9 @@ _SCOPE = re.compile(r"(?:[^/]+_)?slurmstepd\.scope")  # <node>_ with several slu
 _PREPEND = re.compile(r"slurm(?:_[^/]+)?")  # CgroupPrepend: /slurm, or /slurm_<node> with several slurmd
 MAX_FILE_BYTES = 64 * 1024  # a cgroup or status file is a few hundred bytes; anything longer is not one
 MAX_WRITTEN_OFF = 4  # hung reads left to finish on their own threads; beyond, no new process is looked at
+# A listed process not in our /proc (gone since NVML's answer, or in another PID namespace: a daemon in a
+# container without the host's) is looked for again after this long, not on every poll.
+ABSENT_RETRY_SECONDS = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,7 @@ class ProcessJobs:
         self._monotonic = monotonic  # what the deadline is measured on
         self._on_change = on_change
         self._known: dict[int, SlurmStep | None] = {}
+        self._absent: dict[int, float] = {}  # pid -> when it was last found missing
         self._reading: dict[int, tuple[Future[tuple[SlurmStep | None, bool]], float]] = {}  # pid -> (read, since)
         self._pool: ReadPool | None = None
         self._lock = threading.Lock()
@@ -186,7 +190,16 @@ class ProcessJobs:
                 del self._known[gone]
             for gone in self._reading.keys() - pids:
                 del self._reading[gone]  # the read, if it hangs, stays written off
-            started = [self._start(pid) for pid in pids if pid not in self._known and pid not in self._reading]
+            for gone in self._absent.keys() - pids:
+                del self._absent[gone]
+            now = self._monotonic()
+            started = [
+                self._start(pid)
+                for pid in pids
+                if pid not in self._known
+                and pid not in self._reading
+                and now - self._absent.get(pid, -ABSENT_RETRY_SECONDS) >= ABSENT_RETRY_SECONDS
+            ]
         fresh = [f for f in started if f is not None]
         if fresh:
             _, late = wait_all(fresh, timeout=self.wait)
@@ -223,7 +236,10 @@ class ProcessJobs:
                 del self._reading[pid]
                 job, exists = future.result() if future.exception() is None else (None, True)
                 if job is not None or exists:
-                    self._known[pid] = job  # else: gone between NVML's answer and now; ask again next time
+                    self._known[pid] = job
+                    self._absent.pop(pid, None)
+                else:
+                    self._absent[pid] = now  # not here: asked about again later, should NVML still list it
             elif now - since > self.deadline and future not in self._written_off:
                 assert self._pool is not None
                 self._pool.write_off(future)

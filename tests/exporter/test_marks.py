@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from gpu_triage.diagnosis.xid.health import GpuVerdict
 from gpu_triage.exporter import verdicts
 from gpu_triage.exporter.daemon import Daemon
-from gpu_triage.exporter.sources.journal import Mark
+from gpu_triage.exporter.sources.journal import Event, Mark
 from gpu_triage.exporter.verdicts import MARKS_PER_GPU
 from tests.conftest import FakeClock
 from tests.daemon_proc import wait_for
@@ -67,11 +67,16 @@ def test_a_reset_seen_in_the_kernel_log_while_running_closes_what_a_reset_cures(
 def test_marks_journaled_before_a_start_are_loaded_once_and_the_newest_count(
     daemon: Daemon, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    uuid = daemon.snapshot.gpus[1].identity.uuid
+    gpu = daemon.snapshot.gpus[1].identity
+    uuid = gpu.uuid
     times = [clock.now - 1000 + i for i in range(10 * MARKS_PER_GPU)]
     for t in times:
         daemon.journal.mark(Mark(t, uuid, "init", "x"))
     daemon.verdicts.load(clock.now)
+    # Resets bear on a GPU's XIDs only: one of those, so that the GPU is judged with them (without any its
+    # verdict is its telemetry's, and an unchanged one is not judged again).
+    xid = Event(clock.now - 10, daemon.boot_id, "kmsg", "xid", 48, "Xid 48", gpu.index, uuid, gpu.pci_bus_id, id=1)
+    daemon.verdicts.add(xid)
     given: dict[str, list[float]] = {}
 
     def assess_gpu(bus: str, *args: Any, resets: list[float], **kwargs: Any) -> GpuVerdict:

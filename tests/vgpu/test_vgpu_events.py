@@ -38,6 +38,44 @@ def test_an_xid_wakes_a_waiting_caller_early(nvml: Worker, state: vs.StateWriter
     assert nvml.error("nvmlEventSetWait_v2", H("events"), 0) == TIMEOUT  # delivered once
 
 
+class _NoWake:
+    """A writer that cannot wake the waiters (one on a machine whose futex(2) it cannot call)."""
+
+    def wake(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def test_an_xid_from_a_writer_that_does_not_wake_still_comes_within_a_second_or_so(
+    nvml: Worker, state: vs.StateWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asleep on the futex the waiter wakes on its own only once a second (a quiet node costs nothing more), so
+    an event that no wake announces is still delivered then, long before the caller's timeout."""
+    nvml.run(REGISTER_ALL_FOR_XIDS)
+    monkeypatch.setattr(state, "_waker", _NoWake())
+    nvml.send({"call": "nvmlEventSetWait_v2", "args": [H("events"), 20_000]})
+    with pytest.raises(queue.Empty):
+        nvml.answer(timeout=0.2)
+    pushed = time.monotonic()
+    state.push_xid(3, 48)
+    event = nvml.value(nvml.answer(timeout=10))
+    assert time.monotonic() - pushed < 5, "seen at the waiter's own next look, not at the 20 s timeout"
+    assert (event["eventType"], event["eventData"]) == (vs.EVENT_XID, 48)
+
+
+def test_a_quiet_wait_lasts_its_whole_timeout_across_the_waiters_own_looks(nvml: Worker, state: vs.StateWriter) -> None:
+    """nvml.h: the wait returns TIMEOUT when nothing came within timeoutms; sleeping in one-second pieces (and
+    woken by each write that brings no event) must neither end it early nor stretch it."""
+    nvml.run(REGISTER_ALL_FOR_XIDS)
+    nvml.send({"call": "nvmlEventSetWait_v2", "args": [H("events"), 2500]})
+    time.sleep(0.5)
+    state.write(vs.h100_node())  # a write without an event: the waiter looks, finds nothing, sleeps on
+    reply = nvml.answer(timeout=10)
+    assert reply.get("nvml") == TIMEOUT and 2.4 <= float(reply["elapsed"]) < 4.0, reply
+
+
 def test_a_zero_wait_times_out_at_once_and_queued_events_come_in_order(nvml: Worker, state: vs.StateWriter) -> None:
     nvml.run(REGISTER_ALL_FOR_XIDS)
     nvml.send({"call": "nvmlEventSetWait_v2", "args": [H("events"), 0]})

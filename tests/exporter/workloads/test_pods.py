@@ -108,7 +108,9 @@ def test_pods_coming_and_going(kubelet: PodResourcesServer) -> None:
     src = source(kubelet)
     assert src.read_once() is True  # the first answer, even an empty one, is news
     assert mapped(src) == {}
+    first = src.answer
     assert src.read_once() is False  # the same answer again: nothing to redraw
+    assert src.answer is first, "an unchanged answer is kept as it was: the daemon places its pods once"
     kubelet.pods = [Pod("ml", "trainer-0", [Container("main", {"nvidia.com/gpu": [GPU[0]]})])]
     assert src.read_once() is True
     assert mapped(src) == {GPU[0]: (pod("ml", "trainer-0"),)}

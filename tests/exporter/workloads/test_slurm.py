@@ -15,7 +15,7 @@ from typing import TypeVar
 import pytest
 
 from gpu_triage.exporter.workloads import slurm
-from gpu_triage.exporter.workloads.slurm import ProcessJobs, SlurmStep, real_uid, step_of
+from gpu_triage.exporter.workloads.slurm import ABSENT_RETRY_SECONDS, ProcessJobs, SlurmStep, real_uid, step_of
 from gpu_triage.exporter.workloads.user_names import UserNames
 from tests.conftest import REPO, FakeClock
 from tests.daemon_proc import wait_for
@@ -126,10 +126,35 @@ def test_each_process_is_read_once_while_it_lives(tmp_path: Path) -> None:
 def test_a_process_that_vanished_before_it_was_read_is_asked_about_again(tmp_path: Path) -> None:
     procfs = tmp_path / "proc"
     procfs.mkdir()
-    jobs = ProcessJobs(procfs)
+    now = [0.0]
+    jobs = ProcessJobs(procfs, monotonic=lambda: now[0])
     assert jobs.jobs({41000}) == {}
     shutil.copytree(PROCFS / "cgroup-v2/41000", procfs / "41000")
+    now[0] += ABSENT_RETRY_SECONDS
     assert jobs.jobs({41000})[41000].job_id == "4242"
+
+
+def test_a_listed_process_that_is_not_here_is_not_looked_for_on_every_poll(tmp_path: Path) -> None:
+    """NVML lists a process our /proc does not have (a daemon in a container without the host's PID namespace):
+    looked for once, then again only now and then, not a file read per process per poll."""
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    now = [0.0]
+    jobs = ProcessJobs(procfs, monotonic=lambda: now[0])
+    looked: list[int] = []
+    look = jobs._look
+    jobs._look = lambda pid: looked.append(pid) or look(pid)  # type: ignore[method-assign]
+    for _ in range(5):
+        assert jobs.jobs({41000, 41034}) == {}
+        now[0] += 1.0
+    assert sorted(looked) == [41000, 41034]
+    now[0] += ABSENT_RETRY_SECONDS
+    shutil.copytree(PROCFS / "cgroup-v2/41000", procfs / "41000")
+    assert jobs.jobs({41000, 41034})[41000].job_id == "4242"
+    assert sorted(looked) == [41000, 41000, 41034, 41034]
+    assert jobs.jobs(set()) == {}  # no longer listed: forgotten, so a new process under the pid is read at once
+    assert jobs.jobs({41034}) == {} and looked.count(41034) == 3
+    jobs.close()
 
 
 def test_an_unreadable_or_huge_cgroup_file_is_no_job(tmp_path: Path) -> None:
