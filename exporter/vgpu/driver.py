@@ -20,7 +20,7 @@ import logging
 import threading
 from pathlib import Path
 
-from gpu_triage.exporter.backends.base import GpuIdentity
+from gpu_triage.exporter.backends.base import DriverXid, GpuIdentity
 from gpu_triage.exporter.backends.sim.backend import SimBackend
 from gpu_triage.exporter.backends.sim.faults import FaultKind
 from gpu_triage.exporter.vgpu import image as vgpu_image
@@ -76,6 +76,8 @@ class VgpuDriver:
         """Read every GPU and publish the node."""
         self._read()
         with self._lock:
+            # XIDs raised before the state just read go first: a driver's XID 79 comes before the GPU reads as lost.
+            self._push(self.sim.wait_xids(0.0))
             self.writer.write(self.records)
 
     def _read(self) -> None:
@@ -126,12 +128,13 @@ class VgpuDriver:
 
     def _xids(self) -> None:
         while not self._stop.is_set():
-            for xid in self.sim.wait_xids(0.5):
-                with self._lock:
-                    instance = {}
-                    if xid.gpu_instance is not None:  # the writer's default is NVML's "the whole device"
-                        instance = {
-                            "gpu_instance_id": xid.gpu_instance,
-                            "compute_instance_id": xid.compute_instance or 0,
-                        }
-                    self.writer.push_xid(xid.gpu, xid.code, **instance)
+            if self.sim.xids_waiting(0.5):
+                with self._lock:  # taken under the lock a tick publishes under, so none is published after the tick
+                    self._push(self.sim.wait_xids(0.0))
+
+    def _push(self, xids: list[DriverXid]) -> None:
+        for xid in xids:
+            instance = {}
+            if xid.gpu_instance is not None:  # the writer's default is NVML's "the whole device"
+                instance = {"gpu_instance_id": xid.gpu_instance, "compute_instance_id": xid.compute_instance or 0}
+            self.writer.push_xid(xid.gpu, xid.code, **instance)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import bisect
 import copy
-import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -48,7 +48,8 @@ class SimBackend:
         self._clock = clock
         self._lock = threading.Lock()
         self._book = FaultBook()
-        self._xids: queue.SimpleQueue[DriverXid] = queue.SimpleQueue()
+        self._xids: deque[DriverXid] = deque()  # raised, not yet taken by wait_xids
+        self._xid_raised = threading.Condition()
         start = clock()
         self._model = NodeModel(scenario, start)
         self._pending = sorted(scenario.faults, key=lambda f: f.at_seconds)  # not yet started
@@ -120,14 +121,18 @@ class SimBackend:
 
     def wait_xids(self, timeout_seconds: float) -> list[DriverXid]:
         self._advance(self._clock())
-        out: list[DriverXid] = []
-        try:
-            out.append(self._xids.get(timeout=timeout_seconds))
-            while True:
-                out.append(self._xids.get_nowait())
-        except queue.Empty:
-            pass
+        with self._xid_raised:
+            self._xid_raised.wait_for(lambda: bool(self._xids), timeout_seconds)
+            out = list(self._xids)
+            self._xids.clear()
         return out
+
+    def xids_waiting(self, timeout_seconds: float) -> bool:
+        """Whether an XID is raised and not yet taken, waiting up to `timeout_seconds` for one; takes none (the
+        virtual GPU's driver takes them under its own lock, in order with the state it publishes)."""
+        self._advance(self._clock())
+        with self._xid_raised:
+            return self._xid_raised.wait_for(lambda: bool(self._xids), timeout_seconds)
 
     # -- fault injection ----------------------------------------------------------------------
 
@@ -164,21 +169,23 @@ class SimBackend:
         with self._lock:
             self._model.apply_instantaneous(spec)
         if spec.kind is FaultKind.XID and spec.xid is not None:
+            # An XID in a MIG instance names it, as NVML's event does; one of the whole GPU names none.
+            mig = self._instance(spec)
+            xid = DriverXid(
+                spec.gpu,
+                spec.xid,
+                at,
+                spec.message,
+                gpu_instance=mig.gpu_instance if mig else None,
+                compute_instance=mig.compute_instance if mig else None,
+            )
+            with self._xid_raised:
+                self._xids.append(xid)
+                self._xid_raised.notify_all()
+            # Raised before the GPU is gone, as the driver reports it: one who sees the GPU lost finds the XID too.
             if spec.xid == _FALLEN_OFF_THE_BUS:
                 lost = FaultSpec(gpu=spec.gpu, kind=FaultKind.GPU_LOST, duration_seconds=spec.duration_seconds)
                 self._book.add(lost, at, f"{source}: xid {spec.xid}")
-            # An XID in a MIG instance names it, as NVML's event does; one of the whole GPU names none.
-            mig = self._instance(spec)
-            self._xids.put(
-                DriverXid(
-                    spec.gpu,
-                    spec.xid,
-                    at,
-                    spec.message,
-                    gpu_instance=mig.gpu_instance if mig else None,
-                    compute_instance=mig.compute_instance if mig else None,
-                )
-            )
         return fault
 
     def _instance(self, spec: FaultSpec) -> MigInstance | None:
