@@ -20,7 +20,7 @@ from gpu_triage.exporter.backends.counter_rates import CounterRates
 from gpu_triage.exporter.backends.nvml.field_values import FieldRequest
 from gpu_triage.exporter.backends.nvml.plain import read_plain
 from gpu_triage.exporter.backends.nvml.query import Query
-from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading
+from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading, link_readings
 
 
 class BusState(Protocol):
@@ -112,24 +112,21 @@ def read_nvlink(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
     # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The count is of
     # links the GPU has, cabled or not: an uncabled one is inactive for good.
     return NvLink(
-        tuple(
-            map(
-                LinkReading,  # positionally, in its fields' order (checked at import below)
-                range(links),
-                state,
-                replay,
-                # Blackwell: every recovery, whatever its outcome
-                [r if r is not None else e for r, e in zip(recovery, events, strict=True)],
-                crc,
-                failed,
-                successful,
-                effective,
-                symbol,
-                moved[:links],
-                moved[links:],
-                rates[:links],
-                rates[links:],
-            )
+        link_readings(  # positionally, in LinkReading's fields' order (checked at import below)
+            range(links),
+            state,
+            replay,
+            # Blackwell: every recovery, whatever its outcome
+            [r if r is not None else e for r, e in zip(recovery, events, strict=True)],
+            crc,
+            failed,
+            successful,
+            effective,
+            symbol,
+            moved[:links],
+            moved[links:],
+            rates[:links],
+            rates[links:],
         )
     )
 
