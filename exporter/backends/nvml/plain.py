@@ -98,11 +98,13 @@ def _limits(
     q: Query, h: Any, reading: str, plan: _Plan, read: dict[str, Any], kept: Kept[dict[str, Any]]
 ) -> dict[str, Any]:
     limits = kept.get(q.gpu)
-    if limits is not None and all(
-        (witness := read[limit.witness]) is not None and not (limit.bounds and witness > limits[limit.attr])
-        for limit in BOARD_LIMITS[reading]
-    ):
-        return limits
+    if limits is not None:
+        for limit in BOARD_LIMITS[reading]:
+            witness = read[limit.witness]
+            if witness is None or (limit.bounds and witness > limits[limit.attr]):
+                break
+        else:
+            return limits
     asked, failed = kept.asking(q.gpu), len(q.failed)
     out = {
         spec.attr: _convert(q(how.query, getattr(pynvml, how.function), h), spec, how.per) for spec, how in plan.limits
