@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields
 from enum import IntEnum, StrEnum
 from itertools import chain
 from typing import Any, ClassVar, NamedTuple
@@ -307,34 +307,6 @@ class LinkReading:
     def up(self) -> bool:
         """Trained: anything but inactive (and not unknown)."""
         return self.state is not None and self.state != _INACTIVE
-
-
-# A frozen dataclass's __init__ sets each field through object.__setattr__, some 1.4 us per link and so a sixth of an
-# NVML read of a GPU with 18 links. A plain dataclass with the same fields (so the same slots) sets them as fast as
-# attributes are set; each link is made as one and made a LinkReading before it is handed out. What comes out is a
-# LinkReading in every way, frozen, compared and hashed as one.
-_LinkFields = make_dataclass(
-    "_LinkFields",
-    [
-        (f.name, f.type) if f.default is MISSING else (f.name, f.type, field(default=f.default))
-        for f in fields(LinkReading)
-    ],
-    slots=True,
-    eq=False,
-)
-
-
-def link_readings(*columns: Iterable[Any]) -> tuple[LinkReading, ...]:
-    """One LinkReading per row of `columns` (one column per field, in LinkReading's fields' order), as
-    `tuple(map(LinkReading, *columns))` makes them, at about a third of the cost."""
-    links = tuple(map(_LinkFields, *columns))
-    for link in links:
-        link.__class__ = LinkReading  # the same slots: only the class changes
-    return links
-
-
-if link_readings([0], *[[None]] * (len(fields(LinkReading)) - 1)) != (LinkReading(0, None, None, None, None),):
-    raise ImportError("link_readings does not make what LinkReading makes")
 
 
 @dataclass(frozen=True, slots=True)

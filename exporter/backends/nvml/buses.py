@@ -21,7 +21,7 @@ from gpu_triage.exporter.backends.nvml.field_values import FieldRequest
 from gpu_triage.exporter.backends.nvml.kept import Kept
 from gpu_triage.exporter.backends.nvml.plain import read_plain
 from gpu_triage.exporter.backends.nvml.query import Query
-from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading, link_readings
+from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading
 
 
 class BusState(Protocol):
@@ -114,21 +114,24 @@ def read_nvlink(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
     # NVML's link state as it is (0 inactive, 1 active, 2 sleep, 3 active, traffic disabled). The count is of
     # links the GPU has, cabled or not: an uncabled one is inactive for good.
     return NvLink(
-        link_readings(  # positionally, in LinkReading's fields' order (checked at import below)
-            range(links),
-            state,
-            replay,
-            # Blackwell: every recovery, whatever its outcome
-            [r if r is not None else e for r, e in zip(recovery, events, strict=True)],
-            crc,
-            failed,
-            successful,
-            effective,
-            symbol,
-            moved[:links],
-            moved[links:],
-            rates[:links],
-            rates[links:],
+        tuple(
+            map(
+                LinkReading,  # positionally, in its fields' order (checked at import below)
+                range(links),
+                state,
+                replay,
+                # Blackwell: every recovery, whatever its outcome
+                [r if r is not None else e for r, e in zip(recovery, events, strict=True)],
+                crc,
+                failed,
+                successful,
+                effective,
+                symbol,
+                moved[:links],
+                moved[links:],
+                rates[:links],
+                rates[links:],
+            )
         )
     )
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import pickle
 import re
 
-import pytest
-
 from gpu_triage.diagnosis.xid.catalog_data import load_catalog
-from gpu_triage.exporter.backends.readings import Clocks, LinkReading, LinkState, Power, link_readings
+from gpu_triage.exporter.backends.readings import Clocks, LinkState, Power
 from gpu_triage.exporter.metrics.families import CLOCK_EVENT, NVLINK_STATE, POWER, POWER_INSTANT, RECOVERY_ACTION
 from tests.conftest import REPO
 
@@ -57,22 +53,3 @@ def test_power_says_it_is_nvmls_one_second_average_and_the_instant_reading_has_i
     assert "1-second average" in POWER.help and "instant" in POWER.help
     shown = {s.family.name: s.value for s in Power(600.0, 700.0, 1.0, instant_watts=612.345).samples()}
     assert shown["nvidia_gpu_power_watts"] == 600.0 and shown[POWER_INSTANT.name] == 612.345
-
-
-def test_links_made_in_bulk_are_what_the_frozen_dataclass_makes() -> None:
-    """The dataclass's own constructor is the oracle: a distinct value in every field, so a field set from the
-    wrong column shows; a second row with the defaults' None, and one with only the fields without defaults."""
-    names = [f.name for f in dataclasses.fields(LinkReading)]
-    rows = [list(range(7, 7 + len(names))), [1, 0, *[None] * (len(names) - 2)]]
-    made = link_readings(*zip(*rows, strict=True))
-    expected = tuple(LinkReading(*row) for row in rows)
-    assert made == expected and hash(made) == hash(expected) and repr(made) == repr(expected)
-    assert [type(link) for link in made] == [LinkReading, LinkReading]
-    assert [dataclasses.asdict(link) for link in made] == [dataclasses.asdict(link) for link in expected]
-    assert pickle.loads(pickle.dumps(made)) == expected
-    assert [link.up for link in made] == [True, False]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        made[0].state = 0  # type: ignore[misc]
-    assert made[0].state == 8
-    assert link_readings([3], [1], [0], [0], [0]) == (LinkReading(3, 1, 0, 0, 0),)
-    assert link_readings([], [], [], [], []) == ()
