@@ -32,6 +32,7 @@ from gpu_triage.exporter.backends.nvml.events import XidEvents
 from gpu_triage.exporter.backends.nvml.gpm import GpmProfiler
 from gpu_triage.exporter.backends.nvml.kept import Kept
 from gpu_triage.exporter.backends.nvml.mig import MigDevice
+from gpu_triage.exporter.backends.nvml.plain import BOARD_LIMITS
 from gpu_triage.exporter.backends.nvml.query import (
     BROKEN,
     FieldLog,
@@ -94,6 +95,7 @@ class NvmlBackend:
         self.link_counts: dict[int, int] = {}  # NVLink links per GPU, once NVML has said
         self.thresholds: dict[int, dict[ThresholdKind, float]] = {}  # the GPU's temperature limits, once read
         self.max_clocks: Kept[dict[ClockDomain, float]] = Kept(monotonic)  # kept a while (kept.py)
+        self.board_limits: dict[str, Kept[dict[str, Any]]] = {reading: Kept(monotonic) for reading in BOARD_LIMITS}
         self.mig_profiles: dict[int, list[Any]] = {}  # GPU-instance profile tables, once read
         self.rates = CounterRates(monotonic)  # PCIe and NVLink byte counters between polls
         self._log = FieldLog()
@@ -172,6 +174,8 @@ class NvmlBackend:
         except BaseException as e:
             self.mig_listings.forget(gpu.index)  # a GPU that failed a read is listed afresh
             self.max_clocks.forget(gpu.index)  # and its limits asked again
+            for kept in self.board_limits.values():
+                kept.forget(gpu.index)
             if isinstance(e, HandleLostError) and gpu.index not in self._stale:
                 self._stale.add(gpu.index)
                 log.warning(
@@ -223,6 +227,8 @@ class NvmlBackend:
             self.rates.forget(gpu.index)
             self.mig_listings.forget(gpu.index)  # listed through the old handle
             self.max_clocks.forget(gpu.index)
+            for kept in self.board_limits.values():
+                kept.forget(gpu.index)
             log.info("GPU handle looked up again; the GPU answers", extra={"gpu": gpu.index, "by": by})
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ import pynvml
 
 from gpu_triage.exporter.backends.counter_rates import CounterRates
 from gpu_triage.exporter.backends.nvml.field_values import FieldRequest
+from gpu_triage.exporter.backends.nvml.kept import Kept
 from gpu_triage.exporter.backends.nvml.plain import read_plain
 from gpu_triage.exporter.backends.nvml.query import Query
 from gpu_triage.exporter.backends.readings import LinkReading, NvLink, Pcie, Reading
@@ -28,6 +29,7 @@ class BusState(Protocol):
 
     rates: CounterRates  # the byte counters' last values, for the rates between polls
     link_counts: dict[int, int]  # NVLink links per GPU, once NVML has said
+    board_limits: dict[str, Kept[dict[str, Any]]]  # by reading: its plain.BOARD_LIMITS, kept a while (kept.py)
 
 
 KIB = 1024  # nvml.h: the NVLink throughput fields count "in KiB"
@@ -88,7 +90,7 @@ def read_pcie(b: BusState, q: Query, h: Any, gpu: int) -> Reading:
         rx = None if rx_kb is None else float(rx_kb * PCIE_KB)
     errors = {kind: v for kind, v in zip(_PCIE_ERRORS, values[2:], strict=True) if v is not None}
     return Pcie(
-        **read_plain(q, h, "Pcie"),
+        **read_plain(q, h, "Pcie", b.board_limits["Pcie"]),
         tx_bytes_per_second=tx,
         rx_bytes_per_second=rx,
         tx_bytes=tx_bytes,

@@ -135,7 +135,7 @@ def _memory(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
 
 
 def _power(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
-    return Power(**read_plain(q, h, "Power"))
+    return Power(**read_plain(q, h, "Power", b.board_limits["Power"]))
 
 
 def _thermal(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
