@@ -3,6 +3,7 @@ its state now, the faults on it) turned into a reading, in base units, as the re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
@@ -56,13 +57,15 @@ PCIE_ERROR_KINDS = ("l0_to_recovery", "correctable", "nak_received", "receiver",
                     "non_fatal", "fatal", "unsupported_request", "lcrc")  # fmt: skip
 
 
+@functools.cache
+def _getters(reading: str) -> tuple[tuple[str, Callable[[View], Any]], ...]:
+    """Each plain attribute of the reading that field_table.py takes straight from the view, with its getter."""
+    return tuple((spec.attr, attrgetter(spec.sim.path)) for spec in field_table.of(reading) if spec.sim is not None)
+
+
 def _plain(v: View, reading: str) -> dict[str, Any]:
     """The reading's plain attributes that field_table.py takes straight from the view."""
-    out: dict[str, Any] = {}
-    for spec in field_table.of(reading):
-        if spec.sim is not None:
-            out[spec.attr] = attrgetter(spec.sim.path)(v)
-    return out
+    return {attr: get(v) for attr, get in _getters(reading)}
 
 
 def _inventory(v: View) -> Inventory:
