@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import math
 import threading
 import time
 import uuid
@@ -54,6 +55,10 @@ class SimBackend:
         self._model = NodeModel(scenario, start)
         self._pending = sorted(scenario.faults, key=lambda f: f.at_seconds)  # not yet started
         self._pending_times = [start + f.at_seconds for f in self._pending]
+        # Read without the lock, so a read with nothing due takes none: both only ever grow, so a stale value
+        # only sends a read down the locked path, which decides again.
+        self._next_due = self._pending_times[0] if self._pending_times else math.inf
+        self._ticked = 0  # every GPU's model has reached this tick
         self._gpus = [self._identity(i) for i in range(scenario.node.gpus.count)]
         shape = scenario.node.gpus
         self._declared = self._declare()
@@ -70,17 +75,22 @@ class SimBackend:
         now = self._clock()
         self._advance(now)
         faults = self._book.on(gpu.index, now)
+        if faults:
+            self._refuse(gpu.index, collector, faults)
+        with self._lock:
+            return Result(READERS[collector](self._view(gpu.index, faults)))
+
+    def _refuse(self, index: int, collector: Collector, faults: list[ActiveFault]) -> None:
+        """Fail or hang the read as the faults on the GPU make NVML's call fail or hang."""
         if any(f.spec.kind is FaultKind.GPU_LOST for f in faults):
-            raise GpuLostError(f"GPU {gpu.index} is lost (simulated)")
+            raise GpuLostError(f"GPU {index} is lost (simulated)")
         if any(f.spec.kind is FaultKind.GPU_RESET for f in faults):
-            raise GpuLostError(f"GPU {gpu.index} is being reset (simulated)")
+            raise GpuLostError(f"GPU {index} is being reset (simulated)")
         if any(f.spec.kind is FaultKind.STALE_HANDLE for f in faults):
-            raise GpuLostError(f"GPU {gpu.index}: its handle no longer names it (simulated)")
+            raise GpuLostError(f"GPU {index}: its handle no longer names it (simulated)")
         hung = [f for f in faults if f.spec.kind is FaultKind.HUNG_CALL and f.spec.collector in (None, collector)]
         if hung:
             self._hang(hung)
-        with self._lock:
-            return Result(READERS[collector](self._view(gpu.index, faults)))
 
     def view(self, index: int) -> View:
         """GPU `index` as it is now, whatever its faults: what the vGPU writer turns into NVML's answers.
@@ -199,18 +209,23 @@ class SimBackend:
         return None
 
     def _advance(self, now: float) -> None:
+        tick = int(now - self._model.start)
+        if now < self._next_due and tick <= self._ticked:  # nothing to start, no tick to take: no lock
+            self._book.expire(now)
+            return
         with self._lock:  # reads of different GPUs advance the clock concurrently: take each fault once
             due = bisect.bisect_right(self._pending_times, now)
             started, times = self._pending[:due], self._pending_times[:due]
             if due:
                 del self._pending[:due], self._pending_times[:due]
+                self._next_due = self._pending_times[0] if self._pending_times else math.inf
         for fault, at in zip(started, times, strict=True):
             self._start(FaultSpec.model_validate(fault.model_dump(exclude={"at_seconds"})), at, "scenario")
-        tick = int(now - self._model.start)
         with self._lock:
             for i, state in enumerate(self._model.gpus):
                 if state.tick < tick:
                     self._model.advance(i, tick, self._book.lasting(i))
+            self._ticked = max(self._ticked, tick)
         # Only now: a fault that ran out since the last tick still shaped the ticks it covered.
         self._book.expire(now)
 

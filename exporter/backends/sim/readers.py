@@ -3,6 +3,7 @@ its state now, the faults on it) turned into a reading, in base units, as the re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
@@ -56,13 +57,15 @@ PCIE_ERROR_KINDS = ("l0_to_recovery", "correctable", "nak_received", "receiver",
                     "non_fatal", "fatal", "unsupported_request", "lcrc")  # fmt: skip
 
 
+@functools.cache
+def _getters(reading: str) -> tuple[tuple[str, Callable[[View], Any]], ...]:
+    """Each plain attribute of the reading that field_table.py takes straight from the view, with its getter."""
+    return tuple((spec.attr, attrgetter(spec.sim.path)) for spec in field_table.of(reading) if spec.sim is not None)
+
+
 def _plain(v: View, reading: str) -> dict[str, Any]:
     """The reading's plain attributes that field_table.py takes straight from the view."""
-    out: dict[str, Any] = {}
-    for spec in field_table.of(reading):
-        if spec.sim is not None:
-            out[spec.attr] = attrgetter(spec.sim.path)(v)
-    return out
+    return {attr: get(v) for attr, get in _getters(reading)}
 
 
 def _inventory(v: View) -> Inventory:
@@ -137,28 +140,44 @@ def _pcie(v: View) -> Pcie:
 
 def _nvlink(v: View) -> NvLink:
     down, s = v.links_down, v.state
-    nvlink5 = v.spec.nvlink.version >= 5
     rate = link_rate(s.utilization, v.spec.nvlink.speed_mbps, s.load.nvlink_share)
-
-    def link(i: int) -> LinkReading:
-        failed = s.nvlink_failed_recoveries[i]
-        return LinkReading(
-            link=i,
-            state=LinkState.INACTIVE if i in down else LinkState.ACTIVE,
-            replay_errors=None if nvlink5 else s.nvlink_replays[i],
-            recovery_errors=s.nvlink_recoveries[i],
-            crc_errors=None if nvlink5 else s.nvlink_crcs[i],
-            recovery_failed=failed if nvlink5 else None,
-            recovery_successful=s.nvlink_recoveries[i] - failed if nvlink5 else None,
-            effective_errors=0 if nvlink5 else None,
-            symbol_errors=s.nvlink_symbol_errors[i] if nvlink5 else None,
-            tx_bytes=int(s.nvlink_tx_bytes[i]),
-            rx_bytes=int(s.nvlink_rx_bytes[i]),
-            tx_bytes_per_second=0.0 if i in down else rate,
-            rx_bytes_per_second=0.0 if i in down else rate,
+    # Read every second for every link: what does not depend on the link is worked out once, here.
+    active, inactive = LinkState.ACTIVE, LinkState.INACTIVE
+    if v.spec.nvlink.version >= 5:
+        links = tuple(
+            LinkReading(
+                link=i,
+                state=inactive if i in down else active,
+                replay_errors=None,
+                recovery_errors=s.nvlink_recoveries[i],
+                crc_errors=None,
+                recovery_failed=s.nvlink_failed_recoveries[i],
+                recovery_successful=s.nvlink_recoveries[i] - s.nvlink_failed_recoveries[i],
+                effective_errors=0,
+                symbol_errors=s.nvlink_symbol_errors[i],
+                tx_bytes=int(s.nvlink_tx_bytes[i]),
+                rx_bytes=int(s.nvlink_rx_bytes[i]),
+                tx_bytes_per_second=0.0 if i in down else rate,
+                rx_bytes_per_second=0.0 if i in down else rate,
+            )
+            for i in range(v.shape.nvlink_links)
         )
-
-    return NvLink(tuple(link(i) for i in range(v.shape.nvlink_links)))
+    else:
+        links = tuple(
+            LinkReading(
+                link=i,
+                state=inactive if i in down else active,
+                replay_errors=s.nvlink_replays[i],
+                recovery_errors=s.nvlink_recoveries[i],
+                crc_errors=s.nvlink_crcs[i],
+                tx_bytes=int(s.nvlink_tx_bytes[i]),
+                rx_bytes=int(s.nvlink_rx_bytes[i]),
+                tx_bytes_per_second=0.0 if i in down else rate,
+                rx_bytes_per_second=0.0 if i in down else rate,
+            )
+            for i in range(v.shape.nvlink_links)
+        )
+    return NvLink(links)
 
 
 def _processes(v: View) -> Processes:
