@@ -34,12 +34,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 # The daemon as `gpu-triage serve` runs it, stopped by SIGTERM once the window has been measured.
 _CHILD = r"""
-import cProfile, json, os, pstats, signal, sys, threading, time
+import cProfile, json, os, signal, sys, threading, time
 mode, seconds, out, argv = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4:]
 profiles = []
 if mode == "cpu":
     def start(*_):
         sys.setprofile(None)
+        if threading.current_thread().name == "bench-measure":  # the bench's own thread: not the daemon's cost
+            return
         p = cProfile.Profile(time.thread_time)
         profiles.append(p)
         p.enable()
@@ -76,18 +78,20 @@ def window():
     t0, w0 = os.times(), time.monotonic()
     time.sleep(seconds)
     t1, w1 = os.times(), time.monotonic()
-    for p in profiles:
-        p.disable()
     result = {"wall": w1 - w0, "cpu": (t1.user - t0.user) + (t1.system - t0.system), "rss_kib": rss_kib(),
               "threads": threading.active_count(), "modules": len(sys.modules)}
     if mode == "cpu":
-        stats = None
+        # Read without disabling: disabling another thread's profiler closes the calls it is still in (a poll(2)
+        # on a quiet kernel log, the driver's event wait) on this thread's CPU clock, which charged them time they
+        # never spent. Left open, a blocked call is simply not counted: it costs the node nothing.
+        merged = {}
         for p in list(profiles):
-            p.create_stats()
-            if p.stats:  # a thread that ran nothing in the window has none
-                stats = pstats.Stats(p) if stats is None else stats.add(p)
+            p.snapshot_stats()
+            for key, (_, calls, tottime, cumtime, _) in p.stats.items():
+                was = merged.get(key, (0, 0.0, 0.0))
+                merged[key] = (was[0] + calls, was[1] + tottime, was[2] + cumtime)
         rows = []
-        for (path, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():
+        for (path, line, name), (calls, tottime, cumtime) in merged.items():
             where = name if path == "~" else f"{Path(path).name}:{line}({name})"
             rows.append((tottime, cumtime, calls, where))
         rows.sort(reverse=True)
