@@ -140,44 +140,28 @@ def _pcie(v: View) -> Pcie:
 
 def _nvlink(v: View) -> NvLink:
     down, s = v.links_down, v.state
+    nvlink5 = v.spec.nvlink.version >= 5
     rate = link_rate(s.utilization, v.spec.nvlink.speed_mbps, s.load.nvlink_share)
-    # Read every second for every link: what does not depend on the link is worked out once, here.
-    active, inactive = LinkState.ACTIVE, LinkState.INACTIVE
-    if v.spec.nvlink.version >= 5:
-        links = tuple(
-            LinkReading(
-                link=i,
-                state=inactive if i in down else active,
-                replay_errors=None,
-                recovery_errors=s.nvlink_recoveries[i],
-                crc_errors=None,
-                recovery_failed=s.nvlink_failed_recoveries[i],
-                recovery_successful=s.nvlink_recoveries[i] - s.nvlink_failed_recoveries[i],
-                effective_errors=0,
-                symbol_errors=s.nvlink_symbol_errors[i],
-                tx_bytes=int(s.nvlink_tx_bytes[i]),
-                rx_bytes=int(s.nvlink_rx_bytes[i]),
-                tx_bytes_per_second=0.0 if i in down else rate,
-                rx_bytes_per_second=0.0 if i in down else rate,
-            )
-            for i in range(v.shape.nvlink_links)
+
+    def link(i: int) -> LinkReading:
+        failed = s.nvlink_failed_recoveries[i]
+        return LinkReading(
+            link=i,
+            state=LinkState.INACTIVE if i in down else LinkState.ACTIVE,
+            replay_errors=None if nvlink5 else s.nvlink_replays[i],
+            recovery_errors=s.nvlink_recoveries[i],
+            crc_errors=None if nvlink5 else s.nvlink_crcs[i],
+            recovery_failed=failed if nvlink5 else None,
+            recovery_successful=s.nvlink_recoveries[i] - failed if nvlink5 else None,
+            effective_errors=0 if nvlink5 else None,
+            symbol_errors=s.nvlink_symbol_errors[i] if nvlink5 else None,
+            tx_bytes=int(s.nvlink_tx_bytes[i]),
+            rx_bytes=int(s.nvlink_rx_bytes[i]),
+            tx_bytes_per_second=0.0 if i in down else rate,
+            rx_bytes_per_second=0.0 if i in down else rate,
         )
-    else:
-        links = tuple(
-            LinkReading(
-                link=i,
-                state=inactive if i in down else active,
-                replay_errors=s.nvlink_replays[i],
-                recovery_errors=s.nvlink_recoveries[i],
-                crc_errors=s.nvlink_crcs[i],
-                tx_bytes=int(s.nvlink_tx_bytes[i]),
-                rx_bytes=int(s.nvlink_rx_bytes[i]),
-                tx_bytes_per_second=0.0 if i in down else rate,
-                rx_bytes_per_second=0.0 if i in down else rate,
-            )
-            for i in range(v.shape.nvlink_links)
-        )
-    return NvLink(links)
+
+    return NvLink(tuple(link(i) for i in range(v.shape.nvlink_links)))
 
 
 def _processes(v: View) -> Processes:
