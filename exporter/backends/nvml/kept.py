@@ -48,3 +48,18 @@ class Kept(Generic[T]):
         with self._lock:
             self._kept.pop(gpu, None)
             self._forgotten[gpu] = self._forgotten.get(gpu, 0) + 1
+
+    def answer(self, gpu: int, vouched: Callable[[T], bool], ask: Callable[[], tuple[T, bool]]) -> T:
+        """The kept answer while this read `vouched` for it; else the driver's (`ask`: the answer, and whether it is
+        whole: every call answered, none failed), kept when whole and forgotten when not, since what was kept is
+        then not what the driver says now."""
+        kept = self.get(gpu)
+        if kept is not None and vouched(kept):
+            return kept
+        asked = self.asking(gpu)
+        answer, whole = ask()
+        if whole:
+            self.keep(gpu, answer, asked)
+        else:
+            self.forget(gpu)
+        return answer

@@ -97,23 +97,18 @@ def read_plain(q: Query, h: Any, reading: str, kept: Kept[dict[str, Any]] | None
 def _limits(
     q: Query, h: Any, reading: str, plan: _Plan, read: dict[str, Any], kept: Kept[dict[str, Any]]
 ) -> dict[str, Any]:
-    limits = kept.get(q.gpu)
-    if limits is not None:
-        for limit in BOARD_LIMITS[reading]:
-            witness = read[limit.witness]
-            if witness is None or (limit.bounds and witness > limits[limit.attr]):
-                break
-        else:
-            return limits
-    asked, failed = kept.asking(q.gpu), len(q.failed)
-    out = {
-        spec.attr: _convert(q(how.query, getattr(pynvml, how.function), h), spec, how.per) for spec, how in plan.limits
-    }
-    if len(q.failed) == failed and None not in out.values():  # whole: "not supported" is asked again
-        kept.keep(q.gpu, out, asked)
-    else:  # what was kept is not what the driver says now
-        kept.forget(q.gpu)
-    return out
+    def vouched(limits: dict[str, Any]) -> bool:
+        return all(
+            (witness := read[limit.witness]) is not None and not (limit.bounds and witness > limits[limit.attr])
+            for limit in BOARD_LIMITS[reading]
+        )
+
+    def ask() -> tuple[dict[str, Any], bool]:
+        failed = len(q.failed)
+        out = {s.attr: _convert(q(how.query, getattr(pynvml, how.function), h), s, how.per) for s, how in plan.limits}
+        return out, len(q.failed) == failed and None not in out.values()  # whole: "not supported" is asked again
+
+    return kept.answer(q.gpu, vouched, ask)
 
 
 if unknown := sorted(

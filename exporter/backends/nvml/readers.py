@@ -189,19 +189,18 @@ def _max_clocks(
     """The maximum clocks, kept between reads (kept.py) once every domain has answered, while every current clock
     answers and none is above its kept maximum: a current clock that does not answer may mean the maxima would not
     either."""
-    kept = b.max_clocks.get(gpu)
-    if kept is not None and len(current) == len(_CLOCKS) and all(current[d] <= hz for d, hz in kept.items()):
-        return dict(kept)
-    asked, failed = b.max_clocks.asking(gpu), len(q.failed)
-    maximum = {}
-    for domain, clock in _CLOCKS.items():
-        if (mhz := q(f"max_clock_{domain}", pynvml.nvmlDeviceGetMaxClockInfo, h, clock)) is not None:
-            maximum[domain] = mhz * MHZ
-    if len(q.failed) == failed and len(maximum) == len(_CLOCKS):  # whole: "not supported" is asked again
-        b.max_clocks.keep(gpu, dict(maximum), asked)
-    else:  # what was kept is not what the driver says now
-        b.max_clocks.forget(gpu)
-    return maximum
+
+    def vouched(kept: dict[ClockDomain, float]) -> bool:
+        return len(current) == len(_CLOCKS) and all(current[d] <= hz for d, hz in kept.items())
+
+    def ask() -> tuple[dict[ClockDomain, float], bool]:
+        failed, maximum = len(q.failed), {}
+        for domain, clock in _CLOCKS.items():
+            if (mhz := q(f"max_clock_{domain}", pynvml.nvmlDeviceGetMaxClockInfo, h, clock)) is not None:
+                maximum[domain] = mhz * MHZ
+        return maximum, len(q.failed) == failed and len(maximum) == len(_CLOCKS)  # whole: "not supported" asked again
+
+    return dict(b.max_clocks.answer(gpu, vouched, ask))  # a copy: the kept one is never handed out
 
 
 def _processes(b: ReaderState, q: Query, h: Any, gpu: int) -> Reading:
